@@ -1,0 +1,277 @@
+"""What every rung shares: the config dataclass, host-side descriptors and grid, and the small
+device functions (TMA loads of an A/B step, the grouped tile order, the epilogue store).
+
+The architecture is chosen once, on the host, by `select_mma(capability)`: it returns the MMA
+aggregate class (Hopper `WGMMA` here, Blackwell `MMAv5` in `kernels/blackwell.py`) that the rung
+kernels receive as a constexpr and call through one interface:
+
+    mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, num_warps)   # fresh accumulator, use_acc=False
+    mma = mma.issue(a_smem, b_smem)                             # async C += A @ B
+    mma = mma.wait(num_outstanding)                              # at most that many MMAs in flight
+    acc, mma = mma.take_result()                                 # fp32 registers; accumulator reset
+
+so the rest of a rung (TMA, barriers, loop structure, epilogue) is the same code on both.
+(No `from __future__ import annotations` here: aggregates check field types at run time.)
+"""
+
+from dataclasses import dataclass
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_accumulator,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+from ..compat import aggregate, tma_load, tma_store
+
+GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16}
+SMEM_LIMIT = 227 * 1024  # dynamic shared memory per block on Hopper and B200
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile shape and launch shape of one rung. Every rung reads only the fields it needs."""
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 256
+    BLOCK_K: int = 64
+    STAGES: int = 3  # shared-memory ring depth (Blocked: 1)
+    num_warps: int = 8
+    GROUP_M: int = 8  # grouped tile order: GROUP_M tile rows sweep N together (L2 reuse)
+
+    @property
+    def label(self) -> str:
+        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps}"
+
+    def smem_bytes(self, elem_bytes: int = 2, c_tiles: int = 1) -> int:
+        """Shared memory the rung allocates: the A/B ring plus `c_tiles` output staging tiles."""
+        ring = self.STAGES * (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K * elem_bytes
+        return ring + c_tiles * self.BLOCK_M * self.BLOCK_N * elem_bytes + 1024
+
+    def table(self) -> dict[str, object]:
+        return {
+            "BLOCK_M": self.BLOCK_M,
+            "BLOCK_N": self.BLOCK_N,
+            "BLOCK_K": self.BLOCK_K,
+            "stages": self.STAGES,
+            "warps": self.num_warps,
+            "group_m": self.GROUP_M,
+        }
+
+
+# --------------------------------------------------------------------------------------------------
+# Hopper MMA: wgmma with the fp32 accumulator in registers.
+
+
+@gluon.constexpr_function
+def wgmma_layout(BLOCK_M, BLOCK_N, num_warps):
+    """The wgmma accumulator layout: warps tile M in steps of 16 rows (a warpgroup covers 64), the
+    rest go along N; the instruction's n is the largest multiple of 8 (<= 256) that divides the
+    per-warp N extent, because a wider wgmma does more work per instruction issued."""
+    warps_m, warps_n = 4, 1
+    while warps_m * warps_n < num_warps:
+        if BLOCK_M > 16 * warps_m:
+            warps_m *= 2
+        else:
+            warps_n *= 2
+    n_per_warp = BLOCK_N // warps_n
+    instr_n = max(n for n in range(8, min(256, n_per_warp) + 1, 8) if n_per_warp % n == 0)
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[warps_m, warps_n], instr_shape=[16, instr_n, 16]
+    )
+
+
+@aggregate
+class WGMMA:
+    """Hopper's asynchronous warpgroup MMA. `use_acc=False` on the first issue zeroes the
+    accumulator for free, so a tile never spends instructions clearing 128 registers."""
+
+    acc: warpgroup_mma_accumulator
+    use_acc: gl.tensor
+
+    @gluon.constexpr_function
+    def __init__(self, acc, use_acc):
+        self.acc = acc
+        self.use_acc = use_acc
+
+    @gluon.jit
+    def initialize(dtype: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+        layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps)
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
+        return WGMMA(warpgroup_mma_init(acc), gl.to_tensor(False))
+
+    @gluon.jit
+    def issue(self, a, b):
+        acc = warpgroup_mma(a, b, self.acc, use_acc=self.use_acc, is_async=True)
+        return WGMMA(acc, gl.to_tensor(True))
+
+    @gluon.jit
+    def wait(self, num_outstanding: gl.constexpr):
+        acc = warpgroup_mma_wait(num_outstanding, deps=(self.acc,))
+        return WGMMA(warpgroup_mma_init(acc), self.use_acc)
+
+    @gluon.jit
+    def take_result(self):
+        acc = warpgroup_mma_wait(0, deps=(self.acc,))
+        return acc, WGMMA(warpgroup_mma_init(acc), gl.to_tensor(False))
+
+
+def select_mma(capability: tuple[int, int]):
+    """The MMA implementation for a GPU: the one place where Hopper and Blackwell part ways."""
+    if capability[0] == 9:
+        return WGMMA
+    if capability[0] == 10:
+        from .blackwell import MMAv5
+
+        return MMAv5
+    raise RuntimeError(
+        f"the Gluon rungs need a Hopper (sm_90) or datacenter Blackwell (sm_100) GPU; "
+        f"this one is sm_{capability[0]}{capability[1]}"
+    )
+
+
+def unsupported_reason(capability: tuple[int, int]) -> str | None:
+    """Shared by the rung modules: wgmma needs sm_90a, tcgen05 needs sm_100a (not sm_120)."""
+    if capability[0] in (9, 10):
+        return None
+    if capability[0] == 12:
+        return "sm_120 (consumer Blackwell) has no tcgen05/tensor memory and no wgmma"
+    return f"needs sm_90 (wgmma) or sm_100 (tcgen05); this GPU is sm_{capability[0]}{capability[1]}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Device building blocks shared by the rungs.
+
+
+@gluon.jit
+def load_step(a_desc, b_desc, off_m, off_n, off_k, bar, a_buf, b_buf, B_KMAJOR: gl.constexpr, pred=True):
+    """TMA-load one K step of A ([BM, BK]) and B into shared memory, completing on `bar`.
+    B is a [BK, BN] tile of a row-major [K, N] matrix, or (B_KMAJOR) a [BN, BK] tile of a [N, K]
+    weight. Out-of-bounds rows/columns (ragged M, N and the K tail) arrive as zeros."""
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred)
+    tma_load(a_desc, [off_m, off_k], bar, a_buf, pred)
+    if B_KMAJOR:
+        tma_load(b_desc, [off_n, off_k], bar, b_buf, pred)
+    else:
+        tma_load(b_desc, [off_k, off_n], bar, b_buf, pred)
+
+
+@gluon.jit
+def b_operand(b_buf, B_KMAJOR: gl.constexpr):
+    """B as the MMA wants it, [BK, BN]: a K-major weight tile is just a transposed view."""
+    if B_KMAJOR:
+        b = b_buf.permute((1, 0))
+    else:
+        b = b_buf
+    return b
+
+
+@gluon.jit
+def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """Tile id -> (pid_m, pid_n) so that GROUP_M consecutive tile rows walk N together: the
+    programs running at one time share A rows and B columns in L2."""
+    tiles_per_group = GROUP_M * num_pid_n
+    group = tile_id // tiles_per_group
+    first_m = group * GROUP_M
+    group_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % tiles_per_group) % group_m
+    pid_n = (tile_id % tiles_per_group) // group_m
+    return pid_m, pid_n
+
+
+@gluon.jit
+def store_tile(c_desc, c_smem, acc, off_m, off_n):
+    """Epilogue: fp32 registers -> output dtype -> shared memory -> TMA store (clipped at M, N).
+    The fence orders the generic-proxy smem writes before the async-proxy TMA read."""
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma_store(c_desc, [off_m, off_n], c_smem)
+
+
+@gluon.jit
+def init_barriers(bars, COUNT: gl.constexpr, ARRIVALS: gl.constexpr = 1):
+    for i in gl.static_range(COUNT):
+        mbarrier.init(bars.index(i), count=ARRIVALS)
+
+
+@gluon.jit
+def invalidate_barriers(bars, COUNT: gl.constexpr):
+    for i in gl.static_range(COUNT):
+        mbarrier.invalidate(bars.index(i))
+
+
+# --------------------------------------------------------------------------------------------------
+# Host side: descriptors, for launches and for GPU-less compiles.
+
+
+def b_is_kmajor(b) -> bool:
+    """True when b is the transpose view of a contiguous [N, K] weight (the nn.Linear case)."""
+    return b.stride(1) != 1
+
+
+def smem_layout(block_shape, gl_dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
+
+
+def make_descriptors(a, b, c, cfg: GemmConfig):
+    """Host TMA descriptors for A [M,K], B ([K,N] or the view of [N,K]) and C [M,N]."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    gdt = GL_DTYPES[str(a.dtype).removeprefix("torch.")]
+    BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    kmajor = b_is_kmajor(b)
+    b_src, b_block = (b.t(), [BN, BK]) if kmajor else (b, [BK, BN])
+    a_desc = TensorDescriptor.from_tensor(a, [BM, BK], smem_layout([BM, BK], gdt))
+    b_desc = TensorDescriptor.from_tensor(b_src, b_block, smem_layout(b_block, gdt))
+    c_desc = TensorDescriptor.from_tensor(c, [BM, BN], smem_layout([BM, BN], gdt))
+    return a_desc, b_desc, c_desc, kmajor
+
+
+def desc_signature(block_shape, dtype: str) -> str:
+    """The signature string of a tensor-descriptor argument, for GPU-less compiles."""
+    gdt = GL_DTYPES[dtype]
+    ty = {"float16": "fp16", "bfloat16": "bf16"}[dtype]
+    return f"tensordesc<{ty}[{block_shape[0]}, {block_shape[1]}],{smem_layout(block_shape, gdt)!r}>"
+
+
+def gemm_signature(cfg: GemmConfig, dtype: str, kmajor: bool) -> dict[str, str]:
+    BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    return {
+        "a_desc": desc_signature([BM, BK], dtype),
+        "b_desc": desc_signature([BN, BK] if kmajor else [BK, BN], dtype),
+        "c_desc": desc_signature([BM, BN], dtype),
+    }
+
+
+def num_tiles(M: int, N: int, cfg: GemmConfig) -> int:
+    return triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+
+
+__all__ = [
+    "SMEM_LIMIT",
+    "WGMMA",
+    "GemmConfig",
+    "b_is_kmajor",
+    "b_operand",
+    "desc_signature",
+    "fence_async_shared",
+    "gemm_signature",
+    "grouped_tile",
+    "init_barriers",
+    "invalidate_barriers",
+    "load_step",
+    "make_descriptors",
+    "mbarrier",
+    "num_tiles",
+    "select_mma",
+    "store_tile",
+    "tma",
+    "unsupported_reason",
+]

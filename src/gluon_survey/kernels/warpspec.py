@@ -1,0 +1,190 @@
+"""Rung 4, warpspec: persistent + warp specialization, two MMA warpgroups in "ping-pong".
+
+The idea: in `persistent` the same warps issue the TMA loads, the MMAs and the epilogue, so the
+tensor cores sit idle while a finished tile is converted and written to shared memory, and that
+idle time is a large share of a tile when K is small. Here the roles are separate partitions of
+one program (`gl.warp_specialize`):
+
+* a producer warp issues every TMA load into a ring of STAGES stages, waiting on each stage's
+  `empty` barrier before refilling it; it needs few registers, so it gives them away
+  (`worker_num_regs`, i.e. `setmaxnreg`), and the MMA warpgroups take them;
+* two consumer warpgroups each own a whole output tile (alternate tiles of the program) and
+  take turns on the tensor cores: consumer c issues its tile's MMAs, hands the tensor cores to
+  the other consumer (the `turn` barriers) and only then runs its epilogue. So one consumer's
+  epilogue overlaps the other's main loop, and the tensor cores are not left waiting for it.
+
+This design is Hopper's (accumulators in registers, one per consumer warpgroup), so the kernel
+uses `WGMMA` directly; on sm_100 `prepare` hands over to the Blackwell design in `blackwell.py`
+(a single-warp tcgen05 issuer and a double-buffered tensor-memory accumulator).
+
+The turn hand-off is also what makes the ring's phase bookkeeping safe: a consumer starts waiting
+on `ready` barriers only once the other one has waited on all of its own, so a barrier is never
+two fills behind the phase a consumer waits for.
+
+Measured on H100 (see README / results/): filled in from the committed benchmark.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ..registry import CompileSpec, Launch
+from .common import (
+    WGMMA,
+    GemmConfig,
+    b_operand,
+    gemm_signature,
+    grouped_tile,
+    init_barriers,
+    load_step,
+    make_descriptors,
+    mbarrier,
+    num_tiles,
+    store_tile,
+    tma,
+    unsupported_reason,
+)
+
+# Each consumer warpgroup holds a 128x128 fp32 accumulator (128 registers per thread).
+# 4 stages x 32 KB + 2 C tiles x 32 KB = 192 KB of shared memory.
+CONFIG = GemmConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=8)
+CONSUMER_REGS = 232  # registers per thread of the second consumer warpgroup (the first gets the rest)
+PRODUCER_REGS = 40  # the TMA warp needs only addresses and counters
+
+__all__ = ["CONFIG", "compile_specs", "prepare", "unsupported_reason", "warpspec_kernel"]
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr):
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    num_pid_m = gl.cdiv(a_desc.shape[0], BLOCK_M)
+    num_pid_n = gl.cdiv(b_desc.shape[0] if B_KMAJOR else b_desc.shape[1], BLOCK_N)
+    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
+    it = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        for k in range(k_steps):
+            slot = it % STAGES
+            # Fill f of a slot needs fill f-1 consumed; a fresh barrier passes the parity-1 wait.
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            load_step(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k * BLOCK_K, ready.index(slot),
+                      a_bufs.index(slot), b_bufs.index(slot), B_KMAJOR)
+            it += 1
+
+
+@gluon.jit
+def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR: gl.constexpr,
+              GROUP_M: gl.constexpr, K, ME: gl.constexpr):
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.shape[2]
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    num_pid_m = gl.cdiv(c_desc.shape[0], BLOCK_M)
+    num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    my_turn = turns.index(ME)
+    their_turn = turns.index(1 - ME)
+    c_smem = c_bufs.index(ME)
+
+    mma = WGMMA.initialize(c_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
+    n = 0  # tiles this consumer has done
+    for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), 2):
+        # Consumer 0 goes first (a fresh barrier passes the parity-1 wait), then they alternate.
+        mbarrier.wait(my_turn, (n & 1) ^ (1 - ME))
+        it = t * k_steps
+        for k in range(k_steps):
+            slot = it % STAGES
+            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+            mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
+            mma = mma.wait(1)  # MMA it-1 is retired: its stage can be refilled
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+            it += 1
+        mbarrier.arrive(their_turn)  # all of this tile's MMAs are issued: the other consumer may go
+        acc, mma = mma.take_result()
+        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+
+        tile = gl.program_id(0) + t * gl.num_programs(0)
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        tma.store_wait(0)  # this consumer's previous store has finished reading c_smem
+        store_tile(c_desc, c_smem, acc, pid_m * BLOCK_M, pid_n * BLOCK_N)
+        n += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def warpspec_kernel(a_desc, b_desc, c_desc, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr,
+                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    init_barriers(ready, STAGES)
+    init_barriers(empty, STAGES)
+    init_barriers(turns, 2)
+
+    K = a_desc.shape[1]
+    gl.warp_specialize(
+        [
+            (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0)),
+            (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )
+
+
+def _constexprs(kmajor: bool, cfg: GemmConfig) -> dict[str, object]:
+    return {
+        "B_KMAJOR": kmajor,
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+        "CONSUMER_REGS": CONSUMER_REGS,
+        "PRODUCER_REGS": PRODUCER_REGS,
+    }
+
+
+def prepare(a, b, out, cfg: GemmConfig = CONFIG) -> Launch:
+    from ..api import capability_of, sm_count
+
+    cap = capability_of(a.device)
+    if cap[0] == 10:
+        from .blackwell import prepare_warpspec
+
+        return prepare_warpspec(a, b, out)
+    a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
+    M, N = out.shape
+    grid = (min(sm_count(a.device), num_tiles(M, N, cfg)),)
+    kw = _constexprs(kmajor, cfg)
+
+    def fn():
+        warpspec_kernel[grid](a_desc, b_desc, c_desc, **kw, num_warps=cfg.num_warps)
+
+    return Launch(fn, cfg.table() | {"design": "ping-pong"})
+
+
+def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
+    if unsupported_reason(capability):
+        return []
+    if capability[0] == 10:
+        from .blackwell import warpspec_compile_specs
+
+        return warpspec_compile_specs(dtype)
+    return [
+        CompileSpec(
+            "warpspec",
+            f"warpspec_kernel {CONFIG.label} ping-pong B{'t' if kmajor else 'row'}",
+            warpspec_kernel,
+            gemm_signature(CONFIG, dtype, kmajor) | dict.fromkeys(_constexprs(kmajor, CONFIG), "constexpr"),
+            _constexprs(kmajor, CONFIG),
+            {"num_warps": CONFIG.num_warps},
+        )
+        for kmajor in (False, True)
+    ]

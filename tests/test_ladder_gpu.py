@@ -1,0 +1,146 @@
+"""The Gluon ladder on a real GPU: every rung, both dtypes, both B layouts, ragged and large shapes,
+NaN-poisoned outputs, and every bad input getting its error. Run on the GPU machine: pytest -m gpu."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gluon_survey import api, registry
+from gluon_survey.check import reference, rel_error, tolerance
+
+pytestmark = pytest.mark.gpu
+
+RUNGS = [m.name for m in registry.MODES if m.kind == "gluon"]
+DTYPES = [torch.float16, torch.bfloat16]
+
+# Tile-aligned, ragged in every dimension, tiny, one-row, K tails, and K = 16384. The TMA-aligned
+# ones run as they are; the unaligned ones (N or K not a multiple of 8 elements) go through the
+# documented aligned copy.
+SHAPES = [
+    (256, 512, 128),
+    (127, 264, 72),
+    (1, 8, 8),
+    (1, 4096, 4096),
+    (3000, 5000, 264),
+    (300, 520, 16384),
+    (127, 257, 65),
+    (1, 1, 1),
+    (65, 33, 17),
+]
+
+
+def _inputs(M, N, K, dtype, b_layout, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(M, K, generator=g, device="cuda").to(dtype)
+    if b_layout == "t":
+        b = torch.randn(N, K, generator=g, device="cuda").to(dtype).t()  # nn.Linear weight view
+    else:
+        b = torch.randn(K, N, generator=g, device="cuda").to(dtype)
+    return a, b
+
+
+def _assert_close_to_reference(out, a, b):
+    ref = reference(a, b)
+    cublas_err = rel_error(torch.matmul(a, b), ref)
+    err = rel_error(out, ref)
+    assert not torch.isnan(out).any(), "output has NaN: some tile was never written"
+    assert err <= tolerance(cublas_err, a.dtype), f"rel error {err:.3e} vs cuBLAS {cublas_err:.3e}"
+
+
+@pytest.fixture(autouse=True)
+def _needs_hopper_or_blackwell():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability()[0] not in (9, 10):
+        pytest.skip("the Gluon rungs need sm_90 or sm_100")
+
+
+@pytest.mark.parametrize("b_layout", ["row", "t"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("rung", RUNGS)
+def test_rung_matches_reference(rung, shape, dtype, b_layout):
+    a, b = _inputs(*shape, dtype, b_layout, seed=hash((rung, shape)) % 1000)
+    out = torch.full((shape[0], shape[1]), float("nan"), dtype=dtype, device="cuda")
+    result = api.matmul(a, b, kernel=rung, out=out)
+    torch.cuda.synchronize()
+    assert result is out
+    _assert_close_to_reference(out, a, b)
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+def test_rung_reuses_launch_on_fresh_inputs(rung):
+    """The same launch on new data gives the new answer (no stale tiles, no cached results)."""
+    M, N, K = 512, 768, 640
+    a, b = _inputs(M, N, K, torch.float16, "row", seed=1)
+    out = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+    launch = api.prepare(rung, a, b, out)
+    launch.fn()
+    a.copy_(torch.randn_like(a))
+    b.copy_(torch.randn_like(b))
+    out.fill_(float("nan"))
+    launch.fn()
+    torch.cuda.synchronize()
+    _assert_close_to_reference(out, a, b)
+
+
+def test_default_kernel_matches_reference():
+    a, b = _inputs(1000, 1000, 1000, torch.bfloat16, "t")
+    _assert_close_to_reference(api.matmul(a, b), a, b)
+    assert "mode:" in api.explain(a, b)
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+def test_empty_and_zero_k(rung):
+    a = torch.randn(0, 64, device="cuda", dtype=torch.float16)
+    b = torch.randn(64, 32, device="cuda", dtype=torch.float16)
+    assert api.matmul(a, b, kernel=rung).shape == (0, 32)
+    a = torch.randn(16, 0, device="cuda", dtype=torch.float16)
+    b = torch.randn(0, 32, device="cuda", dtype=torch.float16)
+    out = torch.full((16, 32), float("nan"), device="cuda", dtype=torch.float16)
+    assert torch.equal(api.matmul(a, b, kernel=rung, out=out), torch.zeros_like(out))
+
+
+def test_unaligned_views_are_copied_not_misread():
+    """A column slice with an odd row stride and an offset base: TMA cannot describe it."""
+    big = torch.randn(300, 301, device="cuda", dtype=torch.float16)
+    a = big[:, 1:200]  # base off by 2 bytes, row stride 602 bytes
+    b = torch.randn(199, 96, device="cuda", dtype=torch.float16)
+    for rung in RUNGS:
+        out = api.matmul(a, b, kernel=rung)
+        _assert_close_to_reference(out, a, b)
+    launch = api.prepare("Pipelined", a, b, torch.empty(300, 96, device="cuda", dtype=torch.float16))
+    assert launch.config["aligned_copy"] == "a"
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: (torch.randn(8, 8).half(), torch.randn(8, 8).half()), ValueError, "cuda"),
+        (lambda: (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda")), TypeError, "float16"),
+        (
+            lambda: (torch.randn(8, 8, device="cuda").half(), torch.randn(8, 8, device="cuda").bfloat16()),
+            TypeError,
+            "same dtype",
+        ),
+        (lambda: (torch.randn(8, 16, device="cuda").half(), torch.randn(8, 8, device="cuda").half()), ValueError, "match"),
+        (lambda: (torch.randn(2, 8, 8, device="cuda").half(), torch.randn(8, 8, device="cuda").half()), ValueError, "2-D"),
+    ],
+    ids=["cpu", "fp32", "mixed-dtype", "shape-mismatch", "3d"],
+)
+def test_bad_inputs_raise_clear_errors(make, error, match):
+    a, b = make()
+    for rung in RUNGS:
+        with pytest.raises(error, match=match):
+            api.matmul(a, b, kernel=rung)
+
+
+def test_bad_out_and_unknown_kernel():
+    a = torch.randn(8, 8, device="cuda").half()
+    with pytest.raises(ValueError, match="shape"):
+        api.matmul(a, a, kernel="Pipelined", out=torch.empty(8, 9, device="cuda").half())
+    with pytest.raises(TypeError, match="out is"):
+        api.matmul(a, a, kernel="Pipelined", out=torch.empty(8, 8, device="cuda"))
+    with pytest.raises(KeyError, match="valid modes"):
+        api.matmul(a, a, kernel="nope")
