@@ -42,17 +42,32 @@ __all__ = ["CONFIG", "compile_specs", "persistent_kernel", "prepare", "unsupport
 
 
 @gluon.jit
-def _load_iteration(a_desc, b_desc, it, k_steps, num_pid_m, num_pid_n, a_bufs, b_bufs, ready, pred,
-                    B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """Issue the loads of flat iteration `it` = (this program's tile it // k_steps, K step it % k_steps)."""
+def _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@gluon.jit
+def _next_load(a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready,
+               B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr):
+    """Issue the producer's next load and advance the producer state
+    p = (tile, K step, load count, tile's row offset, tile's column offset) past it. At the end of a
+    tile the producer moves on to this program's next tile, so loads run ahead across tile
+    boundaries; the tile-order divisions run once per tile, not once per K step."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
-    tile = gl.program_id(0) + (it // k_steps) * gl.num_programs(0)
-    pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-    slot = it % STAGES
-    load_step(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, (it % k_steps) * BLOCK_K, ready.index(slot),
-              a_bufs.index(slot), b_bufs.index(slot), B_KMAJOR, pred=pred)
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    tile, k, count, off_m, off_n = p
+    slot = count % STAGES
+    load_step(a_desc, b_desc, off_m, off_n, k * BLOCK_K, ready.index(slot), a_bufs.index(slot),
+              b_bufs.index(slot), B_KMAJOR, pred=tile < num_pid_m * num_pid_n)
+    k += 1
+    if k == k_steps:
+        k = 0
+        tile += gl.num_programs(0)
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
+    return tile, k, count + 1, off_m, off_n
 
 
 @gluon.jit
@@ -65,8 +80,6 @@ def persistent_kernel(
     num_pid_m = gl.cdiv(c_desc.shape[0], BLOCK_M)
     num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(a_desc.shape[1], a_desc.block_type.shape[1])
-    my_tiles = gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0))
-    total = my_tiles * k_steps
 
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -74,25 +87,28 @@ def persistent_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
 
-    for s in gl.static_range(STAGES - 1):
-        _load_iteration(a_desc, b_desc, s, k_steps, num_pid_m, num_pid_n, a_bufs, b_bufs, ready, s < total,
-                        B_KMAJOR, GROUP_M, STAGES)
+    # Producer state: the next load is K step p[1] of tile p[0], this program's p[2]-th load.
+    off_m, off_n = _tile_offsets(gl.program_id(0), num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
+    p = (gl.program_id(0), 0, 0, off_m, off_n)
+    for _ in gl.static_range(STAGES - 1):
+        p = _next_load(a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready, B_KMAJOR, GROUP_M)
 
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
-    for it in range(total):
-        slot = it % STAGES
-        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-        mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
-        mma = mma.wait(1)
-        nxt = it + STAGES - 1  # may belong to the next tile: its loads start before this tile ends
-        _load_iteration(a_desc, b_desc, nxt, k_steps, num_pid_m, num_pid_n, a_bufs, b_bufs, ready, nxt < total,
-                        B_KMAJOR, GROUP_M, STAGES)
-        if it % k_steps == k_steps - 1:
-            acc, mma = mma.take_result()
-            tile = gl.program_id(0) + (it // k_steps) * gl.num_programs(0)
-            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-            tma.store_wait(0)  # the previous tile's store has finished reading c_smem
-            store_tile(c_desc, c_smem, acc, pid_m * BLOCK_M, pid_n * BLOCK_N)
+    it = 0  # consumer counter, over all of this program's K steps
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        for k in range(k_steps):
+            slot = it % STAGES
+            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+            mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
+            mma = mma.wait(1)
+            # The freed slot gets the producer's next load, which may already be the next tile's.
+            p = _next_load(a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready,
+                           B_KMAJOR, GROUP_M)
+            it += 1
+        acc, mma = mma.take_result()
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
+        tma.store_wait(0)  # the previous tile's store has finished reading c_smem
+        store_tile(c_desc, c_smem, acc, off_m, off_n)
     tma.store_wait(0)
     invalidate_barriers(ready, STAGES)
 

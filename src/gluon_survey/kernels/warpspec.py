@@ -26,6 +26,8 @@ Measured on H100 (see README / results/): filled in from the committed benchmark
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -46,11 +48,37 @@ from .common import (
     unsupported_reason,
 )
 
-# Each consumer warpgroup holds a 128x128 fp32 accumulator (128 registers per thread).
-# 4 stages x 32 KB + 2 C tiles x 32 KB = 192 KB of shared memory.
-CONFIG = GemmConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=8)
+
+
+@dataclass(frozen=True)
+class WarpSpecConfig(GemmConfig):
+    CONSUMERS: int = 2  # 2: ping-pong, one 4-warp consumer per tile; 1: cooperative, 8 warps per tile
+
+    @property
+    def label(self) -> str:
+        return super().label + (" ping-pong" if self.CONSUMERS == 2 else " cooperative")
+
+    def table(self) -> dict[str, object]:
+        return super().table() | {"design": "ping-pong" if self.CONSUMERS == 2 else "cooperative"}
+
+
+# Ping-pong: each consumer warpgroup holds a 128x128 fp32 accumulator (128 registers per thread);
+# 5 stages x 32 KB + 2 C tiles x 32 KB = 224 KB of shared memory (5 stages beat 4 by 1-5%).
+PINGPONG = WarpSpecConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=5, num_warps=4, GROUP_M=8, CONSUMERS=2)
+# Cooperative: two warpgroups split one 128x256 tile, as in `persistent`; 3 x 48 KB + 64 KB = 208 KB.
+COOPERATIVE = WarpSpecConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=8, CONSUMERS=1)
+CONFIG = PINGPONG
+# From K = 4096 the epilogue is a small share of a tile and the 128x128 ping-pong tiles lose to
+# 128x256 ones (they load a third more bytes per FLOP from L2 into shared memory): measured on H200,
+# ping-pong 0.97x cuBLAS at K = 8192-16384 vs 0.98-1.00x for 128x256 tiles.
+COOPERATIVE_FROM_K = 4096
 CONSUMER_REGS = 232  # registers per thread of the second consumer warpgroup (the first gets the rest)
 PRODUCER_REGS = 40  # the TMA warp needs only addresses and counters
+
+
+def config_for(K: int) -> WarpSpecConfig:
+    """The documented rule: ping-pong while the epilogue is worth hiding, cooperative after."""
+    return COOPERATIVE if K >= COOPERATIVE_FROM_K else PINGPONG
 
 __all__ = ["CONFIG", "compile_specs", "prepare", "unsupported_reason", "warpspec_kernel"]
 
@@ -78,7 +106,9 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR: gl.constex
 
 @gluon.jit
 def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR: gl.constexpr,
-              GROUP_M: gl.constexpr, K, ME: gl.constexpr):
+              GROUP_M: gl.constexpr, K, ME: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program. With two, they
+    alternate on the tensor cores through the `turns` barriers; alone, it never waits for a turn."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -87,14 +117,15 @@ def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR: gl.
     num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
     my_turn = turns.index(ME)
-    their_turn = turns.index(1 - ME)
+    their_turn = turns.index((ME + 1) % CONSUMERS)
     c_smem = c_bufs.index(ME)
 
     mma = WGMMA.initialize(c_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
     n = 0  # tiles this consumer has done
-    for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), 2):
-        # Consumer 0 goes first (a fresh barrier passes the parity-1 wait), then they alternate.
-        mbarrier.wait(my_turn, (n & 1) ^ (1 - ME))
+    for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), CONSUMERS):
+        if CONSUMERS == 2:
+            # Consumer 0 goes first (a fresh barrier passes the parity-1 wait), then they alternate.
+            mbarrier.wait(my_turn, (n & 1) ^ (1 - ME))
         it = t * k_steps
         for k in range(k_steps):
             slot = it % STAGES
@@ -103,7 +134,8 @@ def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR: gl.
             mma = mma.wait(1)  # MMA it-1 is retired: its stage can be refilled
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
             it += 1
-        mbarrier.arrive(their_turn)  # all of this tile's MMAs are issued: the other consumer may go
+        if CONSUMERS == 2:
+            mbarrier.arrive(their_turn)  # this tile's MMAs are all issued: the other consumer may go
         acc, mma = mma.take_result()
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
 
@@ -116,42 +148,54 @@ def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR: gl.
 
 
 @gluon.jit
-def warpspec_kernel(a_desc, b_desc, c_desc, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr,
-                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+def warpspec_kernel(a_desc, b_desc, c_desc, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+    c_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
     init_barriers(empty, STAGES)
-    init_barriers(turns, 2)
+    init_barriers(turns, CONSUMERS)
 
     K = a_desc.shape[1]
-    gl.warp_specialize(
-        [
-            (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0)),
-            (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1)),
-            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )
+    # (Partition arguments are written out in place: a tuple stored in a variable loses constexprs.)
+    if CONSUMERS == 2:  # ping-pong: consumer 0 is the default partition, consumer 1 a 4-warp worker
+        gl.warp_specialize(
+            [
+                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2)),
+                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2)),
+                (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
+    else:  # cooperative: both warpgroups of the default partition share one tile
+        gl.warp_specialize(
+            [
+                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 1)),
+                (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )
 
 
-def _constexprs(kmajor: bool, cfg: GemmConfig) -> dict[str, object]:
+def _constexprs(kmajor: bool, cfg: WarpSpecConfig) -> dict[str, object]:
     return {
         "B_KMAJOR": kmajor,
         "GROUP_M": cfg.GROUP_M,
         "STAGES": cfg.STAGES,
+        "CONSUMERS": cfg.CONSUMERS,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
     }
 
 
-def prepare(a, b, out, cfg: GemmConfig = CONFIG) -> Launch:
+def prepare(a, b, out, cfg: WarpSpecConfig | None = None) -> Launch:
     from ..api import capability_of, sm_count
 
     cap = capability_of(a.device)
@@ -159,6 +203,7 @@ def prepare(a, b, out, cfg: GemmConfig = CONFIG) -> Launch:
         from .blackwell import prepare_warpspec
 
         return prepare_warpspec(a, b, out)
+    cfg = cfg or config_for(a.shape[1])
     a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
     M, N = out.shape
     grid = (min(sm_count(a.device), num_tiles(M, N, cfg)),)
@@ -167,7 +212,7 @@ def prepare(a, b, out, cfg: GemmConfig = CONFIG) -> Launch:
     def fn():
         warpspec_kernel[grid](a_desc, b_desc, c_desc, **kw, num_warps=cfg.num_warps)
 
-    return Launch(fn, cfg.table() | {"design": "ping-pong"})
+    return Launch(fn, cfg.table())
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
@@ -180,11 +225,12 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
     return [
         CompileSpec(
             "warpspec",
-            f"warpspec_kernel {CONFIG.label} ping-pong B{'t' if kmajor else 'row'}",
+            f"warpspec_kernel {cfg.label} B{'t' if kmajor else 'row'}",
             warpspec_kernel,
-            gemm_signature(CONFIG, dtype, kmajor) | dict.fromkeys(_constexprs(kmajor, CONFIG), "constexpr"),
-            _constexprs(kmajor, CONFIG),
-            {"num_warps": CONFIG.num_warps},
+            gemm_signature(cfg, dtype, kmajor) | dict.fromkeys(_constexprs(kmajor, cfg), "constexpr"),
+            _constexprs(kmajor, cfg),
+            {"num_warps": cfg.num_warps},
         )
+        for cfg in (PINGPONG, COOPERATIVE)
         for kmajor in (False, True)
     ]
