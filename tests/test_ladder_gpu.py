@@ -124,8 +124,16 @@ def test_unaligned_views_are_copied_not_misread():
             TypeError,
             "same dtype",
         ),
-        (lambda: (torch.randn(8, 16, device="cuda").half(), torch.randn(8, 8, device="cuda").half()), ValueError, "match"),
-        (lambda: (torch.randn(2, 8, 8, device="cuda").half(), torch.randn(8, 8, device="cuda").half()), ValueError, "2-D"),
+        (
+            lambda: (torch.randn(8, 16, device="cuda").half(), torch.randn(8, 8, device="cuda").half()),
+            ValueError,
+            "match",
+        ),
+        (
+            lambda: (torch.randn(2, 8, 8, device="cuda").half(), torch.randn(8, 8, device="cuda").half()),
+            ValueError,
+            "2-D",
+        ),
     ],
     ids=["cpu", "fp32", "mixed-dtype", "shape-mismatch", "3d"],
 )

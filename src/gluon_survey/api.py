@@ -26,7 +26,7 @@ _ALIGN = 16  # bytes: TMA base and stride alignment
 _DEFAULT_MODE = {9: "warpspec", 10: "warpspec"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
@@ -42,7 +42,7 @@ def capability() -> tuple[int, int] | None:
     return _capability(torch.cuda.current_device())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -73,7 +73,9 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) 
     if a.device != b.device:
         raise ValueError(f"a is on {a.device} but b is on {b.device}; put both on one GPU")
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"shapes {tuple(a.shape)} @ {tuple(b.shape)} do not match: a.shape[1] must equal b.shape[0]")
+        raise ValueError(
+            f"shapes {tuple(a.shape)} @ {tuple(b.shape)} do not match: a.shape[1] must equal b.shape[0]"
+        )
     if out is not None:
         M, N = a.shape[0], b.shape[1]
         if not isinstance(out, torch.Tensor):
@@ -137,7 +139,7 @@ def prepare(mode: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | Non
     b2, copied_b = _aligned_b(b)
     c2 = out if _tma_ok(out) else _aligned_empty(M, N, out)
     launch = m.load().prepare(a2, b2, c2)
-    config = dict(launch.config)
+    config = launch.config  # the provider's own dict: autotuned modes fill it in on the first call
     copies = [n for n, c in (("a", copied_a), ("b", copied_b), ("out", c2 is not out)) if c]
     if copies:
         config["aligned_copy"] = ",".join(copies)
@@ -145,8 +147,8 @@ def prepare(mode: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | Non
         return Launch(launch.fn, config)
 
     def fn():
-        launch.fn()
-        out.copy_(c2)
+        result = launch.fn()
+        out.copy_(result if isinstance(result, torch.Tensor) else c2)
 
     return Launch(fn, config)
 
@@ -175,7 +177,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: str | None = None, out: 
 
 
 def explain(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> str:
-    """Which kernel and config `matmul(a, b, kernel=kernel)` would run, and why (no launch)."""
+    """Which kernel and config `matmul(a, b, kernel=kernel)` would run, and why. Nothing is launched
+    (an operand TMA cannot describe is copied, as `matmul` would)."""
     _check_operands(a, b, None)
     cap = capability_of(a.device)
     mode = registry.get(kernel if kernel is not None else default_mode(a))
@@ -191,13 +194,11 @@ def explain(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> str:
     lines = [
         f"mode: {mode.name} - {mode.summary}",
         f"why: {why}",
-        f"problem: M={a.shape[0]} N={b.shape[1]} K={a.shape[1]} {str(a.dtype).removeprefix('torch.')} B={layout}",
+        f"problem: M={a.shape[0]} N={b.shape[1]} K={a.shape[1]}"
+        f" {str(a.dtype).removeprefix('torch.')} B={layout}",
     ]
-    module = mode.load()
-    cfg = getattr(module, "CONFIG", None)
-    if cfg is not None:
-        lines.append(f"config: {cfg.label} group_m={cfg.GROUP_M}")
-    needs = [n for n, t in (("a", a), ("b", b if b.stride(1) == 1 else b.t())) if not _tma_ok(t)]
-    if needs:
-        lines.append(f"aligned copy of {', '.join(needs)}: row stride or base not a multiple of 16 bytes")
+    config = prepare(mode.name, a, b).config  # descriptors and config only: nothing is launched
+    lines.append("config: " + ", ".join(f"{k}={v}" for k, v in config.items()))
+    if "aligned_copy" in config:
+        lines.append("aligned copy: a row stride or base address is not a multiple of 16 bytes")
     return "\n".join(lines)

@@ -38,3 +38,55 @@ except ImportError:  # triton 3.6
     from triton.experimental.gluon._runtime import GluonASTSource
 
 __all__ = ["TRITON_VERSION", "GluonASTSource", "aggregate", "cta_barrier", "tma_load", "tma_store"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Blackwell: tensor memory and tcgen05 (sm_100a).
+#
+# `TensorMemoryLayout(block, col_stride)`, `allocate_tensor_memory`, `tcgen05_mma(..., mbarriers=)` and
+# `tcgen05_commit(bar)` are called the same way in 3.6 and 3.9 (3.9 only adds keyword arguments).
+# What differs is the register layout of a TMEM load: 3.6 needs an explicit layout from
+# `get_tmem_reg_layout(dtype, shape, tmem_layout, num_warps)`; 3.9 removed that function, and
+# `tmem.load()` infers the same 32x32b layout from the descriptor and the caller's warp count.
+# `tmem_load(tmem)` hides that. Pass `TensorMemoryLayout.block` as a tuple: 3.6 hashes it as given.
+
+from triton.experimental import gluon as _gluon  # noqa: E402
+from triton.experimental.gluon.language.nvidia.blackwell import (  # noqa: E402
+    TensorMemoryLayout,
+    allocate_tensor_memory,
+    tcgen05_commit,
+    tcgen05_mma,
+    tensor_memory_descriptor,
+)
+
+try:  # triton 3.6
+    from triton.experimental.gluon.language.nvidia.blackwell import (
+        get_tmem_reg_layout as _get_tmem_reg_layout,
+    )
+except ImportError:  # triton 3.9
+    _get_tmem_reg_layout = None
+
+if _get_tmem_reg_layout is not None:
+
+    @_gluon.jit
+    def tmem_load(tmem):
+        """TMEM -> registers in the 32x32b layout (one TMEM lane, i.e. one row, per thread)."""
+        layout: gl.constexpr = _get_tmem_reg_layout(tmem.dtype, tmem.shape, tmem.layout, gl.num_warps())
+        return tmem.load(layout)
+
+else:
+
+    @_gluon.jit
+    def tmem_load(tmem):
+        """TMEM -> registers in the 32x32b layout (one TMEM lane, i.e. one row, per thread)."""
+        return tmem.load()
+
+
+__all__ += [
+    "TensorMemoryLayout",
+    "allocate_tensor_memory",
+    "tcgen05_commit",
+    "tcgen05_mma",
+    "tensor_memory_descriptor",
+    "tmem_load",
+]

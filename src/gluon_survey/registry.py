@@ -11,7 +11,9 @@ A mode names a *provider module*. Every provider module defines two functions:
         done once. `a` is [M, K], `b` is [K, N] (row-major, or the transpose view of a contiguous
         [N, K] weight), `out` is [M, N]; all three are CUDA tensors of one dtype (fp16/bf16) that
         `gluon_survey.api` has already validated and made TMA-compatible. `Launch.fn()` writes
-        a @ b into `out`; its first call may JIT-compile or autotune.
+        a @ b into `out` (or, for torch.compile only, returns it as a new tensor, because
+        writing into `out` would add a copy kernel to every timed call: callers check the
+        returned tensor when there is one); its first call may JIT-compile or autotune.
 
 Importing a provider module must not need a GPU, so that `gluon-survey list` and `inspect` work
 anywhere.

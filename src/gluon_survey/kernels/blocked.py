@@ -24,6 +24,7 @@ from .common import (
     load_step,
     make_descriptors,
     mbarrier,
+    rung_config,
     select_mma,
     store_tile,
     tma,
@@ -72,10 +73,12 @@ def blocked_kernel(a_desc, b_desc, c_desc, MMA: gl.constexpr, B_KMAJOR: gl.const
     tma.store_wait(0)
 
 
-def prepare(a, b, out, cfg: GemmConfig = CONFIG) -> Launch:
+def prepare(a, b, out, cfg: GemmConfig | None = None) -> Launch:
     from ..api import capability_of
 
-    mma = select_mma(capability_of(a.device))
+    cap = capability_of(a.device)
+    mma = select_mma(cap)
+    cfg = cfg or rung_config("Blocked", cap, CONFIG)
     a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
     M, N = out.shape
     grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
@@ -90,14 +93,16 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
     if unsupported_reason(capability):
         return []
     mma = select_mma(capability)
+    cfg = rung_config("Blocked", capability, CONFIG)
     return [
         CompileSpec(
             "Blocked",
-            f"blocked_kernel {CONFIG.label} B{'t' if kmajor else 'row'}",
+            f"blocked_kernel {cfg.label} B{'t' if kmajor else 'row'}",
             blocked_kernel,
-            gemm_signature(CONFIG, dtype, kmajor) | {"MMA": "constexpr", "B_KMAJOR": "constexpr", "GROUP_M": "constexpr"},
-            {"MMA": mma, "B_KMAJOR": kmajor, "GROUP_M": CONFIG.GROUP_M},
-            {"num_warps": CONFIG.num_warps},
+            gemm_signature(cfg, dtype, kmajor)
+            | {"MMA": "constexpr", "B_KMAJOR": "constexpr", "GROUP_M": "constexpr"},
+            {"MMA": mma, "B_KMAJOR": kmajor, "GROUP_M": cfg.GROUP_M},
+            {"num_warps": cfg.num_warps},
         )
         for kmajor in (False, True)
     ]

@@ -77,7 +77,7 @@ def wgmma_layout(BLOCK_M, BLOCK_N, num_warps):
     per-warp N extent, because a wider wgmma does more work per instruction issued."""
     warps_m, warps_n = 4, 1
     while warps_m * warps_n < num_warps:
-        if BLOCK_M > 16 * warps_m:
+        if 16 * warps_m < BLOCK_M:
             warps_m *= 2
         else:
             warps_n *= 2
@@ -102,7 +102,9 @@ class WGMMA:
         self.use_acc = use_acc
 
     @gluon.jit
-    def initialize(dtype: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+    def initialize(
+        dtype: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr
+    ):
         layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps)
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
         return WGMMA(warpgroup_mma_init(acc), gl.to_tensor(False))
@@ -135,6 +137,15 @@ def select_mma(capability: tuple[int, int]):
         f"the Gluon rungs need a Hopper (sm_90) or datacenter Blackwell (sm_100) GPU; "
         f"this one is sm_{capability[0]}{capability[1]}"
     )
+
+
+def rung_config(rung: str, capability: tuple[int, int], default: GemmConfig) -> GemmConfig:
+    """A rung's config for this GPU: its own (Hopper) `default`, or the sm_100 one from blackwell.py."""
+    if capability[0] == 10:
+        from .blackwell import BLACKWELL_CONFIGS
+
+        return BLACKWELL_CONFIGS.get(rung, default)
+    return default
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
@@ -270,6 +281,7 @@ __all__ = [
     "make_descriptors",
     "mbarrier",
     "num_tiles",
+    "rung_config",
     "select_mma",
     "store_tile",
     "tma",

@@ -30,6 +30,7 @@ from .common import (
     make_descriptors,
     mbarrier,
     num_tiles,
+    rung_config,
     select_mma,
     store_tile,
     tma,
@@ -42,14 +43,27 @@ __all__ = ["CONFIG", "compile_specs", "persistent_kernel", "prepare", "unsupport
 
 
 @gluon.jit
-def _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+def _tile_offsets(
+    tile, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr
+):
     pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
     return pid_m * BLOCK_M, pid_n * BLOCK_N
 
 
 @gluon.jit
-def _next_load(a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready,
-               B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr):
+def _next_load(
+    a_desc,
+    b_desc,
+    p,
+    num_pid_m,
+    num_pid_n,
+    k_steps,
+    a_bufs,
+    b_bufs,
+    ready,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+):
     """Issue the producer's next load and advance the producer state
     p = (tile, K step, load count, tile's row offset, tile's column offset) past it. At the end of a
     tile the producer moves on to this program's next tile, so loads run ahead across tile
@@ -60,8 +74,18 @@ def _next_load(a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs,
     STAGES: gl.constexpr = a_bufs.shape[0]
     tile, k, count, off_m, off_n = p
     slot = count % STAGES
-    load_step(a_desc, b_desc, off_m, off_n, k * BLOCK_K, ready.index(slot), a_bufs.index(slot),
-              b_bufs.index(slot), B_KMAJOR, pred=tile < num_pid_m * num_pid_n)
+    load_step(
+        a_desc,
+        b_desc,
+        off_m,
+        off_n,
+        k * BLOCK_K,
+        ready.index(slot),
+        a_bufs.index(slot),
+        b_bufs.index(slot),
+        B_KMAJOR,
+        pred=tile < num_pid_m * num_pid_n,
+    )
     k += 1
     if k == k_steps:
         k = 0
@@ -72,7 +96,13 @@ def _next_load(a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs,
 
 @gluon.jit
 def persistent_kernel(
-    a_desc, b_desc, c_desc, MMA: gl.constexpr, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr
+    a_desc,
+    b_desc,
+    c_desc,
+    MMA: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -91,19 +121,22 @@ def persistent_kernel(
     off_m, off_n = _tile_offsets(gl.program_id(0), num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
     p = (gl.program_id(0), 0, 0, off_m, off_n)
     for _ in gl.static_range(STAGES - 1):
-        p = _next_load(a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready, B_KMAJOR, GROUP_M)
+        p = _next_load(
+            a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready, B_KMAJOR, GROUP_M
+        )
 
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
     it = 0  # consumer counter, over all of this program's K steps
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        for k in range(k_steps):
+        for _k in range(k_steps):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
             mma = mma.wait(1)
             # The freed slot gets the producer's next load, which may already be the next tile's.
-            p = _next_load(a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready,
-                           B_KMAJOR, GROUP_M)
+            p = _next_load(
+                a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready, B_KMAJOR, GROUP_M
+            )
             it += 1
         acc, mma = mma.take_result()
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
@@ -113,16 +146,20 @@ def persistent_kernel(
     invalidate_barriers(ready, STAGES)
 
 
-def prepare(a, b, out, cfg: GemmConfig = CONFIG) -> Launch:
+def prepare(a, b, out, cfg: GemmConfig | None = None) -> Launch:
     from ..api import capability_of, sm_count
 
-    mma = select_mma(capability_of(a.device))
+    cap = capability_of(a.device)
+    mma = select_mma(cap)
+    cfg = cfg or rung_config("persistent", cap, CONFIG)
     a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
     M, N = out.shape
     grid = (min(sm_count(a.device), num_tiles(M, N, cfg)),)
 
     def fn():
-        persistent_kernel[grid](a_desc, b_desc, c_desc, mma, kmajor, cfg.GROUP_M, cfg.STAGES, num_warps=cfg.num_warps)
+        persistent_kernel[grid](
+            a_desc, b_desc, c_desc, mma, kmajor, cfg.GROUP_M, cfg.STAGES, num_warps=cfg.num_warps
+        )
 
     return Launch(fn, cfg.table())
 
@@ -131,15 +168,16 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
     if unsupported_reason(capability):
         return []
     mma = select_mma(capability)
+    cfg = rung_config("persistent", capability, CONFIG)
     names = ("MMA", "B_KMAJOR", "GROUP_M", "STAGES")
     return [
         CompileSpec(
             "persistent",
-            f"persistent_kernel {CONFIG.label} B{'t' if kmajor else 'row'}",
+            f"persistent_kernel {cfg.label} B{'t' if kmajor else 'row'}",
             persistent_kernel,
-            gemm_signature(CONFIG, dtype, kmajor) | dict.fromkeys(names, "constexpr"),
-            dict(zip(names, (mma, kmajor, CONFIG.GROUP_M, CONFIG.STAGES))),
-            {"num_warps": CONFIG.num_warps},
+            gemm_signature(cfg, dtype, kmajor) | dict.fromkeys(names, "constexpr"),
+            dict(zip(names, (mma, kmajor, cfg.GROUP_M, cfg.STAGES), strict=True)),
+            {"num_warps": cfg.num_warps},
         )
         for kmajor in (False, True)
     ]

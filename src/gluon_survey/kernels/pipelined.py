@@ -29,6 +29,7 @@ from .common import (
     load_step,
     make_descriptors,
     mbarrier,
+    rung_config,
     select_mma,
     store_tile,
     tma,
@@ -44,7 +45,13 @@ __all__ = ["CONFIG", "compile_specs", "pipelined_kernel", "prepare", "unsupporte
 
 @gluon.jit
 def pipelined_kernel(
-    a_desc, b_desc, c_desc, MMA: gl.constexpr, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr
+    a_desc,
+    b_desc,
+    c_desc,
+    MMA: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -65,8 +72,18 @@ def pipelined_kernel(
 
     # Prologue: loads for steps 0 .. STAGES-2 (predicated off past the last K step).
     for s in gl.static_range(STAGES - 1):
-        load_step(a_desc, b_desc, off_m, off_n, s * BLOCK_K, ready.index(s), a_bufs.index(s), b_bufs.index(s),
-                  B_KMAJOR, pred=s < k_steps)
+        load_step(
+            a_desc,
+            b_desc,
+            off_m,
+            off_n,
+            s * BLOCK_K,
+            ready.index(s),
+            a_bufs.index(s),
+            b_bufs.index(s),
+            B_KMAJOR,
+            pred=s < k_steps,
+        )
 
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
     for k in range(k_steps):
@@ -75,8 +92,18 @@ def pipelined_kernel(
         mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
         mma = mma.wait(1)  # retires MMA k-1, whose stage is the one refilled next
         nxt = k + STAGES - 1
-        load_step(a_desc, b_desc, off_m, off_n, nxt * BLOCK_K, ready.index(nxt % STAGES), a_bufs.index(nxt % STAGES),
-                  b_bufs.index(nxt % STAGES), B_KMAJOR, pred=nxt < k_steps)
+        load_step(
+            a_desc,
+            b_desc,
+            off_m,
+            off_n,
+            nxt * BLOCK_K,
+            ready.index(nxt % STAGES),
+            a_bufs.index(nxt % STAGES),
+            b_bufs.index(nxt % STAGES),
+            B_KMAJOR,
+            pred=nxt < k_steps,
+        )
     acc, mma = mma.take_result()
     invalidate_barriers(ready, STAGES)
 
@@ -85,16 +112,20 @@ def pipelined_kernel(
     tma.store_wait(0)
 
 
-def prepare(a, b, out, cfg: GemmConfig = CONFIG) -> Launch:
+def prepare(a, b, out, cfg: GemmConfig | None = None) -> Launch:
     from ..api import capability_of
 
-    mma = select_mma(capability_of(a.device))
+    cap = capability_of(a.device)
+    mma = select_mma(cap)
+    cfg = cfg or rung_config("Pipelined", cap, CONFIG)
     a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
     M, N = out.shape
     grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
 
     def fn():
-        pipelined_kernel[grid](a_desc, b_desc, c_desc, mma, kmajor, cfg.GROUP_M, cfg.STAGES, num_warps=cfg.num_warps)
+        pipelined_kernel[grid](
+            a_desc, b_desc, c_desc, mma, kmajor, cfg.GROUP_M, cfg.STAGES, num_warps=cfg.num_warps
+        )
 
     return Launch(fn, cfg.table())
 
@@ -103,15 +134,16 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
     if unsupported_reason(capability):
         return []
     mma = select_mma(capability)
+    cfg = rung_config("Pipelined", capability, CONFIG)
     names = ("MMA", "B_KMAJOR", "GROUP_M", "STAGES")
     return [
         CompileSpec(
             "Pipelined",
-            f"pipelined_kernel {CONFIG.label} B{'t' if kmajor else 'row'}",
+            f"pipelined_kernel {cfg.label} B{'t' if kmajor else 'row'}",
             pipelined_kernel,
-            gemm_signature(CONFIG, dtype, kmajor) | dict.fromkeys(names, "constexpr"),
-            dict(zip(names, (mma, kmajor, CONFIG.GROUP_M, CONFIG.STAGES))),
-            {"num_warps": CONFIG.num_warps},
+            gemm_signature(cfg, dtype, kmajor) | dict.fromkeys(names, "constexpr"),
+            dict(zip(names, (mma, kmajor, cfg.GROUP_M, cfg.STAGES), strict=True)),
+            {"num_warps": cfg.num_warps},
         )
         for kmajor in (False, True)
     ]

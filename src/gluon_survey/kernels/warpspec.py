@@ -49,7 +49,6 @@ from .common import (
 )
 
 
-
 @dataclass(frozen=True)
 class WarpSpecConfig(GemmConfig):
     CONSUMERS: int = 2  # 2: ping-pong, one 4-warp consumer per tile; 1: cooperative, 8 warps per tile
@@ -66,7 +65,9 @@ class WarpSpecConfig(GemmConfig):
 # 5 stages x 32 KB + 2 C tiles x 32 KB = 224 KB of shared memory (5 stages beat 4 by 1-5%).
 PINGPONG = WarpSpecConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=5, num_warps=4, GROUP_M=8, CONSUMERS=2)
 # Cooperative: two warpgroups split one 128x256 tile, as in `persistent`; 3 x 48 KB + 64 KB = 208 KB.
-COOPERATIVE = WarpSpecConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=8, CONSUMERS=1)
+COOPERATIVE = WarpSpecConfig(
+    BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=8, CONSUMERS=1
+)
 CONFIG = PINGPONG
 # From K = 4096 the epilogue is a small share of a tile and the 128x128 ping-pong tiles lose to
 # 128x256 ones (they load a third more bytes per FLOP from L2 into shared memory): measured on H200,
@@ -79,6 +80,7 @@ PRODUCER_REGS = 40  # the TMA warp needs only addresses and counters
 def config_for(K: int) -> WarpSpecConfig:
     """The documented rule: ping-pong while the epilogue is worth hiding, cooperative after."""
     return COOPERATIVE if K >= COOPERATIVE_FROM_K else PINGPONG
+
 
 __all__ = ["CONFIG", "compile_specs", "prepare", "unsupported_reason", "warpspec_kernel"]
 
@@ -99,14 +101,35 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR: gl.constex
             slot = it % STAGES
             # Fill f of a slot needs fill f-1 consumed; a fresh barrier passes the parity-1 wait.
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-            load_step(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k * BLOCK_K, ready.index(slot),
-                      a_bufs.index(slot), b_bufs.index(slot), B_KMAJOR)
+            load_step(
+                a_desc,
+                b_desc,
+                pid_m * BLOCK_M,
+                pid_n * BLOCK_N,
+                k * BLOCK_K,
+                ready.index(slot),
+                a_bufs.index(slot),
+                b_bufs.index(slot),
+                B_KMAJOR,
+            )
             it += 1
 
 
 @gluon.jit
-def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR: gl.constexpr,
-              GROUP_M: gl.constexpr, K, ME: gl.constexpr, CONSUMERS: gl.constexpr):
+def _consumer(
+    c_desc,
+    a_bufs,
+    b_bufs,
+    c_bufs,
+    ready,
+    empty,
+    turns,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    K,
+    ME: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+):
     """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program. With two, they
     alternate on the tensor cores through the `turns` barriers; alone, it never waits for a turn."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
@@ -121,10 +144,10 @@ def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR: gl.
     c_smem = c_bufs.index(ME)
 
     mma = WGMMA.initialize(c_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
-    n = 0  # tiles this consumer has done
     for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), CONSUMERS):
         if CONSUMERS == 2:
             # Consumer 0 goes first (a fresh barrier passes the parity-1 wait), then they alternate.
+            n = t // CONSUMERS  # tiles this consumer has done before this one
             mbarrier.wait(my_turn, (n & 1) ^ (1 - ME))
         it = t * k_steps
         for k in range(k_steps):
@@ -143,13 +166,21 @@ def _consumer(c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR: gl.
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         tma.store_wait(0)  # this consumer's previous store has finished reading c_smem
         store_tile(c_desc, c_smem, acc, pid_m * BLOCK_M, pid_n * BLOCK_N)
-        n += 1
     tma.store_wait(0)
 
 
 @gluon.jit
-def warpspec_kernel(a_desc, b_desc, c_desc, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+def warpspec_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -166,8 +197,14 @@ def warpspec_kernel(a_desc, b_desc, c_desc, B_KMAJOR: gl.constexpr, GROUP_M: gl.
     if CONSUMERS == 2:  # ping-pong: consumer 0 is the default partition, consumer 1 a 4-warp worker
         gl.warp_specialize(
             [
-                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2)),
-                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2)),
+                (
+                    _consumer,
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2),
+                ),
+                (
+                    _consumer,
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2),
+                ),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [4, 1],
@@ -176,7 +213,10 @@ def warpspec_kernel(a_desc, b_desc, c_desc, B_KMAJOR: gl.constexpr, GROUP_M: gl.
     else:  # cooperative: both warpgroups of the default partition share one tile
         gl.warp_specialize(
             [
-                (_consumer, (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 1)),
+                (
+                    _consumer,
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 1),
+                ),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [1],

@@ -1,0 +1,348 @@
+"""`gluon-survey`: time the survey's GEMM modes, and the commands around it.
+
+    gluon-survey [MODES] [options]      time MODES (comma-separated, case-insensitive; default: all)
+    gluon-survey list                   every mode, what it is, and whether this machine can run it
+    gluon-survey compare OLD NEW        two results files side by side [--fail-on-regression PCT]
+    gluon-survey report RESULTS         re-render a results file [--format, --output, --plot]
+    gluon-survey inspect ...            compile the kernels for sm_90a / sm_100a, no GPU needed
+
+The timing command writes every row to a JSON Lines results file as it is measured (default
+out/results-<run id>.jsonl), then prints the report. Exit status: 0 when every row is OK or
+SKIPPED, 1 when any is FAILED, ERROR or TIMEOUT, 2 for a usage error or a machine without a
+CUDA GPU, 130 when interrupted (the rows measured so far are kept and reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gluon_survey import registry, shapes
+
+if TYPE_CHECKING:
+    from gluon_survey.results import Results
+    from gluon_survey.runner import Settings, Task
+
+PROG = "gluon-survey"
+_DIMS = (("m", shapes.DEFAULT_M), ("n", shapes.DEFAULT_N), ("k", shapes.DEFAULT_K))
+BAD_STATUSES = ("FAILED", "ERROR", "TIMEOUT")
+EXIT_INTERRUPTED = 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch on the first argument: a subcommand, or else the timing command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = _SUBCOMMANDS.get(argv[0]) if argv else None
+    try:
+        return command(argv[1:]) if command else run(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+
+
+# ------------------------------------------------------------------------------------------------
+# The timing command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=f"{PROG} [MODES] [options] | {PROG} {{list,compare,report,inspect}} ...",
+        description="Time GEMM modes on this GPU, check each against an fp32 reference, and report "
+        "TFLOP/s and x cuBLAS.",
+        epilog=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "modes",
+        nargs="?",
+        metavar="MODES",
+        help=f"comma-separated, case-insensitive (default: every mode): {', '.join(registry.names())}",
+    )
+    what = parser.add_argument_group("what to measure")
+    what.add_argument("--dtype", default="fp16", help="comma-separated: fp16, bf16 (default: %(default)s)")
+    for dim, default in _DIMS:
+        what.add_argument(
+            f"--{dim}",
+            help=f"{dim.upper()} sizes: a comma list of sizes and inclusive start:stop:step ranges "
+            f"(default: {default})",
+        )
+    what.add_argument(
+        "--shapes",
+        metavar="llm|FILE.csv",
+        help="'llm': the linear layers of Llama-3-8B/70B at 1..8192 tokens; or a CSV of M,N,K rows",
+    )
+    what.add_argument(
+        "--b-layout",
+        default="row",
+        help="comma-separated: row (B is [K, N]), t (B is w.t() of a [N, K] weight) (default: %(default)s)",
+    )
+    how = parser.add_argument_group("how to measure")
+    how.add_argument(
+        "--warmup-ms", type=float, default=100.0, help="warm-up per shape (default: %(default)g)"
+    )
+    how.add_argument(
+        "--min-ms", type=_positive, default=300.0, help="timed GPU time per shape (default: %(default)g)"
+    )
+    how.add_argument(
+        "--timeout",
+        type=_positive,
+        default=600.0,
+        metavar="S",
+        help="seconds per shape, compilation and autotuning included (default: %(default)g)",
+    )
+    how.add_argument("--seed", type=int, default=0, help="input seed (default: %(default)s)")
+    how.add_argument(
+        "--peak-tflops",
+        type=_positive,
+        metavar="TFLOPS",
+        help="dense peak to report %% of peak against (default: datasheet value for this GPU)",
+    )
+    out = parser.add_argument_group("output")
+    _add_output_options(out)
+    out.add_argument(
+        "--results",
+        type=Path,
+        metavar="FILE.jsonl",
+        help="results file (default: out/results-<run id>.jsonl)",
+    )
+    return parser
+
+
+def _add_output_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    from gluon_survey.report import FORMATS
+
+    parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
+    parser.add_argument("--output", type=Path, metavar="FILE", help="write the report here (default: stdout)")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also plot TFLOP/s vs K per mode")
+
+
+def run(argv: Sequence[str]) -> int:
+    """The timing command (see `build_parser`)."""
+    args = build_parser().parse_args(argv)
+    from gluon_survey import runner
+    from gluon_survey.check import B_LAYOUTS, DTYPES
+
+    try:
+        modes = runner.resolve_modes(args.modes)
+        dtypes = _pick(args.dtype, DTYPES, "--dtype")
+        layouts = _pick(args.b_layout, B_LAYOUTS, "--b-layout")
+        sweep = shapes.resolve(args.shapes, args.m, args.n, args.k)
+    except (KeyError, ValueError) as exc:
+        return _usage_error(exc.args[0] if exc.args else str(exc))
+    if args.results is not None and args.results.exists():
+        return _usage_error(f"--results {args.results} exists; a results file holds one run")
+    if runner.needs_cuda(modes) and not _cuda_available():
+        from gluon_survey.hardware import describe_torch_cuda
+
+        print(
+            f"{PROG}: timing needs a CUDA GPU that torch can use (torch.cuda.is_available()); found "
+            f"{describe_torch_cuda()}. `{PROG} list` and `{PROG} inspect` work without a GPU.",
+            file=sys.stderr,
+        )
+        return 2
+    command = shlex.join([PROG, *argv])  # recorded as typed, to reproduce the run
+    return _sweep(args, modes, runner.make_tasks(sweep, dtypes, layouts), command)
+
+
+def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], command: str) -> int:
+    from gluon_survey import hardware, results, runner
+
+    settings = runner.Settings(
+        seed=args.seed, warmup_ms=args.warmup_ms, min_ms=args.min_ms, timeout_s=args.timeout
+    )
+    env = hardware.gpu_info(command)
+    dtypes = list(dict.fromkeys(t.dtype for t in tasks))
+    peaks = {
+        d: (args.peak_tflops, "--peak-tflops")
+        if args.peak_tflops
+        else hardware.peak_tflops(env.get("name"), d)
+        for d in dtypes
+    }
+    run_id = results.new_run_id()
+    path = args.results or Path("out") / f"results-{run_id}.jsonl"
+    header = results.make_header(run_id, env, _settings_record(settings, modes, tasks, args, peaks))
+    interrupted = False
+    with (
+        results.ResultsWriter(path, header) as writer,
+        runner.RichProgress(len(modes) * len(tasks)) as progress,
+    ):
+        try:
+            runner.run_sweep(modes, tasks, settings, writer, {d: p for d, (p, _) in peaks.items()}, progress)
+        except KeyboardInterrupt:
+            interrupted = True
+    measured = results.load(path)
+    _emit(measured, args)
+    print(f"{PROG}: results in {path}", file=sys.stderr)
+    if interrupted:
+        print(f"{PROG}: interrupted; the report covers the rows measured so far", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 1 if any(r.status in BAD_STATUSES for r in measured.rows) else 0
+
+
+def _settings_record(
+    settings: Settings,
+    modes: list[str],
+    tasks: list[Task],
+    args: argparse.Namespace,
+    peaks: dict[str, tuple[float | None, str]],
+) -> dict[str, object]:
+    """The header's `settings`: how this run measured, in the words the report prints."""
+    from gluon_survey import runner
+    from gluon_survey.check import TOLERANCE_RULE
+    from gluon_survey.timing import COPIES_BUDGET_BYTES, L2_FACTOR
+
+    dims = " ".join(f"--{dim} {getattr(args, dim) or default}" for dim, default in _DIMS)
+    budget_gib = COPIES_BUDGET_BYTES >> 30
+    return {
+        **asdict(settings),
+        "timer": "CUDA events around each iteration" if runner.needs_cuda(modes) else "host wall clock",
+        "l2": f"cold, rotating input sets spanning >= {L2_FACTOR}x L2 (at most {budget_gib} GiB)",
+        "tolerance": TOLERANCE_RULE,
+        "modes": modes,
+        "dtypes": list(peaks),
+        "b_layouts": list(dict.fromkeys(t.b_layout for t in tasks)),
+        "shapes": f"--shapes {args.shapes}" if args.shapes else dims,
+        "peaks": {d: {"tflops": p, "source": src} for d, (p, src) in peaks.items()},
+    }
+
+
+def _emit(measured: Results, args: argparse.Namespace) -> None:
+    """Print or write the report, the plot when asked; for `legacy`, say on stderr what it omits."""
+    from gluon_survey import report
+
+    report.render(measured, args.format, args.output)
+    if args.format == "legacy":
+        for row in measured.rows:
+            if not row.measured:
+                print(
+                    f"{PROG}: not in the legacy lines: {row.mode} {row.shape.label}: {row.outcome}",
+                    file=sys.stderr,
+                )
+    if args.plot is not None and report.plot(measured, args.plot) == 0:
+        print(f"{PROG}: nothing measured, no plot written", file=sys.stderr)
+
+
+def _positive(text: str) -> float:
+    """argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _pick(spec: str, allowed: Sequence[str], option: str) -> list[str]:
+    """'fp16,BF16' -> ['fp16', 'bf16'], each checked against `allowed`."""
+    picked = list(dict.fromkeys(p.strip().lower() for p in spec.split(",") if p.strip()))
+    unknown = [p for p in picked if p not in allowed]
+    if unknown or not picked:
+        raise ValueError(f"{option}: expected a comma list of {', '.join(allowed)}, got {spec!r}")
+    return picked
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _usage_error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+# ------------------------------------------------------------------------------------------------
+# Subcommands
+
+
+def list_modes(argv: Sequence[str]) -> int:
+    """`gluon-survey list`: the modes in ladder order and whether this machine can run each."""
+    argparse.ArgumentParser(prog=f"{PROG} list", description=list_modes.__doc__).parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from gluon_survey import api
+    from gluon_survey.hardware import describe_torch_cuda
+
+    cap = api.capability()
+    here = describe_torch_cuda() + (f", sm_{cap[0]}{cap[1]}" if cap else "")
+    table = Table(title=f"gluon-survey modes; this machine: {here}")
+    for name in ("mode", "kind", "what it is", "architectures", "runs here"):
+        table.add_column(name, no_wrap=name in ("mode", "kind"))
+    for mode in registry.MODES:
+        try:
+            reason = mode.unsupported_reason(cap)
+        except Exception as exc:  # a provider that cannot even be imported
+            reason = f"cannot load {mode.module}: {type(exc).__name__}: {exc}"
+        verdict = Text("yes", style="green") if reason is None else Text(f"no: {reason}", style="red")
+        table.add_row(mode.name, mode.kind, mode.summary, ", ".join(mode.archs), verdict)
+    Console().print(table)
+    return 0
+
+
+def compare_runs(argv: Sequence[str]) -> int:
+    """`gluon-survey compare OLD NEW`: per result, new/old TFLOP/s and whether it is beyond noise."""
+    parser = argparse.ArgumentParser(prog=f"{PROG} compare", description=compare_runs.__doc__)
+    parser.add_argument("old", type=Path, help="results file (.jsonl) of the baseline run")
+    parser.add_argument("new", type=Path, help="results file (.jsonl) of the run to judge")
+    parser.add_argument(
+        "--fail-on-regression",
+        type=float,
+        metavar="PCT",
+        help="exit 1 when a result got more than PCT %% slower beyond the noise, or stopped being measured",
+    )
+    args = parser.parse_args(argv)
+    from rich.console import Console
+
+    from gluon_survey import report, results
+
+    try:
+        old, new = results.load(args.old), results.load(args.new)
+    except (OSError, ValueError) as exc:
+        return _usage_error(str(exc))
+    deltas = results.compare(old.rows, new.rows)
+    report.print_comparison(old, new, deltas, Console())
+    if args.fail_on_regression is None:
+        return 0
+    bad = results.regressions(deltas, args.fail_on_regression)
+    for d in bad:
+        change = f"{d.regression_pct():.1f} % slower" if d.verdict == "slower" else f"now {d.new.outcome}"
+        where = f"{d.new.mode} {d.new.shape.label} {d.new.dtype} B={d.new.b_layout}"
+        print(f"{PROG}: regression: {where}: {change}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def report_run(argv: Sequence[str]) -> int:
+    """`gluon-survey report RESULTS.jsonl`: render a finished (or interrupted) run again."""
+    parser = argparse.ArgumentParser(prog=f"{PROG} report", description=report_run.__doc__)
+    parser.add_argument("results", type=Path, help="results file (.jsonl) written by a timing run")
+    _add_output_options(parser)
+    args = parser.parse_args(argv)
+    from gluon_survey import results
+
+    try:
+        loaded = results.load(args.results)
+    except (OSError, ValueError) as exc:
+        return _usage_error(str(exc))
+    _emit(loaded, args)
+    return 0
+
+
+def inspect_kernels(argv: Sequence[str]) -> int:
+    """`gluon-survey inspect ...`: see `gluon_survey.inspect`."""
+    from gluon_survey import inspect
+
+    return inspect.main(argv)
+
+
+_SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "list": list_modes,
+    "compare": compare_runs,
+    "report": report_run,
+    "inspect": inspect_kernels,
+}

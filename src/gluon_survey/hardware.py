@@ -1,0 +1,195 @@
+"""What a measurement ran on: the GPU, its clocks and power, the software stack, the checkout.
+
+`gpu_info()` is recorded at the top of every results file so a number can always be traced back
+to the machine, driver and commit that produced it. `peak_tflops()` is the dense datasheet peak
+the tables divide by (and the sanity limit above which a measurement is flagged as an error).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets. Matched as a
+# case-insensitive substring of the device name, first match wins, so the more specific names come
+# first ("H100 PCIe" before "H100", "GB200" before "B200"). A plain "H100" is the SXM part
+# (torch reports it as "NVIDIA H100 80GB HBM3").
+_PEAKS: tuple[tuple[str, dict[str, float], str], ...] = (
+    ("H100 PCIe", {"fp16": 756.0, "bf16": 756.0}, "NVIDIA H100 PCIe datasheet, dense"),
+    ("H100", {"fp16": 989.4, "bf16": 989.4}, "NVIDIA H100 SXM datasheet, dense"),
+    ("H200", {"fp16": 989.4, "bf16": 989.4}, "NVIDIA H200 SXM datasheet, dense"),
+    ("GB200", {"fp16": 2500.0, "bf16": 2500.0}, "NVIDIA GB200 datasheet, per GPU, dense"),
+    ("B200", {"fp16": 2250.0, "bf16": 2250.0}, "NVIDIA HGX B200 datasheet, per GPU, dense"),
+    ("A100", {"fp16": 312.0, "bf16": 312.0}, "NVIDIA A100 datasheet, dense"),
+)
+
+
+def peak_tflops(name: str | None, dtype: str) -> tuple[float | None, str]:
+    """The dense datasheet peak of GPU `name` for `dtype` ("fp16"/"bf16"), and where it comes from.
+
+    (None, why) when the GPU or the dtype is not in the table; `--peak-tflops` overrides it.
+    """
+    if not name:
+        return None, "no GPU, no peak"
+    for key, peaks, source in _PEAKS:
+        if key.lower() in name.lower():
+            if dtype in peaks:
+                return peaks[dtype], f"{source} ({dtype})"
+            return None, f"no {dtype} peak for {key} in the table; pass --peak-tflops"
+    return None, f"unknown GPU {name!r}: no datasheet peak; pass --peak-tflops"
+
+
+def gpu_info(command: str | None = None) -> dict[str, object]:
+    """The environment of this process as a flat-ish JSON-able dict.
+
+    GPU facts come from torch (name, capability, SMs, L2, memory) and, when readable, clocks,
+    power and temperature from NVML (pynvml) or `nvidia-smi`. Never raises: whatever cannot be
+    read is left out or None.
+    """
+    import torch
+    import triton
+
+    info: dict[str, object] = {
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": command if command is not None else shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "git": git_commit(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if not torch.cuda.is_available():
+        return info
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    info.update(
+        name=props.name,
+        capability=[props.major, props.minor],
+        sm_count=props.multi_processor_count,
+        l2_bytes=props.L2_cache_size,
+        memory_bytes=props.total_memory,
+    )
+    info.update(_nvml_state(index, _nvml_uuid(props)))
+    return info
+
+
+def _nvml_uuid(props: object) -> str | None:
+    """The device's UUID as NVML and nvidia-smi spell it ("GPU-..."): indices differ under
+    CUDA_VISIBLE_DEVICES, UUIDs do not."""
+    uuid = str(getattr(props, "uuid", "") or "")
+    if not uuid:
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def describe_torch_cuda() -> str:
+    """One line on what torch sees, e.g. 'torch 2.13.0+cpu, CUDA not available'."""
+    import torch
+
+    built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    if torch.cuda.is_available():
+        return f"torch {torch.__version__} ({built}), {torch.cuda.device_count()} CUDA device(s)"
+    return f"torch {torch.__version__} ({built}), CUDA not available"
+
+
+def git_commit() -> dict[str, object] | None:
+    """{'commit': sha, 'dirty': bool} of the checkout this package runs from, or None.
+    A copy of the tree without .git (e.g. shipped to a GPU box) can name its commit in
+    GLUON_SURVEY_COMMIT."""
+    if os.environ.get("GLUON_SURVEY_COMMIT"):
+        return {"commit": os.environ["GLUON_SURVEY_COMMIT"], "dirty": None}
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": sha, "dirty": bool(status.strip())}
+
+
+# What NVML / nvidia-smi report, under the keys the results file uses.
+_SMI_FIELDS = {
+    "driver_version": "driver",
+    "clocks.sm": "sm_clock_mhz",
+    "clocks.max.sm": "sm_clock_max_mhz",
+    "clocks.mem": "mem_clock_mhz",
+    "power.draw": "power_w",
+    "power.limit": "power_limit_w",
+    "temperature.gpu": "temperature_c",
+    "pstate": "pstate",
+}
+
+
+def _nvml_state(index: int, uuid: str | None) -> dict[str, object]:
+    try:
+        return _pynvml_state(index, uuid)
+    except ImportError:
+        return _smi_state(index, uuid)
+    except Exception as exc:  # NVML present but unusable (permissions, driver mismatch)
+        return {"nvml_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _pynvml_state(index: int, uuid: str | None) -> dict[str, object]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else pynvml.nvmlDeviceGetHandleByIndex(index)
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        return {
+            "driver": driver.decode() if isinstance(driver, bytes) else driver,
+            "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+            "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000,
+            "temperature_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+            "pstate": f"P{pynvml.nvmlDeviceGetPerformanceState(handle)}",
+        }
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _smi_state(index: int, uuid: str | None) -> dict[str, object]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {}
+    cmd = [
+        smi,
+        f"--query-gpu={','.join(_SMI_FIELDS)}",
+        "--format=csv,noheader,nounits",
+        "-i",
+        uuid or str(index),
+    ]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    values = [v.strip() for v in out.strip().splitlines()[0].split(",")] if out.strip() else []
+    return {key: _number_or_text(v) for key, v in zip(_SMI_FIELDS.values(), values, strict=False)}
+
+
+def _number_or_text(value: str) -> object:
+    if value in ("[N/A]", "N/A", "[Not Supported]", ""):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return value

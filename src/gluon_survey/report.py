@@ -1,0 +1,444 @@
+"""Turning results into tables, files and plots.
+
+Formats: `table` (rich tables, one per dtype and B layout: shapes as rows, modes as columns, each
+cell TFLOP/s, x cuBLAS and the chosen BLOCK_MxNxK, a geometric-mean row), `legacy` (exactly the
+lines of the original survey script), `csv` (one row per result, `#` environment comments on top),
+`json` and `markdown`. Every format but `legacy` starts with the environment.
+
+A row counts as a measurement only when it is correct, timed and not above the dense peak (a
+TFLOP/s figure above the datasheet peak is a measurement error, shown as such, never as a record);
+geometric means and x cuBLAS use measurements only. x cuBLAS divides by the `torch` row of the same
+shape, dtype and layout.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from gluon_survey.registry import BASELINE
+from gluon_survey.results import NOISY, Delta, Results, Row
+from gluon_survey.shapes import Shape
+
+FORMATS = ("table", "legacy", "csv", "json", "markdown")
+LEGACY_HEADER = "K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec"
+REASON_CHARS = 28  # how much of a failure reason fits in a table cell; the notes below give it all
+
+
+def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
+    """The rows with `x_cublas` = TFLOP/s / TFLOP/s of the cuBLAS (`torch`) row of the same shape,
+    dtype and layout, where both are measurements."""
+    rows = list(rows)
+    base = {r.key[1:]: r.tflops for r in rows if r.mode == BASELINE and r.measured}
+    return [
+        replace(r, x_cublas=r.tflops / base[r.key[1:]] if r.measured and r.key[1:] in base else None)  # type: ignore[operator]
+        for r in rows
+    ]
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def peaks(results: Results) -> dict[str, float | None]:
+    """dtype -> the peak TFLOP/s the run used."""
+    return {dtype: p.get("tflops") for dtype, p in results.settings.get("peaks", {}).items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# Environment lines (the head of every format)
+
+
+def _mib(n: object) -> str:
+    return f"{n / 2**20:.0f} MiB" if isinstance(n, (int, float)) else "?"
+
+
+_NVML_FIELDS = (
+    ("SM clock", "sm_clock_mhz", "MHz"),
+    ("max SM clock", "sm_clock_max_mhz", "MHz"),
+    ("memory clock", "mem_clock_mhz", "MHz"),
+    ("power", "power_w", "W"),
+    ("power limit", "power_limit_w", "W"),
+    ("temperature", "temperature_c", "C"),
+)
+
+
+def env_lines(results: Results) -> list[str]:
+    """What ran where and how: GPU, clocks, software, checkout, command, timing, check, peaks."""
+    return _machine_lines(results.env) + _run_lines(results) + _settings_lines(results.settings)
+
+
+def _machine_lines(env: dict[str, Any]) -> list[str]:
+    if not env.get("name"):
+        return ["GPU: none (CUDA not available)"]
+    major, minor = env.get("capability") or ("?", "?")
+    lines = [
+        f"GPU: {env['name']} (sm_{major}{minor}, {env.get('sm_count')} SMs, "
+        f"L2 {_mib(env.get('l2_bytes'))}, {_mib(env.get('memory_bytes'))})"
+    ]
+    state = [f"{label} {env[key]:g} {unit}" for label, key, unit in _NVML_FIELDS if _is_number(env.get(key))]
+    if env.get("pstate"):
+        state.append(str(env["pstate"]))
+    if state:
+        lines.append("At start: " + ", ".join(state))
+    return lines
+
+
+def _run_lines(results: Results) -> list[str]:
+    env = results.env
+    git = env.get("git") or {}
+    commit = git.get("commit", "unknown")[:12] + (" (dirty)" if git.get("dirty") else "")
+    return [
+        f"Software: driver {env.get('driver', '?')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, "
+        f"triton {env.get('triton')}, Python {env.get('python')}",
+        f"Run: {results.header.get('run_id')} on {env.get('date')}, host {env.get('host')}, commit {commit}",
+        f"Command: {env.get('command')}",
+    ]
+
+
+def _settings_lines(s: dict[str, Any]) -> list[str]:
+    if not s:
+        return []
+    lines = [
+        f"Timing: {s.get('timer')}; median over >= {s.get('min_ms')} ms and {s.get('min_iters')} to "
+        f"{s.get('max_iters')} iterations after {s.get('warmup_ms')} ms of warm-up; L2: {s.get('l2')}; "
+        f"seed {s.get('seed')}",
+        f"Check: {s.get('tolerance')}, against the fp32 product of the same inputs",
+    ]
+    for dtype, peak in s.get("peaks", {}).items():
+        value = f"{peak['tflops']:g} TFLOP/s" if peak.get("tflops") else "unknown"
+        lines.append(f"Peak {dtype}: {value} ({peak.get('source')})")
+    return lines
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# ------------------------------------------------------------------------------------------------
+# The pivot: shapes x modes per (dtype, layout), shared by the rich table and markdown
+
+
+@dataclass
+class Cell:
+    lines: list[str]
+    style: str = ""  # rich style
+    best: bool = False
+
+
+@dataclass
+class Pivot:
+    dtype: str
+    b_layout: str
+    modes: list[str]
+    shapes: list[Shape]
+    cells: dict[tuple[Shape, str], Cell]
+    geomean: dict[str, Cell]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"{self.dtype}, B {self.b_layout}"
+
+    def cells_of(self, shape: Shape) -> list[Cell]:
+        """The row of `shape`, one cell per mode ("-" where a mode has no row for it)."""
+        return [self.cells.get((shape, m), Cell(["-"])) for m in self.modes]
+
+
+def _headline(error: str) -> str:
+    return error.splitlines()[0] if error else ""
+
+
+def _cell(row: Row) -> Cell:
+    if row.measured:
+        lines = [f"{row.tflops:.1f}" + (" ~" if NOISY in row.flags else "")]
+        if row.x_cublas is not None:
+            lines.append(f"{row.x_cublas:.2f}x")
+        if all(k in row.config for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")):
+            lines.append(f"{row.config['BLOCK_M']}x{row.config['BLOCK_N']}x{row.config['BLOCK_K']}")
+        return Cell(lines)
+    if row.status == "OK":  # timed, but above the peak
+        return Cell([row.outcome, f"{row.tflops:.0f}?"], style="bold red")
+    reason = _headline(row.error)
+    short = reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
+    return Cell([row.status, short], style="yellow" if row.status == "SKIPPED" else "red")
+
+
+def _geomean_cell(rows: Sequence[Row], peak: float | None) -> Cell:
+    measured = [r for r in rows if r.measured]
+    gm = geomean(r.tflops for r in measured)  # type: ignore[misc]
+    if gm is None:
+        return Cell(["-"])
+    lines = [f"{gm:.1f}"]
+    gx = geomean(r.x_cublas for r in measured if r.x_cublas is not None)
+    if gx is not None:
+        lines.append(f"{gx:.2f}x")
+    if peak:
+        lines.append(f"{100 * gm / peak:.0f}% peak")
+    if len(measured) < len(rows):
+        lines.append(f"({len(measured)}/{len(rows)} shapes)")
+    return Cell(lines, style="bold")
+
+
+def _notes(rows: Iterable[Row]) -> list[str]:
+    """One line per distinct (mode, outcome, reason) of the rows that are not measurements."""
+    shapes_by: dict[tuple[str, str, str], list[str]] = {}
+    for r in rows:
+        if not r.measured:
+            reason = (
+                "TFLOP/s above the dense peak: measurement error" if r.status == "OK" else _headline(r.error)
+            )
+            shapes_by.setdefault((r.mode, r.outcome, reason), []).append(r.shape.label)
+    return [
+        f"{mode} {outcome} on {labels[0] if len(labels) == 1 else f'{len(labels)} shapes'}: {reason}"
+        for (mode, outcome, reason), labels in shapes_by.items()
+    ]
+
+
+def pivots(results: Results) -> list[Pivot]:
+    """One pivot per (dtype, layout), modes and shapes in the order the sweep ran them."""
+    rows = attach_x_cublas(results.rows)
+    peak_of = peaks(results)
+    out = []
+    for dtype, layout in dict.fromkeys((r.dtype, r.b_layout) for r in rows):
+        group = [r for r in rows if (r.dtype, r.b_layout) == (dtype, layout)]
+        modes = list(dict.fromkeys(r.mode for r in group))
+        cells = {(r.shape, r.mode): _cell(r) for r in group}
+        shapes = list(dict.fromkeys(r.shape for r in group))
+        for shape in shapes:
+            best = max(
+                (r for r in group if r.shape == shape and r.measured), key=lambda r: r.tflops, default=None
+            )
+            if best is not None:
+                cells[(shape, best.mode)].best = True
+        gms = {m: _geomean_cell([r for r in group if r.mode == m], peak_of.get(dtype)) for m in modes}
+        out.append(Pivot(dtype, layout, modes, shapes, cells, gms, _notes(group)))
+    return out
+
+
+LEGEND = (
+    "Cells: TFLOP/s (~ = p20-p80 spread above 5 %), x cuBLAS (the torch row of the same shape), "
+    "BLOCK_MxNxK; best of each shape in bold; geomean over measured shapes."
+)
+
+
+def print_table(results: Results, console: Any) -> None:
+    """The rich tables, environment first, then per (dtype, layout) a table and its notes."""
+    from rich.table import Table
+    from rich.text import Text
+
+    for line in env_lines(results):
+        console.print(Text(line, style="dim"))
+    for pivot in pivots(results):
+        table = Table(title=pivot.title, show_lines=True)
+        table.add_column("M x N x K", no_wrap=True)
+        for mode in pivot.modes:
+            table.add_column(mode, justify="right")
+        for shape in pivot.shapes:
+            table.add_row(shape.label, *(_rich(c) for c in pivot.cells_of(shape)))
+        table.add_row("geomean", *(_rich(pivot.geomean[m]) for m in pivot.modes))
+        console.print(table)
+        console.print(Text(LEGEND, style="dim"))
+        for note in pivot.notes:
+            console.print(Text(note, style="yellow"))
+
+
+def _rich(cell: Cell) -> Any:
+    from rich.text import Text
+
+    return Text("\n".join(cell.lines), style=f"{cell.style} bold".strip() if cell.best else cell.style)
+
+
+def format_markdown(results: Results) -> str:
+    out = ["# gluon-survey results", ""]
+    out += [f"- {line}" for line in env_lines(results)]
+    for pivot in pivots(results):
+        out += ["", f"## {pivot.title}", ""]
+        out.append("| M x N x K | " + " | ".join(pivot.modes) + " |")
+        out.append("|---|" + "---:|" * len(pivot.modes))
+        for shape in pivot.shapes:
+            out.append(f"| {shape.label} | " + " | ".join(_markdown(c) for c in pivot.cells_of(shape)) + " |")
+        out.append("| geomean | " + " | ".join(_markdown(pivot.geomean[m]) for m in pivot.modes) + " |")
+        out += ["", LEGEND]
+        out += [f"- {note}" for note in pivot.notes]
+    return "\n".join(out) + "\n"
+
+
+def _markdown(cell: Cell) -> str:
+    lines = [line.replace("|", "\\|") for line in cell.lines]
+    if cell.best:
+        lines[0] = f"**{lines[0]}**"
+    return "<br>".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# Flat formats
+
+
+def format_legacy(rows: Iterable[Row]) -> str:
+    """The original survey's lines: `Mode: X`, the header, `K, BM, BN, BK, ms, TFLOP/s` per
+    measured row (blocks 0 when the provider reports none, as the original printed for torch), and
+    a blank line. The original swept K only; a sweep over more (M, N, dtype, layout) gets one such
+    block per mode and combination. Rows that are not measurements are left out."""
+    blocks: dict[tuple[str, int, int, str, str], list[Row]] = {}
+    for row in rows:
+        blocks.setdefault((row.mode, row.M, row.N, row.dtype, row.b_layout), []).append(row)
+    out = []
+    for (mode, *_), block in blocks.items():
+        out += [f"Mode: {mode}", LEGACY_HEADER]
+        for r in block:
+            if r.measured:
+                bm, bn, bk = (r.config.get(k, 0) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+                out.append(f"{r.K}, {bm}, {bn}, {bk}, {r.ms_median:.4f}, {r.tflops:.2f}")
+        out.append("")
+    return "".join(f"{line}\n" for line in out)
+
+
+_FLAT = [f.name for f in fields(Row) if f.name not in ("config", "flags", "error")]
+CSV_COLUMNS = [*_FLAT, "BLOCK_M", "BLOCK_N", "BLOCK_K", "flags", "config", "error"]
+
+
+def format_csv(results: Results) -> str:
+    buf = io.StringIO()
+    for line in env_lines(results):
+        buf.write(f"# {line}\n")
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in attach_x_cublas(results.rows):
+        record = {k: v for k, v in row.to_json().items() if k in _FLAT}
+        record.update({k: row.config.get(k, "") for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")})
+        record.update(
+            flags="; ".join(row.flags), config=json.dumps(row.config, sort_keys=True), error=row.error
+        )
+        writer.writerow(record)
+    return buf.getvalue()
+
+
+def format_json(results: Results) -> str:
+    header = {k: v for k, v in results.header.items() if k != "record"}
+    rows = [{k: v for k, v in r.to_json().items() if k != "record"} for r in attach_x_cublas(results.rows)]
+    return json.dumps({**header, "rows": rows}, indent=1, allow_nan=False) + "\n"
+
+
+def render(results: Results, fmt: str, output: str | Path | None = None) -> None:
+    """Write `results` in `fmt` to `output` (a path) or stdout."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt == "table":
+        from rich.console import Console
+
+        if output is None:
+            print_table(results, Console())
+        else:
+            with Path(output).open("w") as f:
+                print_table(results, Console(file=f, width=200, color_system=None))
+        return
+    text = {
+        "legacy": lambda: format_legacy(results.rows),
+        "csv": lambda: format_csv(results),
+        "json": lambda: format_json(results),
+        "markdown": lambda: format_markdown(results),
+    }[fmt]()
+    if output is None:
+        print(text, end="")
+    else:
+        Path(output).write_text(text)
+
+
+# ------------------------------------------------------------------------------------------------
+# Plot
+
+
+def plot(results: Results, path: str | Path) -> int:
+    """TFLOP/s vs K per mode, one panel per (dtype, layout, M, N): log2 K axis, a p20-p80 band,
+    cuBLAS dashed, the dense peak as a dotted line. Returns the number of panels (0: nothing
+    measured, no file written)."""
+    from matplotlib.figure import Figure
+
+    measured = [r for r in results.rows if r.measured]
+    groups: dict[tuple[str, str, int, int], list[Row]] = {}
+    for r in measured:
+        groups.setdefault((r.dtype, r.b_layout, r.M, r.N), []).append(r)
+    if not groups:
+        return 0
+    ncols = min(len(groups), 3)
+    nrows = math.ceil(len(groups) / ncols)
+    fig = Figure(figsize=(6 * ncols, 4.5 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).flat
+    peak_of = peaks(results)
+    for ((dtype, layout, m, n), group), ax in zip(groups.items(), axes, strict=False):
+        for mode in dict.fromkeys(r.mode for r in group):
+            pts = sorted((r for r in group if r.mode == mode), key=lambda r: r.K)
+            ks = [r.K for r in pts]
+            (line,) = ax.plot(
+                ks, [r.tflops for r in pts], "--" if mode == BASELINE else "-", marker="o", label=mode
+            )
+            low = [r.tflops_at(r.ms_p80) for r in pts]
+            high = [r.tflops_at(r.ms_p20) for r in pts]
+            ax.fill_between(ks, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        if peak_of.get(dtype):
+            ax.axhline(peak_of[dtype], color="gray", linestyle=":", label=f"dense peak {peak_of[dtype]:g}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("K")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"M={m} N={n} {dtype} B={layout}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes:  # the panels left over in the last row
+        ax.set_visible(False)
+    env = results.env
+    fig.suptitle(f"{env.get('name') or 'no GPU'} - torch {env.get('torch')}, triton {env.get('triton')}")
+    fig.savefig(path, dpi=120)
+    return len(groups)
+
+
+# ------------------------------------------------------------------------------------------------
+# Comparison of two runs
+
+_VERDICT_STYLE = {"faster": "green", "slower": "red", "broken": "bold red", "fixed": "green"}
+
+
+def print_comparison(old: Results, new: Results, deltas: Sequence[Delta], console: Any) -> None:
+    """Both runs' machines, a row per compared result, and the geomean new/old ratio per mode."""
+    from rich.table import Table
+    from rich.text import Text
+
+    for label, results in (("old", old), ("new", new)):
+        git = results.env.get("git") or {}
+        console.print(
+            Text(
+                f"{label}: {results.header.get('run_id')}  {results.env.get('name') or 'no GPU'}  "
+                f"commit {git.get('commit', 'unknown')[:12]}",
+                style="dim",
+            )
+        )
+    table = Table(title="new vs old (same = p20-p80 intervals overlap)")
+    for name in ("mode", "M x N x K", "dtype", "B", "old TFLOP/s", "new TFLOP/s", "new/old", "verdict"):
+        table.add_column(name, justify="right" if "TFLOP" in name or name == "new/old" else "left")
+    for d in deltas:
+        table.add_row(
+            d.new.mode,
+            d.new.shape.label,
+            d.new.dtype,
+            d.new.b_layout,
+            _tflops_or_status(d.old),
+            _tflops_or_status(d.new),
+            f"{d.ratio:.3f}" if d.ratio is not None else "-",
+            Text(d.verdict, style=_VERDICT_STYLE.get(d.verdict, "")),
+        )
+    console.print(table)
+    for mode in dict.fromkeys(d.new.mode for d in deltas):
+        gm = geomean(d.ratio for d in deltas if d.new.mode == mode and d.ratio is not None)
+        if gm is not None:
+            console.print(f"{mode}: geomean new/old {gm:.3f}")
+
+
+def _tflops_or_status(row: Row) -> str:
+    return f"{row.tflops:.1f}" if row.measured else row.outcome

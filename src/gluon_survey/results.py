@@ -1,0 +1,250 @@
+"""Results files and the comparison of two runs.
+
+A results file is JSON Lines: a header line (``"record": "header"``: run id, environment from
+`hardware.gpu_info`, command line, settings: timer, warm-up, L2 mode, seed, tolerance rule, peaks)
+and then one line per measured row (``"record": "row"``), appended and fsync'ed as soon as the
+row exists, so a crash or Ctrl-C loses nothing already measured. Non-finite floats are stored as
+null so that any JSON reader can load the file.
+
+`compare(old, new)` matches rows by (mode, M, N, K, dtype, B layout). Two measurements are
+"same" when their p20-p80 time intervals overlap, i.e. the difference is inside the measured
+noise; otherwise "faster" or "slower". A row that was measured and now is not (FAILED, ERROR,
+TIMEOUT, or flagged above peak) is "broken", the reverse "fixed".
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import IO, Any
+
+from gluon_survey.shapes import Shape
+from gluon_survey.timing import NOISY_SPREAD
+
+SCHEMA_VERSION = 1
+STATUSES = ("OK", "FAILED", "ERROR", "SKIPPED", "TIMEOUT")
+ABOVE_PEAK = "ABOVE_PEAK: measurement error"
+NOISY = "NOISY"
+
+Key = tuple[str, int, int, int, str, str]
+
+
+@dataclass
+class Row:
+    """One (mode, shape, dtype, B layout) outcome.
+
+    status: OK, FAILED (wrong result; `error` says how wrong), ERROR (an exception; its message),
+    SKIPPED (this GPU cannot run the mode; why), TIMEOUT (no result within the time limit).
+    """
+
+    run_id: str
+    mode: str
+    M: int
+    N: int
+    K: int
+    dtype: str
+    b_layout: str
+    status: str
+    error: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    compile_s: float | None = None
+    ms_median: float | None = None
+    ms_p20: float | None = None
+    ms_p80: float | None = None
+    ms_min: float | None = None
+    spread: float | None = None
+    n_iters: int | None = None
+    l2_copies: int | None = None
+    timer: str | None = None
+    tflops: float | None = None
+    pct_peak: float | None = None
+    x_cublas: float | None = None
+    rel_err: float | None = None
+    tol: float | None = None
+    cublas_err: float | None = None
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.M, self.N, self.K)
+
+    @property
+    def key(self) -> Key:
+        return (self.mode, self.M, self.N, self.K, self.dtype, self.b_layout)
+
+    @property
+    def measured(self) -> bool:
+        """A valid measurement: correct, timed, and not above the dense peak."""
+        return self.status == "OK" and self.tflops is not None and ABOVE_PEAK not in self.flags
+
+    @property
+    def outcome(self) -> str:
+        """The status, except "ABOVE PEAK" for a timed row whose TFLOP/s exceed the dense peak."""
+        return "ABOVE PEAK" if self.status == "OK" and ABOVE_PEAK in self.flags else self.status
+
+    def tflops_at(self, ms: float | None) -> float | None:
+        return None if ms is None else self.shape.tflops(ms)
+
+    def with_metrics(self, peak_tflops: float | None) -> Row:
+        """This row with TFLOP/s (from the median), % of peak and the NOISY / ABOVE_PEAK flags."""
+        if self.ms_median is None:
+            return self
+        tflops = self.shape.tflops(self.ms_median)
+        flags = [f for f in self.flags if f not in (NOISY, ABOVE_PEAK)]
+        if self.spread is not None and self.spread > NOISY_SPREAD:
+            flags.append(NOISY)
+        if peak_tflops and tflops > peak_tflops:
+            flags.append(ABOVE_PEAK)
+        pct = 100.0 * tflops / peak_tflops if peak_tflops else None
+        return replace(self, tflops=tflops, pct_peak=pct, flags=flags)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"record": "row", **{k: _finite(v) for k, v in asdict(self).items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Row:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def new_run_id() -> str:
+    """Sortable and unique enough: local time plus 4 random hex digits."""
+    return f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def make_header(run_id: str, env: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    return {"record": "header", "schema": SCHEMA_VERSION, "run_id": run_id, "env": env, "settings": settings}
+
+
+class ResultsWriter:
+    """Appends rows to a new results file, each flushed and fsync'ed before `append` returns."""
+
+    def __init__(self, path: str | Path, header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.run_id: str = header["run_id"]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] = self.path.open("x")  # never mix two runs in one file
+        self._write(header)
+
+    def append(self, row: Row) -> None:
+        self._write(row.to_json())
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> ResultsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class Results:
+    header: dict[str, Any]
+    rows: list[Row]
+
+    @property
+    def env(self) -> dict[str, Any]:
+        return self.header.get("env", {})
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.header.get("settings", {})
+
+
+def load(path: str | Path) -> Results:
+    """A results file's header and rows. A last line cut short (the writer was killed while
+    writing it) is ignored; anything else malformed raises ValueError."""
+    path = Path(path)
+    lines = path.read_text().splitlines()
+    header: dict[str, Any] | None = None
+    rows: list[Row] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if lineno == len(lines):
+                break
+            raise ValueError(f"{path}:{lineno}: not a JSON line") from None
+        kind = record.get("record")
+        if kind == "header":
+            if header is not None:
+                raise ValueError(f"{path}:{lineno}: a second header; one file holds one run")
+            header = record
+        elif kind == "row":
+            if header is None:
+                raise ValueError(f"{path}:{lineno}: a row before the header; not a gluon-survey results file")
+            try:
+                rows.append(Row.from_json(record))
+            except TypeError as exc:
+                raise ValueError(f"{path}:{lineno}: not a result row ({exc})") from None
+        else:
+            raise ValueError(f"{path}:{lineno}: unknown record {kind!r}")
+    if header is None:
+        raise ValueError(f"{path}: no header line; not a gluon-survey results file")
+    return Results(header, rows)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """How one (mode, shape, dtype, layout) changed between two runs."""
+
+    old: Row
+    new: Row
+    verdict: str  # same | faster | slower | broken | fixed | not measured
+
+    @property
+    def ratio(self) -> float | None:
+        """new / old TFLOP/s, when both were measured."""
+        if self.old.measured and self.new.measured:
+            return self.new.tflops / self.old.tflops  # type: ignore[operator]
+        return None
+
+    def regression_pct(self) -> float:
+        """How much slower new is than old, in %, when the verdict is "slower"; else 0."""
+        ratio = self.ratio
+        return 100.0 * (1.0 - ratio) if self.verdict == "slower" and ratio is not None else 0.0
+
+
+def _verdict(old: Row, new: Row) -> str:
+    if old.measured and new.measured:
+        overlap = new.ms_p20 <= old.ms_p80 and old.ms_p20 <= new.ms_p80  # type: ignore[operator]
+        if overlap:
+            return "same"
+        return "faster" if new.ms_median < old.ms_median else "slower"  # type: ignore[operator]
+    if old.measured:
+        return "broken"
+    return "fixed" if new.measured else "not measured"
+
+
+def compare(old: Iterable[Row], new: Iterable[Row]) -> list[Delta]:
+    """Deltas for every key present in both runs, in the new run's order."""
+    old_by_key = {row.key: row for row in old}
+    return [
+        Delta(old_by_key[row.key], row, _verdict(old_by_key[row.key], row))
+        for row in new
+        if row.key in old_by_key
+    ]
+
+
+def regressions(deltas: Iterable[Delta], pct: float) -> list[Delta]:
+    """Rows more than `pct` % slower beyond the noise, and rows that stopped producing a measurement."""
+    return [d for d in deltas if d.verdict == "broken" or d.regression_pct() > pct]

@@ -1,0 +1,290 @@
+"""The sweep: modes x shapes x dtypes x B layouts, each mode in worker subprocesses.
+
+Each mode runs in a fresh `python -m gluon_survey.worker` that measures its tasks one after the
+other and reports each as a JSON line. The parent gives every task `timeout_s`, counted from the
+worker's "start" of it (a worker's start-up before its first task gets at least
+`STARTUP_TIMEOUT_S`), and appends each row to the results file the moment it arrives. When a
+worker crashes or runs out of time, the parent records an ERROR or TIMEOUT row for the task in
+flight, with the tail of the worker's stderr, kills the worker's whole process group (autotuners
+and torch.compile start processes of their own) and starts a fresh worker for the tasks that
+remain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import IO, Any, Protocol
+
+from gluon_survey import registry, worker
+from gluon_survey.results import ResultsWriter, Row
+from gluon_survey.shapes import Shape
+
+STDERR_TAIL_LINES = 20
+STARTUP_TIMEOUT_S = 120.0  # a worker's start-up (imports, CUDA init) gets at least this long
+
+
+@dataclass(frozen=True)
+class Task:
+    shape: Shape
+    dtype: str
+    b_layout: str
+
+    def label(self) -> str:
+        return f"{self.shape.label} {self.dtype} B={self.b_layout}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self.shape), "dtype": self.dtype, "b_layout": self.b_layout}
+
+
+def make_tasks(shapes: Iterable[Shape], dtypes: Iterable[str], b_layouts: Iterable[str]) -> list[Task]:
+    """Every combination, grouped by dtype, then layout, shapes varying fastest."""
+    shapes = list(shapes)
+    b_layouts = list(b_layouts)
+    return [Task(s, d, lay) for d in dtypes for lay in b_layouts for s in shapes]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How each task is measured; recorded in the results header."""
+
+    seed: int = 0
+    warmup_ms: float = 100.0
+    min_ms: float = 300.0
+    min_iters: int = 20
+    max_iters: int = 2000
+    timeout_s: float = 600.0
+
+    def worker_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "timeout_s"}
+
+
+def resolve_modes(spec: str | None) -> list[str]:
+    """Mode names from 'Blocked,triton,torch' (case-insensitive; None or '' = every mode).
+
+    KeyError naming the valid modes for an unknown name. The hidden test modes are accepted
+    only when GLUON_SURVEY_TEST_PROVIDERS=1.
+    """
+    parts = [p.strip() for p in (spec or "").split(",") if p.strip()]
+    hidden = [p.lower() for p in parts if p.lower() in worker.TEST_MODES and worker.hidden_modes_enabled()]
+    real = [p for p in parts if p.lower() not in hidden]
+    modes = [m.name for m in registry.parse_modes(",".join(real))] if real or not parts else []
+    return modes + list(dict.fromkeys(hidden))
+
+
+def needs_cuda(modes: Iterable[str]) -> bool:
+    return any(m not in worker.TEST_MODES for m in modes)
+
+
+class Progress(Protocol):
+    """What the sweep reports while it runs (see `RichProgress`)."""
+
+    def describe(self, text: str) -> None: ...
+
+    def advance(self) -> None: ...
+
+
+class _Silent:
+    def describe(self, text: str) -> None:
+        pass
+
+    def advance(self) -> None:
+        pass
+
+
+class RichProgress:
+    """A rich progress bar on stderr over all tasks of all modes, naming what runs right now."""
+
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self._task = self._bar.add_task("starting", total=total)
+
+    def describe(self, text: str) -> None:
+        self._bar.update(self._task, description=text)
+
+    def advance(self) -> None:
+        self._bar.advance(self._task)
+
+    def __enter__(self) -> RichProgress:
+        self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.stop()
+
+
+class _Worker:
+    """One worker subprocess: its event stream (a queue fed by a reader thread) and stderr tail."""
+
+    def __init__(self, mode: str, tasks: Sequence[Task], settings: Settings) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gluon_survey.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # Ctrl-C goes to the driver only; killpg reaches the worker's children
+        )
+        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self._readers = [
+            threading.Thread(target=self._read_events, args=(self.proc.stdout,), daemon=True),
+            threading.Thread(target=self._read_stderr, args=(self.proc.stderr,), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+        job = {"mode": mode, "tasks": [t.to_json() for t in tasks], "settings": settings.worker_json()}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()  # stdin stays open: its EOF tells the worker the driver is gone
+
+    def _read_events(self, stream: IO[str]) -> None:
+        for line in stream:
+            try:
+                self.events.put(json.loads(line))
+            except json.JSONDecodeError:
+                self.stderr_tail.append(line.rstrip())
+        self.events.put(None)
+
+    def _read_stderr(self, stream: IO[str]) -> None:
+        for line in stream:
+            if line.strip():
+                self.stderr_tail.append(line.rstrip())
+
+    def next_event(self, timeout: float) -> dict[str, Any] | None:
+        """The next event; None once the worker has exited; queue.Empty after `timeout` s."""
+        return self.events.get(timeout=max(timeout, 0.0))
+
+    def stop(self) -> None:
+        """Kill the worker and everything it started; wait until its output is drained."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        for reader in self._readers:
+            reader.join(timeout=5)
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            with contextlib.suppress(OSError):  # stdin of a dead worker: nothing left to flush
+                stream.close()  # type: ignore[union-attr]
+
+    def exit_reason(self, grace_s: float = 10.0) -> str:
+        """How the worker ended, once its output has closed (killed if it lingers past `grace_s`)."""
+        try:
+            code = self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            code = self.proc.returncode
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def tail(self) -> str:
+        return "\n".join(self.stderr_tail)
+
+
+def run_sweep(
+    modes: Sequence[str],
+    tasks: Sequence[Task],
+    settings: Settings,
+    writer: ResultsWriter,
+    peaks: dict[str, float | None],
+    progress: Progress | None = None,
+) -> list[Row]:
+    """Measure every task of every mode; each row is appended to `writer` as it arrives.
+
+    `peaks` maps dtype -> dense peak TFLOP/s (None: unknown), for % of peak and the ABOVE_PEAK
+    flag. On KeyboardInterrupt the worker is killed and the interrupt propagates; rows already
+    written stay in the file.
+    """
+    progress = progress or _Silent()
+    rows: list[Row] = []
+
+    def record(mode: str, task: Task, fields: dict[str, Any]) -> None:
+        row = Row.from_json({"run_id": writer.run_id, "mode": mode, **task.to_json(), **fields})
+        row = row.with_metrics(peaks.get(task.dtype))
+        writer.append(row)
+        rows.append(row)
+        progress.advance()
+
+    for mode in modes:
+        pending = list(tasks)
+        while pending:
+            done = _run_worker(mode, pending, settings, record, progress)
+            pending = pending[done:]
+    return rows
+
+
+def _run_worker(
+    mode: str,
+    tasks: Sequence[Task],
+    settings: Settings,
+    record: Callable[[str, Task, dict[str, Any]], None],
+    progress: Progress,
+) -> int:
+    """Run `tasks` in one worker until it finishes, dies or times out; how many tasks are done.
+
+    A worker that dies or hangs during a task costs that task an ERROR or TIMEOUT row. One that
+    stops between tasks (after a lost CUDA context) costs nothing: the rest go to a new worker.
+    """
+    proc = _Worker(mode, tasks, settings)
+    current, phase, in_flight = 0, "starting", False
+    limit = max(settings.timeout_s, STARTUP_TIMEOUT_S)  # until the first task starts: imports, CUDA init
+    deadline = time.monotonic() + limit
+    progress.describe(f"{mode}: starting worker")
+    try:
+        while True:
+            try:
+                event = proc.next_event(deadline - time.monotonic())
+            except queue.Empty:
+                proc.stop()
+                status, error = "TIMEOUT", f"no result within {limit:g} s (while {phase})"
+                break
+            if event is None:
+                status, error = "ERROR", f"worker {proc.exit_reason()} while {phase}"
+                break
+            kind = event.get("event")
+            if kind == "start":
+                current, phase, limit, in_flight = event["task"], "starting", settings.timeout_s, True
+                deadline = time.monotonic() + limit
+            elif kind == "phase":
+                phase = event["phase"]
+            elif kind == "row":
+                record(mode, tasks[event["task"]], event["row"])
+                current, in_flight = event["task"] + 1, False
+            elif kind == "done":
+                return current
+            if in_flight:
+                progress.describe(f"{mode} {tasks[current].label()}: {phase}")
+        if current >= len(tasks) or (current > 0 and not in_flight):
+            return current
+        record(mode, tasks[current], {"status": status, "error": _with_tail(error, proc.tail())})
+        return current + 1
+    finally:
+        proc.stop()
+
+
+def _with_tail(headline: str, tail: str) -> str:
+    return f"{headline}\n{tail}" if tail else headline

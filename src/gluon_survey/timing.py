@@ -1,0 +1,158 @@
+"""The one timer every provider is measured with.
+
+Method
+------
+* **Cold L2 by rotation, not by flushing.** The timed loop cycles through independent input sets
+  (A, B, C): iteration i runs set i mod n, with n chosen by `copies_for_cold_l2` so that the sets
+  together span at least 3x the L2 cache (one set when a single set already does; at most 8 GiB
+  of copies). Each GEMM therefore starts with its operands out of L2, as in a model where the
+  previous layer touched other data, and no flush kernel runs inside or next to the timed window.
+* **Warm-up first.** One call per set estimates the duration; then `warmup_ms` of calls (100 ms
+  by default) bring clocks up and fill instruction caches before anything is recorded. JIT
+  compilation and autotuning happened even earlier, in the first call, reported as `compile_s`.
+* **Per-iteration CUDA events.** Each timed iteration records a start event, launches, records an
+  end event; there is no synchronisation inside the loop, one at the end. The iteration count
+  covers at least `min_ms` (300 ms) of GPU time, between `min_iters` (20) and `max_iters` (2000),
+  and at least one pass over the sets. Host launch overhead counts only when the GPU waits for it,
+  i.e. for kernels of a few microseconds.
+* **A distribution, not one number.** The median is the reported time; p20, p80 and the minimum
+  are kept; spread = (p80 - p20) / median, and a measurement whose spread exceeds 5 % is flagged
+  NOISY. TFLOP/s are computed from the median.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+NOISY_SPREAD = 0.05
+L2_FACTOR = 3
+COPIES_BUDGET_BYTES = 8 << 30
+
+
+def copies_for_cold_l2(bytes_per_set: int, l2_bytes: int, budget_bytes: int = COPIES_BUDGET_BYTES) -> int:
+    """How many input sets make the rotation span at least 3x L2, capped by `budget_bytes` (min 1)."""
+    if bytes_per_set <= 0:
+        raise ValueError(f"bytes_per_set must be positive, got {bytes_per_set}")
+    wanted = max(1, math.ceil(L2_FACTOR * l2_bytes / bytes_per_set))
+    affordable = max(1, budget_bytes // bytes_per_set)
+    return min(wanted, affordable)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Summary of the per-iteration times of one measurement, in milliseconds."""
+
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    min_ms: float
+    n: int
+
+    @classmethod
+    def from_samples(cls, samples_ms: list[float]) -> Timing:
+        if not samples_ms:
+            raise ValueError("no samples")
+        p20, median, p80 = np.percentile(np.asarray(samples_ms, dtype=np.float64), [20, 50, 80])
+        return cls(float(median), float(p20), float(p80), float(min(samples_ms)), len(samples_ms))
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: the relative width of the middle 60 % of samples."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else math.inf
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISY_SPREAD
+
+
+class Clock(Protocol):
+    """Marks points on the timeline the work runs on, and measures between them."""
+
+    name: str
+
+    def mark(self) -> object: ...
+
+    def elapsed_ms(self, start: object, end: object) -> float: ...
+
+    def synchronize(self) -> None: ...
+
+
+class CudaEventClock:
+    """CUDA events on the current stream: GPU time, no host synchronisation per mark."""
+
+    name = "cuda-events"
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+
+    def mark(self) -> object:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed_ms(self, start: object, end: object) -> float:
+        return start.elapsed_time(end)  # type: ignore[attr-defined]
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize()
+
+
+class WallClock:
+    """Host wall-clock time, for work that runs synchronously on the CPU (the test providers)."""
+
+    name = "wall-clock"
+
+    def mark(self) -> object:
+        return time.perf_counter()
+
+    def elapsed_ms(self, start: object, end: object) -> float:
+        return (end - start) * 1e3  # type: ignore[operator]
+
+    def synchronize(self) -> None:
+        pass
+
+
+def time_fn(
+    make_run: Callable[[int], Callable[[], object]],
+    n_copies: int,
+    warmup_ms: float = 100.0,
+    min_ms: float = 300.0,
+    min_iters: int = 20,
+    max_iters: int = 2000,
+    clock: Clock | None = None,
+) -> Timing:
+    """Time `make_run(i)()` for input sets i = 0..n_copies-1 in rotation (see the module docstring).
+
+    `make_run(i)` returns the zero-argument launch for set i; it is called once per set, before
+    any timing. `clock` defaults to CUDA events.
+    """
+    clock = clock or CudaEventClock()
+    runs = [make_run(i) for i in range(n_copies)]
+
+    start = clock.mark()
+    for run in runs:
+        run()
+    end = clock.mark()
+    clock.synchronize()
+    estimate_ms = max(clock.elapsed_ms(start, end) / n_copies, 1e-6)
+
+    for i in range(math.ceil(warmup_ms / estimate_ms)):
+        runs[i % n_copies]()
+
+    n_iters = min(max(math.ceil(min_ms / estimate_ms), min_iters), max_iters)
+    n_iters = max(n_iters, n_copies)
+    marks = []
+    for i in range(n_iters):
+        begin = clock.mark()
+        runs[i % n_copies]()
+        marks.append((begin, clock.mark()))
+    clock.synchronize()
+    return Timing.from_samples([clock.elapsed_ms(b, e) for b, e in marks])

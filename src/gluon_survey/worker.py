@@ -1,0 +1,303 @@
+"""One mode, measured over a list of (shape, dtype, B layout) tasks, in a process of its own.
+
+Started by `gluon_survey.runner` as `python -m gluon_survey.worker`, so that a kernel that crashes
+the process, corrupts the CUDA context or never returns costs one row, not the survey.
+
+Protocol: the parent writes one JSON line, the job (`mode`, `tasks`, timing settings), to stdin and
+keeps stdin open; when stdin closes the parent is gone and the worker exits. The worker writes JSON
+lines to stdout: ``{"event": "start", "task": i}`` when it begins task i, ``{"event": "phase",
+"task": i, "phase": ...}`` as it moves from compiling to checking to timing, ``{"event": "row",
+"task": i, "row": {...}}`` with the outcome, and ``{"event": "done"}``. Anything libraries print
+goes to stderr, which the parent keeps the tail of for error messages. After an error that leaves
+the CUDA context unusable (an illegal address is sticky) the worker exits between tasks, and the
+parent starts a fresh one for the rest.
+
+Per task: inputs from the seed (`check.make_inputs`); `gluon_survey.api.prepare`, the first call
+(`compile_s`: prepare + first call, autotuning included); a NaN-filled output, one call, the check
+against the fp32 reference with the tolerance rule; then, only if correct, the cold-L2 timing over
+rotated input sets (each prepared and called once first), with all outputs NaN-filled before the
+timer starts and re-checked after it (a launch that does nothing after its first call fails). A
+launch whose `fn()` returns its product instead of writing `out` (the torch.compile baseline) is
+judged on the tensor it returns.
+
+With GLUON_SURVEY_TEST_PROVIDERS=1 the hidden modes `_crash` (aborts the process), `_hang` (never
+returns) and `_ok_cpu` (torch.matmul on CPU tensors, wall-clock timer) exist, so the isolation
+machinery can be tested on a machine without a GPU. Real modes always run on CUDA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from gluon_survey.registry import Launch
+    from gluon_survey.timing import Clock
+
+TEST_PROVIDERS_ENV = "GLUON_SURVEY_TEST_PROVIDERS"
+TEST_MODES = ("_crash", "_hang", "_ok_cpu")
+ERROR_CHARS = 2000  # longest error message a row carries
+
+
+def hidden_modes_enabled() -> bool:
+    """Whether GLUON_SURVEY_TEST_PROVIDERS=1 switches the hidden test modes on."""
+    return os.environ.get(TEST_PROVIDERS_ENV) == "1"
+
+
+@dataclass(frozen=True)
+class Provider:
+    """How this worker runs its mode: where tensors live, how launches are made and timed."""
+
+    device: str
+    prepare: Callable[..., Launch]
+    clock: Clock
+    unsupported: str | None  # why this machine cannot run the mode, or None
+    l2_bytes: int
+    memory_budget: Callable[[], int]  # bytes the rotated input copies may take now
+    healthy: Callable[[], bool] = lambda: True  # False once the device is unusable for later tasks
+
+
+def cuda_provider(mode_name: str) -> Provider:
+    """A registered mode, through `gluon_survey.api`, on the current CUDA device."""
+    import torch
+
+    from gluon_survey import api, registry
+    from gluon_survey.timing import COPIES_BUDGET_BYTES, CudaEventClock, WallClock
+
+    mode = registry.get(mode_name)
+
+    def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
+        return api.prepare(mode.name, a, b, out)
+
+    def budget() -> int:
+        return min(COPIES_BUDGET_BYTES, torch.cuda.mem_get_info()[0] // 2)
+
+    def healthy() -> bool:
+        try:
+            torch.cuda.synchronize()
+            return True
+        except RuntimeError:  # a sticky error (illegal address, ...) poisons the context for good
+            return False
+
+    capability = api.capability()
+    if capability is None:  # no GPU: every task is SKIPPED, nothing is timed
+        return Provider("cuda", prepare, WallClock(), mode.unsupported_reason(None), 0, budget)
+    l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    reason = mode.unsupported_reason(capability)
+    return Provider("cuda", prepare, CudaEventClock(), reason, l2_bytes, budget, healthy)
+
+
+def fake_provider(mode_name: str) -> Provider:
+    """The hidden test modes: CPU tensors, a wall-clock timer, no L2 rotation."""
+    import torch
+
+    from gluon_survey.registry import Launch
+    from gluon_survey.timing import WallClock
+
+    torch.set_num_threads(1)  # steadier wall-clock times on a shared CI machine
+
+    def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
+        if mode_name == "_crash":
+            return Launch(os.abort)
+        if mode_name == "_hang":
+            return Launch(threading.Event().wait)
+        return Launch(lambda: torch.matmul(a, b, out=out), {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64})
+
+    return Provider("cpu", prepare, WallClock(), None, l2_bytes=0, memory_budget=lambda: 1 << 30)
+
+
+def provider_for(mode_name: str) -> Provider:
+    if mode_name in TEST_MODES and hidden_modes_enabled():
+        return fake_provider(mode_name)
+    return cuda_provider(mode_name)
+
+
+@dataclass
+class _Target:
+    """One input set, its launch, and where its last result is: `out`, or the tensor `fn()`
+    returned (the torch.compile baseline returns its product instead of writing `out`)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    out: torch.Tensor
+    launch: Launch
+    output: torch.Tensor
+
+    @classmethod
+    def prepared(cls, provider: Provider, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> _Target:
+        """Prepared and called once: the first call compiles or autotunes, outside any timing."""
+        target = cls(a, b, out, provider.prepare(a, b, out), out)
+        target.call()
+        return target
+
+    def call(self) -> None:
+        result = self.launch.fn()
+        returned = hasattr(result, "data_ptr") and result.data_ptr() != self.out.data_ptr()
+        self.output = result if returned else self.out
+
+    @property
+    def timed_call(self) -> Callable[[], object]:
+        """The bare launch when it writes `out`; else `call`, which keeps the result to re-check."""
+        return self.launch.fn if self.output is self.out else self.call
+
+
+def measure(
+    provider: Provider, task: dict[str, Any], settings: dict[str, Any], phase: Callable[[str], None]
+) -> dict:
+    """Check, then time, one task; the row fields the worker knows (see `results.Row`)."""
+    import torch
+
+    from gluon_survey.check import check, make_inputs, reference, rel_error
+    from gluon_survey.shapes import Shape
+    from gluon_survey.timing import copies_for_cold_l2, time_fn
+
+    shape = Shape(task["M"], task["N"], task["K"])
+    dtype, layout, seed = task["dtype"], task["b_layout"], settings["seed"]
+
+    def input_set(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a, b = make_inputs(shape, dtype, layout, seed + i, provider.device)
+        return a, b, torch.empty(shape.M, shape.N, dtype=a.dtype, device=provider.device)
+
+    phase("compiling/autotuning")
+    inputs = input_set(0)
+    start = time.perf_counter()
+    first = _Target.prepared(provider, *inputs)
+    provider.clock.synchronize()
+    row: dict[str, Any] = {"compile_s": time.perf_counter() - start, "timer": provider.clock.name}
+    row["config"] = dict(first.launch.config)  # after the first call: autotuned choices included
+
+    phase("checking")
+    ref = reference(first.a, first.b)
+    cublas_err = rel_error(torch.matmul(first.a, first.b), ref)
+    first.out.fill_(math.nan)
+    first.call()
+    provider.clock.synchronize()
+    verdict = check(first.output, ref, cublas_err, dtype)
+    row.update(rel_err=verdict.err, tol=verdict.tol, cublas_err=cublas_err)
+    if not verdict.ok:
+        return row | {"status": "FAILED", "error": verdict.describe()}
+
+    phase("timing")
+    bytes_per_set = sum(t.numel() * t.element_size() for t in inputs)
+    n_copies = copies_for_cold_l2(bytes_per_set, provider.l2_bytes, provider.memory_budget())
+    targets = [first] + [_Target.prepared(provider, *input_set(i)) for i in range(1, n_copies)]
+    for target in targets:
+        target.out.fill_(math.nan)
+    timing = time_fn(
+        lambda i: targets[i].timed_call,
+        n_copies,
+        warmup_ms=settings["warmup_ms"],
+        min_ms=settings["min_ms"],
+        min_iters=settings["min_iters"],
+        max_iters=settings["max_iters"],
+        clock=provider.clock,
+    )
+    after = check(first.output, ref, cublas_err, dtype)
+    unwritten = sum(int((~torch.isfinite(t.output)).sum().item()) for t in targets[1:])
+    if not after.ok or unwritten:
+        problem = after.describe() if not after.ok else f"{unwritten} NaN/inf values in rotated outputs"
+        return row | {"status": "FAILED", "error": f"wrong after timing: {problem}"}
+    return row | {
+        "status": "OK",
+        "ms_median": timing.median_ms,
+        "ms_p20": timing.p20_ms,
+        "ms_p80": timing.p80_ms,
+        "ms_min": timing.min_ms,
+        "spread": timing.spread,
+        "n_iters": timing.n,
+        "l2_copies": n_copies,
+    }
+
+
+def run_task(
+    provider: Provider, task: dict[str, Any], settings: dict[str, Any], phase: Callable[[str], None]
+) -> dict:
+    """`measure`, with an unsupported mode SKIPPED and an exception turned into an ERROR row."""
+    if provider.unsupported:
+        return {"status": "SKIPPED", "error": provider.unsupported}
+    try:
+        return measure(provider, task, settings, phase)
+    except Exception as exc:
+        traceback.print_exc()
+        return _error_row(exc)
+    finally:
+        _release_memory(provider.device)
+
+
+def _error_row(exc: BaseException) -> dict:
+    return {"status": "ERROR", "error": f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]}
+
+
+def _release_memory(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        with contextlib.suppress(RuntimeError):  # a lost context is reported by `Provider.healthy`
+            torch.cuda.empty_cache()
+
+
+def _protocol_stream() -> IO[str]:
+    """A private handle on the original stdout; fd 1 then points at stderr, so that whatever a
+    library prints cannot corrupt the JSON lines the parent parses."""
+    stream = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return stream
+
+
+def _exit_when_parent_dies() -> None:
+    """The parent holds our stdin open; EOF means it is gone, so is this worker."""
+
+    def watch() -> None:
+        sys.stdin.read()
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main() -> None:
+    protocol = _protocol_stream()
+    job = json.loads(sys.stdin.readline())
+    _exit_when_parent_dies()
+
+    def send(event: str, **fields: object) -> None:
+        protocol.write(json.dumps({"event": event, **fields}) + "\n")
+        protocol.flush()
+
+    try:
+        provider: Provider | None = provider_for(job["mode"])
+        broken: dict | None = None
+    except Exception as exc:  # the provider cannot even be set up: every task gets the error
+        traceback.print_exc()
+        provider, broken = None, _error_row(exc)
+    for index, task in enumerate(job["tasks"]):
+        send("start", task=index)
+        if provider is None:
+            row = broken
+        else:
+            row = run_task(
+                provider, task, job["settings"], lambda name, i=index: send("phase", task=i, phase=name)
+            )
+        send("row", task=index, row=row)
+        if provider is not None and row["status"] == "ERROR" and not provider.healthy():
+            print("gluon_survey.worker: CUDA context lost; exiting for a fresh worker", file=sys.stderr)
+            os._exit(4)  # the driver restarts the remaining tasks in a new process
+    send("done")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+import pytest
+import torch
+
+from gluon_survey import hardware
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", "fp16", 989.4),  # the SXM part, as torch names it
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA H200", "bf16", 989.4),
+        ("NVIDIA B200", "fp16", 2250.0),
+        ("NVIDIA GB200", "fp16", 2500.0),  # not the B200 entry, although "B200" is in the name
+        ("NVIDIA A100-SXM4-80GB", "fp16", 312.0),
+    ],
+)
+def test_dense_datasheet_peaks(name, dtype, peak):
+    value, source = hardware.peak_tflops(name, dtype)
+    assert value == peak
+    assert "datasheet" in source and "dense" in source and dtype in source
+
+
+def test_unknown_gpu_or_dtype_says_so():
+    assert hardware.peak_tflops("NVIDIA GeForce RTX 4090", "fp16") == (
+        None,
+        "unknown GPU 'NVIDIA GeForce RTX 4090': no datasheet peak; pass --peak-tflops",
+    )
+    value, source = hardware.peak_tflops("NVIDIA H100 80GB HBM3", "fp8")
+    assert value is None and "no fp8 peak" in source
+    assert hardware.peak_tflops(None, "fp16") == (None, "no GPU, no peak")
+
+
+def test_gpu_info_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    info = hardware.gpu_info(command="gluon-survey list")
+    assert info["command"] == "gluon-survey list"
+    assert info["torch"] == torch.__version__ and info["cuda_available"] is False
+    assert info["date"] and info["triton"] and "name" not in info
+    git = info["git"]
+    assert git is None or (len(git["commit"]) == 40 and isinstance(git["dirty"], bool))
+    assert hardware.describe_torch_cuda().endswith("CUDA not available")

@@ -1,0 +1,262 @@
+"""`gluon-survey inspect` on the CPU: GPU-less compilation for sm_90a / sm_100a and the SASS facts it
+reports, the JSON contract, and that a kernel that fails to compile becomes an error row.
+
+The `compile` tests compile real kernels (about 1-3 s each on two cores; Triton's on-disk cache
+makes reruns faster). The parser tests use fixed SASS / PTX / cuobjdump snippets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+
+import pytest
+import triton
+import triton.language as tl
+
+from gluon_survey import inspect as gi
+from gluon_survey import registry
+from gluon_survey.baselines import triton_gemm
+from gluon_survey.registry import CompileSpec, Mode
+
+JSON_KEYS = {
+    "mode",
+    "arch",
+    "kernel",
+    "num_warps",
+    "registers",
+    "spill_bytes",
+    "shared_bytes",
+    "sass",
+    "ptx_maxnreg",
+    "setmaxnreg",
+    "tmem_cols",
+    "error",
+}
+
+
+@triton.jit
+def _broken_kernel(x_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.dot(offs, offs))  # tl.dot needs 2-D operands: a compile error
+
+
+BROKEN = CompileSpec(
+    mode="fake",
+    kernel="broken_kernel",
+    fn=_broken_kernel,
+    signature={"x_ptr": "*fp16", "BLOCK": "constexpr"},
+    constexprs={"BLOCK": 16},
+    options={"num_warps": 4},
+    gluon=False,
+)
+
+
+def _triton_spec(capability: tuple[int, int], index: int = 0) -> CompileSpec:
+    return triton_gemm.compile_specs(capability, "float16")[index]
+
+
+@pytest.fixture(scope="module")
+def hopper_triton() -> gi.Compiled:
+    """The triton baseline's 128x256x64 / 3 stages / 8 warps config, compiled for sm_90a."""
+    return gi.compile_spec(_triton_spec((9, 0)), "sm_90a")
+
+
+# ----------------------------------------------------------------------------------------------
+# Compiling real kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.compile
+def test_triton_baseline_hopper_uses_wgmma_and_tma_without_spills(hopper_triton: gi.Compiled) -> None:
+    sass = gi.sass_counts(hopper_triton.cubin)
+    assert sass["HGMMA"] > 0
+    assert sass["HGMMA.64x256x16.F32"] == sass["HGMMA"]  # instruction n = the full 256-wide tile
+    assert sass["UTMALDG"] > 0 and sass["UTMASTG"] > 0  # TMA loads and the TMA store
+    assert sass["LDL"] == 0 and sass["STL"] == 0
+    usage = gi.resource_usage(hopper_triton.cubin)
+    assert usage.spill_bytes == 0
+    assert 0 < usage.registers <= 255
+    assert hopper_triton.num_warps == 8
+    # The prune's shared-memory model matches the compiler's allocation up to the mbarriers.
+    cfg = triton_gemm._config(256, 3, 8)
+    assert 0 <= hopper_triton.shared_bytes - triton_gemm.smem_bytes(cfg, 2) < 1024
+
+
+@pytest.mark.compile
+def test_triton_baseline_blackwell_uses_tcgen05() -> None:
+    compiled = gi.compile_spec(_triton_spec((10, 0)), "sm_100a")
+    sass = gi.sass_counts(compiled.cubin)
+    assert sass["UTCHMMA"] > 0 and sass["LDTM"] > 0 and sass["UTCBAR"] > 0
+    assert sass["HGMMA"] == 0
+    assert sass["UTMALDG"] > 0
+    assert compiled.tmem_cols is not None and compiled.tmem_cols > 0
+    assert gi.resource_usage(compiled.cubin).spill_bytes == 0
+
+
+@pytest.mark.compile
+def test_spilling_config_is_detected() -> None:
+    """128x256 on 4 warps needs 256 accumulator registers per thread on Hopper: the reason the
+    autotuner prunes it there, and a check that inspect sees spills when there are some."""
+    spec = dataclasses.replace(_triton_spec((9, 0)), options={"num_warps": 4, "num_stages": 3})
+    row = gi.inspect_spec(spec, "sm_90a")
+    assert row.error is None
+    assert row.spill_bytes is not None and row.spill_bytes > 0
+    assert row.count("LDL") + row.count("STL") > 0
+    assert triton_gemm.acc_regs_per_thread(triton_gemm._config(256, 3, 4)) > triton_gemm.ACC_REGS_MAX
+    # tcgen05 accumulates in tensor memory: the same config does not spill on Blackwell
+    spec = dataclasses.replace(_triton_spec((10, 0)), options={"num_warps": 4, "num_stages": 3})
+    row = gi.inspect_spec(spec, "sm_100a")
+    assert row.error is None and row.spill_bytes == 0
+
+
+@pytest.mark.compile
+def test_inspect_json_and_dump(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    rc = gi.main(["triton", "--arch", "sm_90a", "--format", "json", "--dump", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = json.loads(out)
+    specs = triton_gemm.compile_specs((9, 0), "float16")
+    assert [r["kernel"] for r in rows] == [s.kernel for s in specs]
+    for r in rows:
+        assert r.keys() >= JSON_KEYS
+        assert (r["mode"], r["arch"], r["error"]) == ("triton", "sm_90a", None)
+        assert r["sass"]["HGMMA"] > 0 and r["sass"]["UTMALDG"] > 0
+        assert r["spill_bytes"] == 0 and r["registers"] > 0 and r["shared_bytes"] > 0
+        assert r["num_warps"] in (4, 8)
+    dumped = sorted(p.suffix for p in tmp_path.iterdir())
+    assert dumped == sorted([".ptx", ".sass", ".ttgir"] * len(specs))
+    sass_text = next(tmp_path.glob("*.sass")).read_text()
+    assert "HGMMA" in sass_text
+
+
+@pytest.mark.compile
+def test_broken_kernel_is_an_error_row_not_an_exception() -> None:
+    row = gi.inspect_spec(BROKEN, "sm_90a")
+    assert row.error is not None and "CompilationError" in row.error
+    assert (row.mode, row.arch, row.kernel, row.registers) == ("fake", "sm_90a", "broken_kernel", None)
+
+
+@pytest.mark.compile
+def test_collect_reports_every_provider_failure(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def compile_specs(capability: tuple[int, int], dtype: str) -> list[CompileSpec]:
+        if capability == (10, 0):
+            raise RuntimeError("no Blackwell variant yet")
+        return [BROKEN]
+
+    provider = types.ModuleType("fake_provider")
+    provider.compile_specs = compile_specs  # type: ignore[attr-defined]
+    provider.unsupported_reason = lambda capability: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_provider", provider)
+    modes = [
+        Mode("fake", "a provider with a broken kernel", "gluon", ("sm_90",), "fake_provider"),
+        Mode("missing", "a provider that does not import", "gluon", ("sm_90",), "fake_provider_missing"),
+        registry.get("torch"),
+    ]
+    rows, notes = gi.collect(modes, ["sm_90a", "sm_100a"], explicit=True)
+    assert [(r.mode, r.arch, r.kernel) for r in rows] == [
+        ("fake", "sm_90a", "broken_kernel"),
+        ("fake", "sm_100a", "(compile_specs)"),
+        ("missing", "sm_90a", "(import)"),
+        ("missing", "sm_100a", "(import)"),
+    ]
+    assert all(r.error for r in rows)
+    assert "no Blackwell variant yet" in rows[1].error
+    assert notes == [f"torch: no kernel of ours to compile ({registry.get('torch').summary})"]
+    gi.render_table(rows, notes)  # error rows render, with the errors listed below the table
+    printed = capsys.readouterr().out
+    assert "error fake sm_90a broken_kernel: CompilationError" in printed
+    assert "no kernel of ours" in printed
+
+
+# ----------------------------------------------------------------------------------------------
+# No compilation
+# ----------------------------------------------------------------------------------------------
+
+
+def test_library_modes_are_skipped_quietly_unless_named() -> None:
+    modes = registry.parse_modes("torch,torch.compile")
+    assert gi.collect(modes, ["sm_90a"]) == ([], [])
+    rows, notes = gi.collect(modes, ["sm_90a"], explicit=True)
+    assert rows == [] and len(notes) == 2
+
+
+def test_unknown_mode_or_arch_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gi.main(["no-such-mode"]) == 2
+    assert gi.main(["triton", "--arch", "volta"]) == 2
+    assert "unknown" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("sm_90a", ("sm_90a", (9, 0))),
+        ("sm_90", ("sm_90a", (9, 0))),
+        ("SM_100A", ("sm_100a", (10, 0))),
+        ("120", ("sm_120a", (12, 0))),
+    ],
+)
+def test_parse_arch(text: str, expected: tuple[str, tuple[int, int]]) -> None:
+    assert gi.parse_arch(text) == expected
+
+
+SASS_SNIPPET = """
+        /*0a40*/                   WARPGROUP.ARRIVE ;                              /* 0x00000000000079c5 */
+        /*0a50*/                   HGMMA.64x256x16.F32 R24, gdesc[UR8].tnspB, R24 ;  /* 0x43e00000081879f0 */
+                                                                                     /* 0x000fe20008000818 */
+        /*0a60*/              @!UP0 HGMMA.64x256x16.F32 R24, gdesc[UR12], R24, gsb0 ; /* 0x43e000000c1879f0 */
+        /*0a70*/               @P6 SYNCS.ARRIVE.TRANS64 RZ, [UR54+0x34000], R8 ;  /* 0x03400008ffff69a7 */
+        /*0a80*/                   @UP3 UTMALDG.2D [UR16], [UR4] ;                /* 0x00000010040035b4 */
+        /*0a90*/                   UTCHMMA gdesc[UR6], gdesc[UR10], tmem[UR35], tmem[UR36], idesc[UR37], UPT ;
+        /*0aa0*/                   LDTM.x128 R4, tmem[UR7] ;                       /* 0x00000007000479ee */
+        /*0ab0*/                   STL [R1+0x4], RZ ;                              /* 0x000004ff01007387 */
+        /*0ac0*/                   IMAD.MOV.U32 R2, RZ, RZ, R3 ;                   /* 0x000000ffff027224 */
+        /*0ad0*/                   @!PT LDS RZ, [RZ] ;                             /* 0x00000000fffff984 */
+"""
+
+
+def test_count_opcodes_keeps_base_and_full_forms() -> None:
+    counts = gi.count_opcodes(SASS_SNIPPET)
+    assert counts["HGMMA"] == 2 and counts["HGMMA.64x256x16.F32"] == 2
+    assert counts["WARPGROUP"] == 1 and counts["WARPGROUP.ARRIVE"] == 1
+    assert counts["SYNCS.ARRIVE.TRANS64"] == 1 and counts["UTMALDG.2D"] == 1
+    assert counts["UTCHMMA"] == 1 and counts["LDTM"] == 1 and counts["LDTM.x128"] == 1
+    assert counts["STL"] == 1 and counts["LDS"] == 1
+    assert counts["IMAD"] == 1 and "IMAD.MOV.U32" not in counts  # full forms only for the families
+    row = gi.KernelReport("m", "sm_90a", "k", sass=dict(counts))
+    assert gi.mma_forms(row) == [("HGMMA.64x256x16.F32", 2), ("UTCHMMA", 1)]
+
+
+RESOURCE_SNIPPET = """
+Resource usage:
+ Common:
+  GLOBAL:0
+ Function persistent_matmul_kernel:
+  REG:255 STACK:1024 SHARED:1024 LOCAL:8 CONSTANT[0]:1144 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+
+def test_parse_resource_usage() -> None:
+    usage = gi.parse_resource_usage(RESOURCE_SNIPPET)
+    assert usage == gi.ResourceUsage("persistent_matmul_kernel", 255, 1024, 8, 1024)
+    assert usage.spill_bytes == 1032
+
+
+def test_ptx_register_hints() -> None:
+    ptx = """
+.visible .entry warpspec_kernel(
+)
+.reqntid 384, 1, 1
+.maxnreg 168
+{
+    setmaxnreg.dec.sync.aligned.u32 24;
+    setmaxnreg.inc.sync.aligned.u32 240;
+    setmaxnreg.dec.sync.aligned.u32 24;
+}
+"""
+    assert gi.ptx_register_hints(ptx) == (168, {"dec": [24], "inc": [240]}, 384)
+    assert gi.ptx_register_hints(".reqntid 256\n") == (None, {}, 256)

@@ -1,0 +1,157 @@
+import csv
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from factories import results, row
+from gluon_survey import report
+from gluon_survey.cli import main
+from gluon_survey.results import ResultsWriter
+
+BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "stages": 3, "warps": 8}
+
+
+@pytest.fixture
+def sample():
+    """Blocked (2 measured, 1 FAILED), torch (3 measured, no blocks), persistent (1 above peak)."""
+    return results(
+        [
+            row("Blocked", K=512, ms=0.1, config=BLOCKS),  # 687.19 TFLOP/s
+            row("Blocked", K=1024, ms=0.2, config=BLOCKS),  # 687.19
+            row("Blocked", K=2048, status="FAILED", error="rel_err 0.5 > tol 0.001", config=BLOCKS),
+            row("torch", K=512, ms=0.08),  # 858.99
+            row("torch", K=1024, ms=0.16),  # 858.99
+            row("torch", K=2048, ms=0.5),  # 549.76
+            row("persistent", K=512, ms=0.05, config=BLOCKS),  # 1374 > 989.4 peak
+        ]
+    )
+
+
+LEGACY = """\
+Mode: Blocked
+K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec
+512, 128, 256, 64, 0.1000, 687.19
+1024, 128, 256, 64, 0.2000, 687.19
+
+Mode: torch
+K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec
+512, 0, 0, 0, 0.0800, 858.99
+1024, 0, 0, 0, 0.1600, 858.99
+2048, 0, 0, 0, 0.5000, 549.76
+
+Mode: persistent
+K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec
+
+"""
+
+
+def test_legacy_lines_byte_for_byte(sample):
+    assert report.format_legacy(sample.rows) == LEGACY
+
+
+def test_legacy_on_stdout_is_nothing_but_the_lines(sample, tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    with ResultsWriter(path, sample.header) as writer:
+        for r in sample.rows:
+            writer.append(r)
+    assert main(["report", str(path), "--format", "legacy"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == LEGACY
+    assert "Blocked 8192x8192x2048: FAILED" in captured.err
+    assert "persistent 8192x8192x512: ABOVE PEAK" in captured.err
+
+
+def test_x_cublas_and_geomean(sample):
+    rows = {(r.mode, r.K): r for r in report.attach_x_cublas(sample.rows)}
+    assert rows["Blocked", 512].x_cublas == pytest.approx(0.8)
+    assert rows["torch", 512].x_cublas == pytest.approx(1.0)
+    assert rows["Blocked", 2048].x_cublas is None  # FAILED
+    assert rows["persistent", 512].x_cublas is None  # above peak: not a measurement
+    assert report.geomean([1.0, 4.0]) == pytest.approx(2.0)
+    assert report.geomean([]) is None
+
+
+def test_pivot_cells_geomean_and_notes(sample):
+    (pivot,) = report.pivots(sample)
+    assert pivot.title == "fp16, B row"
+    assert pivot.modes == ["Blocked", "torch", "persistent"]
+    assert [s.K for s in pivot.shapes] == [512, 1024, 2048]
+    blocked = pivot.cells[(pivot.shapes[0], "Blocked")]
+    assert blocked.lines == ["687.2", "0.80x", "128x256x64"] and not blocked.best
+    assert pivot.cells[(pivot.shapes[0], "torch")].best
+    assert pivot.cells[(pivot.shapes[0], "persistent")].lines == ["ABOVE PEAK", "1374?"]
+    assert pivot.cells[(pivot.shapes[2], "Blocked")].lines[0] == "FAILED"
+    assert pivot.geomean["Blocked"].lines == ["687.2", "0.80x", "69% peak", "(2/3 shapes)"]
+    assert pivot.geomean["persistent"].lines == ["-"]  # the above-peak row is not a record
+    assert "Blocked FAILED on 8192x8192x2048: rel_err 0.5 > tol 0.001" in pivot.notes
+    assert any(n.startswith("persistent ABOVE PEAK") for n in pivot.notes)
+
+
+def test_rich_table_has_environment_cells_and_geomean(sample):
+    buf = io.StringIO()
+    report.print_table(sample, Console(file=buf, width=200, color_system=None))
+    text = buf.getvalue()
+    assert "GPU: NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, L2 50 MiB, 81920 MiB)" in text
+    assert "commit 0123456789ab" in text and "Peak fp16: 989.4 TFLOP/s" in text
+    for expected in ("geomean", "687.2", "0.80x", "128x256x64", "ABOVE PEAK", "FAILED", "859.0"):
+        assert expected in text
+
+
+def test_csv_parses_back(sample):
+    text = report.format_csv(sample)
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    assert comments[0].startswith("# GPU: NVIDIA H100 80GB HBM3")
+    assert any("Command: gluon-survey Blocked,torch" in c for c in comments)
+    reader = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    assert reader.fieldnames == report.CSV_COLUMNS
+    rows = list(reader)
+    assert len(rows) == len(sample.rows)
+    first = rows[0]
+    assert (first["mode"], first["K"], first["BLOCK_M"], first["status"]) == ("Blocked", "512", "128", "OK")
+    assert float(first["x_cublas"]) == pytest.approx(0.8)
+    assert json.loads(first["config"]) == BLOCKS
+    assert "ABOVE_PEAK" in rows[-1]["flags"]
+    assert rows[2]["error"] == "rel_err 0.5 > tol 0.001"
+
+
+def test_json_parses_back(sample):
+    data = json.loads(report.format_json(sample))
+    assert data["schema"] == 1 and data["env"]["sm_count"] == 132
+    assert data["settings"]["peaks"]["fp16"]["tflops"] == 989.4
+    assert [r["mode"] for r in data["rows"]] == [r.mode for r in sample.rows]
+    assert data["rows"][0]["x_cublas"] == pytest.approx(0.8)
+    assert data["rows"][-1]["flags"] == ["ABOVE_PEAK: measurement error"]
+
+
+def test_markdown_parses_back(sample):
+    lines = report.format_markdown(sample).splitlines()
+    assert "- GPU: NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, L2 50 MiB, 81920 MiB)" in lines
+    table = [line for line in lines if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    assert cells[0] == ["M x N x K", "Blocked", "torch", "persistent"]
+    assert cells[2] == [
+        "8192x8192x512",
+        "687.2<br>0.80x<br>128x256x64",
+        "**859.0**<br>1.00x",
+        "ABOVE PEAK<br>1374?",
+    ]
+    assert cells[-1][0] == "geomean" and cells[-1][1].startswith("687.2<br>0.80x")
+    assert len(table) == 2 + 3 + 1  # header, rule, 3 shapes, geomean
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "markdown", "table"])
+def test_render_to_file(sample, tmp_path, fmt):
+    path = tmp_path / f"report.{fmt}"
+    report.render(sample, fmt, path)
+    assert "NVIDIA H100" in path.read_text()
+
+
+def test_plot_writes_a_png(sample, tmp_path):
+    path = tmp_path / "plot.png"
+    assert report.plot(sample, path) == 1
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    nothing = results([row(status="SKIPPED", error="needs sm_90")])
+    assert report.plot(nothing, tmp_path / "none.png") == 0
+    assert not (tmp_path / "none.png").exists()

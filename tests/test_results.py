@@ -1,0 +1,117 @@
+import json
+import math
+
+import pytest
+
+from factories import ENV, SETTINGS, row
+from gluon_survey.cli import main
+from gluon_survey.results import (
+    ABOVE_PEAK,
+    NOISY,
+    ResultsWriter,
+    compare,
+    load,
+    make_header,
+    regressions,
+)
+
+
+def test_with_metrics_derives_tflops_peak_share_and_flags():
+    r = row(ms=0.1, spread=0.01)  # 2*8192*8192*512 flop in 0.1 ms = 687.19 TFLOP/s
+    assert r.tflops == pytest.approx(687.19476736)
+    assert r.pct_peak == pytest.approx(100 * 687.19476736 / 989.4)
+    assert r.flags == [] and r.measured
+    noisy = row(ms=0.1, spread=0.08)
+    assert noisy.flags == [NOISY] and noisy.measured
+    impossible = row(ms=0.05)  # 1374 TFLOP/s > 989.4
+    assert ABOVE_PEAK in impossible.flags and not impossible.measured
+    assert impossible.outcome == "ABOVE PEAK"
+    assert row(status="FAILED", error="rel_err 1 > tol 0.001").tflops is None
+
+
+def _write(path, rows):
+    with ResultsWriter(path, make_header("run", ENV, SETTINGS)) as writer:
+        for r in rows:
+            writer.append(r)
+
+
+def test_rows_are_on_disk_as_soon_as_appended(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with ResultsWriter(path, make_header("run", ENV, SETTINGS)) as writer:
+        first = row(ms=0.1, config={"BLOCK_M": 128})
+        writer.append(first)
+        loaded = load(path)  # while the writer is still open
+        assert loaded.rows == [first]
+        assert loaded.env == ENV and loaded.settings == SETTINGS
+        writer.append(row(K=1024, status="FAILED", error="rel_err inf > tol 0.001", rel_err=math.inf))
+    rows = load(path).rows
+    assert [r.status for r in rows] == ["OK", "FAILED"]
+    assert rows[1].rel_err is None  # non-finite floats are stored as null: strict JSON
+    for line in path.read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+
+
+def test_a_results_file_holds_one_run(tmp_path):
+    path = tmp_path / "r.jsonl"
+    _write(path, [])
+    with pytest.raises(FileExistsError):
+        ResultsWriter(path, make_header("other", ENV, SETTINGS))
+    path.write_text(path.read_text() * 2)
+    with pytest.raises(ValueError, match="second header"):
+        load(path)
+
+
+def test_load_ignores_a_cut_last_line_and_rejects_other_damage(tmp_path):
+    path = tmp_path / "r.jsonl"
+    _write(path, [row(ms=0.1)])
+    with path.open("a") as f:
+        f.write('{"record": "row", "mode": "Bl')  # killed mid-write
+    assert len(load(path).rows) == 1
+    path.write_text('{"record": "row"}\n')
+    with pytest.raises(ValueError, match="not a gluon-survey results file"):
+        load(path)
+    path.write_text("garbage\n" + json.dumps(make_header("run", ENV, SETTINGS)) + "\n")
+    with pytest.raises(ValueError, match=":1: not a JSON line"):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    ("old_ms", "new_ms", "verdict"),
+    [
+        (0.100, 0.1004, "same"),  # p20-p80 intervals (+-0.5 %) overlap
+        (0.100, 0.090, "faster"),
+        (0.100, 0.110, "slower"),
+    ],
+)
+def test_compare_uses_the_measured_spread(old_ms, new_ms, verdict):
+    (delta,) = compare([row(ms=old_ms)], [row(ms=new_ms)])
+    assert delta.verdict == verdict
+    assert delta.ratio == pytest.approx(old_ms / new_ms)
+
+
+def test_compare_status_changes_and_unmatched_rows():
+    old = [row(ms=0.1), row(K=1024, status="FAILED"), row(K=2048, ms=0.3)]
+    new = [row(status="TIMEOUT"), row(K=1024, ms=0.2), row(K=4096, ms=0.4)]
+    deltas = compare(old, new)
+    assert [(d.new.K, d.verdict, d.ratio) for d in deltas] == [(512, "broken", None), (1024, "fixed", None)]
+
+
+def test_regressions_beyond_threshold():
+    deltas = compare([row(ms=0.1), row(K=1024, ms=0.2)], [row(ms=0.11), row(K=1024, ms=0.26)])
+    assert deltas[0].regression_pct() == pytest.approx(100 * (1 - 0.1 / 0.11))  # 9.1 % slower
+    assert [d.new.K for d in regressions(deltas, 5)] == [512, 1024]
+    assert [d.new.K for d in regressions(deltas, 10)] == [1024]  # 23 % slower
+    assert regressions(deltas, 30) == []
+
+
+def test_cli_compare_fail_on_regression_exit_code(tmp_path, capsys):
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    _write(old, [row(ms=0.1), row(mode="torch", ms=0.1)])
+    _write(new, [row(ms=0.12), row(mode="torch", ms=0.1)])  # Blocked 16.7 % slower
+    assert main(["compare", str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "slower" in out and "same" in out
+    assert main(["compare", str(old), str(new), "--fail-on-regression", "10"]) == 1
+    assert "regression: Blocked 8192x8192x512 fp16 B=row: 16.7 % slower" in capsys.readouterr().err
+    assert main(["compare", str(old), str(new), "--fail-on-regression", "20"]) == 0
+    assert main(["compare", str(old), str(tmp_path / "missing.jsonl")]) == 2

@@ -1,0 +1,109 @@
+import pytest
+
+from gluon_survey.shapes import Shape, grid, llm_shapes, parse_dim, read_csv, resolve
+
+
+@pytest.mark.parametrize(
+    ("spec", "sizes"),
+    [
+        ("8192", [8192]),
+        ("512,1024", [512, 1024]),
+        ("512:2048:512", [512, 1024, 1536, 2048]),  # inclusive stop, as in CUTLASS
+        ("512:2000:512", [512, 1024, 1536]),
+        ("1, 16,128:512:128", [1, 16, 128, 256, 384, 512]),
+        ("64,64:128:64", [64, 128]),  # duplicates dropped, order kept
+    ],
+)
+def test_parse_dim(spec, sizes):
+    assert parse_dim(spec, "k") == sizes
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("abc", "'abc' is not an integer"),
+        ("0", "must be at least 1"),
+        ("-4", "must be at least 1"),
+        ("512:1024", "start:stop:step"),
+        ("1:2:3:4", "start:stop:step"),
+        ("2048:512:512", "stops (512) before it starts (2048)"),
+        ("512:1024:0", "must be at least 1"),
+        (",", "no sizes"),
+    ],
+)
+def test_parse_dim_errors_name_the_option(spec, message):
+    with pytest.raises(ValueError, match="--k") as err:
+        parse_dim(spec, "k")
+    assert message in str(err.value)
+
+
+def test_default_grid_is_the_original_k_sweep():
+    shapes = grid()
+    assert shapes == [Shape(8192, 8192, k) for k in (512, 1024, 2048, 4096, 8192, 16384)]
+    assert shapes[0].label == "8192x8192x512"
+
+
+def test_grid_is_a_cartesian_product_k_fastest():
+    assert grid("1,2", "3", "4,5") == [Shape(1, 3, 4), Shape(1, 3, 5), Shape(2, 3, 4), Shape(2, 3, 5)]
+
+
+def test_shape_flops_and_tflops():
+    s = Shape(8192, 8192, 512)
+    assert s.flops == 2 * 8192 * 8192 * 512
+    assert s.tflops(1.0) == pytest.approx(s.flops / 1e-3 / 1e12)
+
+
+def test_llm_shapes_are_llama3_8b_and_70b_linear_layers():
+    nk = [  # (N, K) from the models' config.json, written out by hand
+        (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+        (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672),
+    ]  # fmt: skip
+    expected = [Shape(m, n, k) for n, k in nk for m in (1, 16, 128, 1024, 8192)]
+    assert llm_shapes() == expected
+
+
+def test_read_csv_header_comments_and_blank_lines(tmp_path):
+    path = tmp_path / "shapes.csv"
+    path.write_text("# my shapes\nM,N,K\n\n1, 4096, 4096  # decode\n128,8192,8192\n")
+    assert read_csv(path) == [Shape(1, 4096, 4096), Shape(128, 8192, 8192)]
+
+
+def test_read_csv_without_header(tmp_path):
+    path = tmp_path / "shapes.csv"
+    path.write_text("16,32,64\n")
+    assert read_csv(path) == [Shape(16, 32, 64)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1,2\n", ":1: expected 3 fields M,N,K, got 2"),
+        ("M,N,K\n1,2,x\n", ":2: 'x' is not an integer"),
+        ("1,2,0\n", ":1: 0 must be at least 1"),
+        ("# nothing\n", "no M,N,K rows"),
+    ],
+)
+def test_read_csv_errors_point_at_the_line(tmp_path, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        read_csv(path)
+    assert message in str(err.value)
+
+
+def test_read_csv_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="cannot read"):
+        read_csv(tmp_path / "missing.csv")
+
+
+def test_resolve(tmp_path):
+    assert resolve(None, None, None, None) == grid()
+    assert resolve(None, "64", None, "32") == grid("64", "8192", "32")
+    assert resolve("llm", None, None, None) == llm_shapes()
+    path = tmp_path / "s.csv"
+    path.write_text("1,2,3\n")
+    assert resolve(str(path), None, None, None) == [Shape(1, 2, 3)]
+    with pytest.raises(ValueError, match="either --shapes or --m/--n/--k"):
+        resolve("llm", "64", None, None)
+    with pytest.raises(ValueError, match="expected 'llm' or a CSV file"):
+        resolve("square", None, None, None)

@@ -1,0 +1,99 @@
+import numpy as np
+import pytest
+
+from gluon_survey.timing import COPIES_BUDGET_BYTES, Timing, copies_for_cold_l2, time_fn
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("set_bytes", "l2_bytes", "copies"),
+    [
+        (10 * MiB, 50 * MiB, 15),  # 15 x 10 MiB = 150 MiB = 3x L2
+        (11 * MiB, 50 * MiB, 14),  # rounded up: 14 x 11 >= 150
+        (150 * MiB, 50 * MiB, 1),  # one set already spans 3x L2
+        (400 * MiB, 50 * MiB, 1),
+        (10 * MiB, 0, 1),  # no L2 (CPU): one set
+    ],
+)
+def test_copies_span_three_times_l2(set_bytes, l2_bytes, copies):
+    assert copies_for_cold_l2(set_bytes, l2_bytes) == copies
+    assert copies * set_bytes >= min(3 * l2_bytes, COPIES_BUDGET_BYTES) or copies == 1
+
+
+def test_copies_are_capped_by_the_memory_budget():
+    assert copies_for_cold_l2(10 * MiB, 50 * MiB, budget_bytes=40 * MiB) == 4
+    assert copies_for_cold_l2(10 * MiB, 50 * MiB, budget_bytes=5 * MiB) == 1
+
+
+def test_copies_need_a_positive_set_size():
+    with pytest.raises(ValueError):
+        copies_for_cold_l2(0, 50 * MiB)
+
+
+def test_timing_statistics_use_numpy_percentiles():
+    samples = [float(x) for x in range(1, 11)]
+    t = Timing.from_samples(samples)
+    p20, p50, p80 = np.percentile(samples, [20, 50, 80])
+    assert (t.p20_ms, t.median_ms, t.p80_ms, t.min_ms, t.n) == (p20, p50, p80, 1.0, 10)
+    assert t.spread == pytest.approx((p80 - p20) / p50)
+    assert t.noisy
+
+
+def test_noisy_threshold_is_five_percent():
+    assert not Timing(1.0, 0.98, 1.02, 0.9, 20).noisy  # spread 4 %
+    assert Timing(1.0, 0.97, 1.03, 0.9, 20).noisy  # spread 6 %
+    with pytest.raises(ValueError):
+        Timing.from_samples([])
+
+
+class FakeClock:
+    """Time advances only when a fake run executes; records synchronisations."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.now = 0.0
+        self.syncs = 0
+
+    def mark(self):
+        return self.now
+
+    def elapsed_ms(self, start, end):
+        return end - start
+
+    def synchronize(self):
+        self.syncs += 1
+
+
+def _runs(clock, durations, log):
+    def make_run(i):
+        def run():
+            log.append(i)
+            clock.now += durations[i]
+
+        return run
+
+    return make_run
+
+
+def test_time_fn_rotates_sets_and_syncs_only_outside_the_loop():
+    clock, log = FakeClock(), []
+    durations = [1.0, 2.0, 3.0]
+    t = time_fn(_runs(clock, durations, log), 3, warmup_ms=10, min_ms=30, min_iters=5, clock=clock)
+    # estimate: one pass (3 calls, 2 ms each on average); warm-up ceil(10 / 2) = 5 calls;
+    # timed ceil(30 / 2) = 15 iterations, all in rotation.
+    assert log == [i % 3 for i in range(3)] + [i % 3 for i in range(5)] + [i % 3 for i in range(15)]
+    assert t.n == 15 and t.min_ms == 1.0 and t.median_ms == 2.0
+    assert clock.syncs == 2  # after the estimate and after the timed loop
+
+
+@pytest.mark.parametrize(
+    ("min_ms", "min_iters", "max_iters", "n"),
+    [(1.0, 20, 2000, 20), (1e6, 20, 50, 50), (1.0, 1, 2000, 4)],  # last: at least one pass over 4 sets
+)
+def test_time_fn_iteration_bounds(min_ms, min_iters, max_iters, n):
+    clock = FakeClock()
+    bounds = {"min_ms": min_ms, "min_iters": min_iters, "max_iters": max_iters}
+    t = time_fn(_runs(clock, [1.0] * 4, []), 4, warmup_ms=0, clock=clock, **bounds)
+    assert t.n == n

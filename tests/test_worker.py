@@ -1,0 +1,100 @@
+"""The worker's check-then-time sequence, in process, with CPU providers that misbehave on purpose."""
+
+import math
+
+import pytest
+import torch
+
+from gluon_survey.registry import Launch
+from gluon_survey.timing import WallClock
+from gluon_survey.worker import Provider, measure, run_task
+
+TASK = {"M": 48, "N": 40, "K": 72, "dtype": "fp16", "b_layout": "t"}
+SETTINGS = {"seed": 0, "warmup_ms": 1.0, "min_ms": 2.0, "min_iters": 5, "max_iters": 50}
+
+
+def cpu(prepare, unsupported=None):
+    return Provider("cpu", prepare, WallClock(), unsupported, l2_bytes=0, memory_budget=lambda: 1 << 30)
+
+
+def _measure(prepare):
+    phases = []
+    row = measure(cpu(prepare), TASK, SETTINGS, phases.append)
+    assert phases[0] == "compiling/autotuning"
+    return row, phases
+
+
+def test_a_correct_launch_is_checked_then_timed():
+    row, phases = _measure(lambda a, b, out: Launch(lambda: torch.matmul(a, b, out=out), {"BLOCK_M": 64}))
+    assert row["status"] == "OK" and phases == ["compiling/autotuning", "checking", "timing"]
+    assert row["rel_err"] <= row["tol"] and row["config"] == {"BLOCK_M": 64}
+    assert row["n_iters"] >= 5 and row["ms_p20"] <= row["ms_median"] <= row["ms_p80"]
+
+
+def test_a_launch_that_returns_its_product_is_judged_on_it():
+    row, _ = _measure(lambda a, b, out: Launch(lambda: a @ b))  # leaves `out` alone, as torch.compile does
+    assert row["status"] == "OK"
+
+
+def test_a_wrong_result_is_failed_and_not_timed():
+    def prepare(a, b, out):
+        return Launch(lambda: out.copy_(a @ b).mul_(1.01))  # 1 % off
+
+    row, phases = _measure(prepare)
+    assert row["status"] == "FAILED" and row["error"].startswith("rel_err 0.01 > tol")
+    assert "timing" not in phases and "ms_median" not in row
+
+
+def test_an_unwritten_tile_is_caught_by_the_nan_poisoned_output():
+    def prepare(a, b, out):
+        return Launch(lambda: out[:, :32].copy_(a @ b[:, :32]))  # skips the last 8 columns
+
+    row, _ = _measure(prepare)
+    assert row["status"] == "FAILED" and "NaN/inf values in the output" in row["error"]
+
+
+def test_a_launch_that_only_works_once_fails_after_timing():
+    def prepare(a, b, out):
+        calls = []
+
+        def fn():
+            if not calls:
+                torch.matmul(a, b, out=out)
+            calls.append(1)
+
+        return Launch(fn)
+
+    row, _ = _measure(prepare)  # the check's call is its second: already a no-op
+    assert row["status"] == "FAILED"
+
+    def prepare_twice(a, b, out):  # correct for the first call and the check, then a no-op
+        calls = []
+
+        def fn():
+            if len(calls) < 2:
+                torch.matmul(a, b, out=out)
+            calls.append(1)
+
+        return Launch(fn)
+
+    row, _ = _measure(prepare_twice)
+    assert row["status"] == "FAILED" and row["error"].startswith("wrong after timing: rel_err inf")
+
+
+def test_run_task_turns_exceptions_into_error_rows_and_skips_unsupported(capsys):
+    def prepare(a, b, out):
+        raise ValueError("no TMA descriptor for this stride")
+
+    assert run_task(cpu(prepare), TASK, SETTINGS, lambda _: None) == {
+        "status": "ERROR",
+        "error": "ValueError: no TMA descriptor for this stride",
+    }
+    assert "Traceback" in capsys.readouterr().err
+    skipped = run_task(cpu(prepare, unsupported="needs sm_90"), TASK, SETTINGS, lambda _: None)
+    assert skipped == {"status": "SKIPPED", "error": "needs sm_90"}
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_results_fail(value):
+    row, _ = _measure(lambda a, b, out: Launch(lambda: torch.matmul(a, b, out=out).fill_(value)))
+    assert row["status"] == "FAILED" and row["rel_err"] == math.inf
