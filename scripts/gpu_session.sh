@@ -8,6 +8,8 @@ set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
+# The tree shipped to a GPU box has no .git: name the commit for the results file.
+[[ -f out/commit ]] && export GLUON_SURVEY_COMMIT=$(cat out/commit)
 STEPS=${STEPS:-tests,bench}
 DTYPES=${DTYPES:-fp16,bf16}
 {
@@ -22,4 +24,6 @@ if [[ ",$STEPS," == *",bench,"* ]]; then
   python3 -m gluon_survey ${MODES:-} --dtype "$DTYPES" --results "$OUT/results.jsonl" \
     --plot "$OUT/plot.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/table.txt"
   tail -5 "$OUT/bench.err"
+  python3 -m gluon_survey report "$OUT/results.jsonl" --format markdown --output "$OUT/table.md"
+  python3 -m gluon_survey report "$OUT/results.jsonl" --format legacy --output "$OUT/legacy.txt"
 fi
