@@ -52,7 +52,7 @@ from .common import (
     fence_async_shared,
     grouped_tile,
     init_barriers,
-    load_step,
+    load_partition,
     mbarrier,
     num_tiles,
     smem_layout,
@@ -163,47 +163,6 @@ BLACKWELL_CONFIGS["warpspec"] = WARPSPEC_CONFIG
 
 
 @gluon.jit
-def _load_partition(
-    a_desc,
-    b_desc,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    num_pid_m,
-    num_pid_n,
-    k_steps,
-    B_KMAJOR: gl.constexpr,
-    GROUP_M: gl.constexpr,
-):
-    """TMA warp: fill the ring for every (tile, K step) of this program, in order, each fill once
-    the MMA that read the stage's previous contents has completed."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
-    STAGES: gl.constexpr = a_bufs.shape[0]
-    it = 0
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        for k in range(k_steps):
-            slot = it % STAGES
-            # Fill f of a slot needs fill f-1 consumed; a fresh barrier passes the parity-1 wait.
-            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-            load_step(
-                a_desc,
-                b_desc,
-                pid_m * BLOCK_M,
-                pid_n * BLOCK_N,
-                k * BLOCK_K,
-                ready.index(slot),
-                a_bufs.index(slot),
-                b_bufs.index(slot),
-                B_KMAJOR,
-            )
-            it += 1
-
-
-@gluon.jit
 def _mma_partition(
     a_bufs, b_bufs, acc_bufs, ready, empty, acc_ready, acc_empty, my_tiles, k_steps, B_KMAJOR: gl.constexpr
 ):
@@ -302,22 +261,7 @@ def warpspec_tcgen05_kernel(
                 _epilogue_partition,
                 (c_desc, c_bufs, acc_bufs, acc_ready, acc_empty, num_pid_m, num_pid_n, my_tiles, GROUP_M),
             ),
-            (
-                _load_partition,
-                (
-                    a_desc,
-                    b_desc,
-                    a_bufs,
-                    b_bufs,
-                    ready,
-                    empty,
-                    num_pid_m,
-                    num_pid_n,
-                    k_steps,
-                    B_KMAJOR,
-                    GROUP_M,
-                ),
-            ),
+            (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             (
                 _mma_partition,
                 (a_bufs, b_bufs, acc_bufs, ready, empty, acc_ready, acc_empty, my_tiles, k_steps, B_KMAJOR),

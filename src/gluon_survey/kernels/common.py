@@ -198,6 +198,41 @@ def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def load_partition(
+    a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr
+):
+    """The TMA-load partition of the warp-specialized kernels (Hopper and Blackwell): fill the ring
+    for every (tile, K step) of this program in grouped order, each fill once whoever read the
+    stage's previous contents has released it on `empty`."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    num_pid_m = gl.cdiv(a_desc.shape[0], BLOCK_M)
+    num_pid_n = gl.cdiv(b_desc.shape[0] if B_KMAJOR else b_desc.shape[1], BLOCK_N)
+    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
+    it = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        for k in range(k_steps):
+            slot = it % STAGES
+            # Fill f of a slot needs fill f-1 consumed; a fresh barrier passes the parity-1 wait.
+            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
+            load_step(
+                a_desc,
+                b_desc,
+                pid_m * BLOCK_M,
+                pid_n * BLOCK_N,
+                k * BLOCK_K,
+                ready.index(slot),
+                a_bufs.index(slot),
+                b_bufs.index(slot),
+                B_KMAJOR,
+            )
+            it += 1
+
+
+@gluon.jit
 def store_tile(c_desc, c_smem, acc, off_m, off_n):
     """Epilogue: fp32 registers -> output dtype -> shared memory -> TMA store (clipped at M, N).
     The fence orders the generic-proxy smem writes before the async-proxy TMA read."""
@@ -277,6 +312,7 @@ __all__ = [
     "grouped_tile",
     "init_barriers",
     "invalidate_barriers",
+    "load_partition",
     "load_step",
     "make_descriptors",
     "mbarrier",

@@ -39,7 +39,7 @@ from .common import (
     gemm_signature,
     grouped_tile,
     init_barriers,
-    load_step,
+    load_partition,
     make_descriptors,
     mbarrier,
     num_tiles,
@@ -83,36 +83,6 @@ def config_for(K: int) -> WarpSpecConfig:
 
 
 __all__ = ["CONFIG", "compile_specs", "prepare", "unsupported_reason", "warpspec_kernel"]
-
-
-@gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr):
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
-    STAGES: gl.constexpr = a_bufs.shape[0]
-    num_pid_m = gl.cdiv(a_desc.shape[0], BLOCK_M)
-    num_pid_n = gl.cdiv(b_desc.shape[0] if B_KMAJOR else b_desc.shape[1], BLOCK_N)
-    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
-    it = 0
-    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        for k in range(k_steps):
-            slot = it % STAGES
-            # Fill f of a slot needs fill f-1 consumed; a fresh barrier passes the parity-1 wait.
-            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-            load_step(
-                a_desc,
-                b_desc,
-                pid_m * BLOCK_M,
-                pid_n * BLOCK_N,
-                k * BLOCK_K,
-                ready.index(slot),
-                a_bufs.index(slot),
-                b_bufs.index(slot),
-                B_KMAJOR,
-            )
-            it += 1
 
 
 @gluon.jit
@@ -205,7 +175,7 @@ def warpspec_kernel(
                     _consumer,
                     (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2),
                 ),
-                (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
+                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -217,7 +187,7 @@ def warpspec_kernel(
                     _consumer,
                     (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 1),
                 ),
-                (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
+                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [1],
             [PRODUCER_REGS],
