@@ -1,4 +1,5 @@
-"""Rows and results files for the report, results and CLI tests (no GPU, no worker)."""
+"""Rows and results files for the report, results and CLI tests (no GPU, no worker), and the
+fields every `gluon-survey inspect --format json` row must have."""
 
 from gluon_survey.results import Results, Row, make_header
 from gluon_survey.shapes import Shape
@@ -59,3 +60,20 @@ def results(rows):
 
 def tflops(M, N, K, ms):
     return Shape(M, N, K).tflops(ms)
+
+
+# What `inspect --format json` promises for every row (the issue's list plus our extras).
+INSPECT_JSON_KEYS = {
+    "mode",
+    "arch",
+    "kernel",
+    "num_warps",
+    "registers",
+    "spill_bytes",
+    "shared_bytes",
+    "sass",
+    "ptx_maxnreg",
+    "setmaxnreg",
+    "tmem_cols",
+    "error",
+}

@@ -16,25 +16,11 @@ import pytest
 import triton
 import triton.language as tl
 
+from factories import INSPECT_JSON_KEYS as JSON_KEYS
 from gluon_survey import inspect as gi
 from gluon_survey import registry
 from gluon_survey.baselines import triton_gemm
 from gluon_survey.registry import CompileSpec, Mode
-
-JSON_KEYS = {
-    "mode",
-    "arch",
-    "kernel",
-    "num_warps",
-    "registers",
-    "spill_bytes",
-    "shared_bytes",
-    "sass",
-    "ptx_maxnreg",
-    "setmaxnreg",
-    "tmem_cols",
-    "error",
-}
 
 
 @triton.jit
