@@ -8,6 +8,7 @@ import torch
 
 from gluon_survey import api, registry
 from gluon_survey.check import reference, rel_error, tolerance
+from gluon_survey.kernels import persistent, warpspec
 
 pytestmark = pytest.mark.gpu
 
@@ -81,6 +82,29 @@ def test_rung_reuses_launch_on_fresh_inputs(rung):
     b.copy_(torch.randn_like(b))
     out.fill_(float("nan"))
     launch.fn()
+    torch.cuda.synchronize()
+    _assert_close_to_reference(out, a, b)
+
+
+# Designs chosen per K on the host, each forced onto shapes where every program owns several tiles
+# (so the hand-over between a program's tiles runs), including one K step per tile and a K tail.
+DESIGNS = {
+    "persistent": lambda: persistent.CONFIG,
+    "warpspec-pingpong": lambda: warpspec.PINGPONG,
+    "warpspec-cooperative": lambda: warpspec.COOPERATIVE,
+}
+
+
+@pytest.mark.parametrize("b_layout", ["row", "t"])
+@pytest.mark.parametrize("shape", [(3000, 5000, 264), (1500, 2904, 40), (2048, 4096, 1000)], ids=str)
+@pytest.mark.parametrize("design", DESIGNS)
+def test_design_hands_over_between_tiles(design, shape, b_layout):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("Hopper designs")
+    module = persistent if design == "persistent" else warpspec
+    a, b = _inputs(*shape, torch.float16, b_layout, seed=7)
+    out = torch.full(shape[:2], float("nan"), dtype=torch.float16, device="cuda")
+    module.prepare(a, b, out, DESIGNS[design]()).fn()
     torch.cuda.synchronize()
     _assert_close_to_reference(out, a, b)
 

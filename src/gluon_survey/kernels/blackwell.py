@@ -73,9 +73,18 @@ BLACKWELL_CONFIGS: dict[str, GemmConfig] = {
     # 07-persistence: 4 stages of 48 KB beat 3 on Blackwell. The C tile is allocated after the
     # ring's last use and reuses its shared memory, so 4 stages fit.
     "Pipelined": GemmConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=8),
-    # The persistent rung keeps its C tile alive beside the ring (tile i's store overlaps tile
-    # i+1's loop): 3 x 48 KB + 64 KB = 208 KB; a 4th stage would need 256 KB.
-    "persistent": GemmConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=4, GROUP_M=8),
+    # As on Hopper, the persistent rung's C leaves in 128x64 slices through two 16 KB buffers that
+    # stay allocated beside the ring (tile i's store overlaps tile i+1's loop), so 4 stages fit.
+    "persistent": GemmConfig(
+        BLOCK_M=128,
+        BLOCK_N=256,
+        BLOCK_K=64,
+        STAGES=4,
+        num_warps=4,
+        GROUP_M=8,
+        EPILOGUE_N=64,
+        EPILOGUE_BUFFERS=2,
+    ),
 }
 
 

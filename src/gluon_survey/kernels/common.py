@@ -45,15 +45,19 @@ class GemmConfig:
     STAGES: int = 3  # shared-memory ring depth (Blocked: 1)
     num_warps: int = 8
     GROUP_M: int = 8  # grouped tile order: GROUP_M tile rows sweep N together (L2 reuse)
+    # Epilogue staging: C leaves through shared memory in [BLOCK_M, EPILOGUE_N] column slices
+    # (0: the whole tile at once), cycling through EPILOGUE_BUFFERS buffers of that size.
+    EPILOGUE_N: int = 0
+    EPILOGUE_BUFFERS: int = 1
+
+    @property
+    def epilogue_n(self) -> int:
+        return self.EPILOGUE_N or self.BLOCK_N
 
     @property
     def label(self) -> str:
-        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps}"
-
-    def smem_bytes(self, elem_bytes: int = 2, c_tiles: int = 1) -> int:
-        """Shared memory the rung allocates: the A/B ring plus `c_tiles` output staging tiles."""
-        ring = self.STAGES * (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K * elem_bytes
-        return ring + c_tiles * self.BLOCK_M * self.BLOCK_N * elem_bytes + 1024
+        sliced = f" C{self.BLOCK_M}x{self.epilogue_n}x{self.EPILOGUE_BUFFERS}" if self.EPILOGUE_N else ""
+        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps}{sliced}"
 
     def table(self) -> dict[str, object]:
         return {
@@ -63,7 +67,7 @@ class GemmConfig:
             "stages": self.STAGES,
             "warps": self.num_warps,
             "group_m": self.GROUP_M,
-        }
+        } | ({"epilogue_n": self.EPILOGUE_N} if self.EPILOGUE_N else {})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -242,6 +246,30 @@ def store_tile(c_desc, c_smem, acc, off_m, off_n):
 
 
 @gluon.jit
+def store_tile_sliced(
+    c_desc, c_bufs, c, off_m, off_n, BUFFERS: gl.constexpr, BASE: gl.constexpr = 0, FIRST: gl.constexpr = 0
+):
+    """Epilogue in column slices: c [BM, BN] leaves as BN / SN slices of [BM, SN] (SN = the C
+    descriptor's block width), slice i through buffer BASE + i % BUFFERS of `c_bufs`. A buffer is
+    rewritten only once its previous TMA store has read it (`store_wait` leaves the other buffers'
+    stores in flight). Halving c along N is a register renaming, no data moves; recursion ends at SN."""
+    BLOCK_M: gl.constexpr = c.shape[0]
+    WIDTH: gl.constexpr = c.shape[1]
+    SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
+    if WIDTH == SLICE_N:
+        tma.store_wait(BUFFERS - 1)
+        buf = c_bufs.index(BASE + FIRST % BUFFERS)
+        buf.store(c.to(c_desc.dtype))
+        fence_async_shared()
+        tma_store(c_desc, [off_m, off_n], buf)
+    else:
+        left, right = c.reshape([BLOCK_M, 2, WIDTH // 2]).permute(0, 2, 1).split()
+        HALF: gl.constexpr = WIDTH // 2
+        store_tile_sliced(c_desc, c_bufs, left, off_m, off_n, BUFFERS, BASE, FIRST)
+        store_tile_sliced(c_desc, c_bufs, right, off_m, off_n + HALF, BUFFERS, BASE, FIRST + HALF // SLICE_N)
+
+
+@gluon.jit
 def init_barriers(bars, COUNT: gl.constexpr, ARRIVALS: gl.constexpr = 1):
     for i in gl.static_range(COUNT):
         mbarrier.init(bars.index(i), count=ARRIVALS)
@@ -276,7 +304,8 @@ def make_descriptors(a, b, c, cfg: GemmConfig):
     b_src, b_block = (b.t(), [BN, BK]) if kmajor else (b, [BK, BN])
     a_desc = TensorDescriptor.from_tensor(a, [BM, BK], smem_layout([BM, BK], gdt))
     b_desc = TensorDescriptor.from_tensor(b_src, b_block, smem_layout(b_block, gdt))
-    c_desc = TensorDescriptor.from_tensor(c, [BM, BN], smem_layout([BM, BN], gdt))
+    c_block = [BM, cfg.epilogue_n]
+    c_desc = TensorDescriptor.from_tensor(c, c_block, smem_layout(c_block, gdt))
     return a_desc, b_desc, c_desc, kmajor
 
 
@@ -292,7 +321,7 @@ def gemm_signature(cfg: GemmConfig, dtype: str, kmajor: bool) -> dict[str, str]:
     return {
         "a_desc": desc_signature([BM, BK], dtype),
         "b_desc": desc_signature([BN, BK] if kmajor else [BK, BN], dtype),
-        "c_desc": desc_signature([BM, BN], dtype),
+        "c_desc": desc_signature([BM, cfg.epilogue_n], dtype),
     }
 
 
@@ -320,6 +349,7 @@ __all__ = [
     "rung_config",
     "select_mma",
     "store_tile",
+    "store_tile_sliced",
     "tma",
     "unsupported_reason",
 ]

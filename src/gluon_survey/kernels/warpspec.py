@@ -43,7 +43,7 @@ from .common import (
     make_descriptors,
     mbarrier,
     num_tiles,
-    store_tile,
+    store_tile_sliced,
     tma,
     unsupported_reason,
 )
@@ -61,17 +61,23 @@ class WarpSpecConfig(GemmConfig):
         return super().table() | {"design": "ping-pong" if self.CONSUMERS == 2 else "cooperative"}
 
 
-# Ping-pong: each consumer warpgroup holds a 128x128 fp32 accumulator (128 registers per thread);
-# 5 stages x 32 KB + 2 C tiles x 32 KB = 224 KB of shared memory (5 stages beat 4 by 1-5%).
-PINGPONG = WarpSpecConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=5, num_warps=4, GROUP_M=8, CONSUMERS=2)
+# Ping-pong: each consumer warpgroup holds a 128x128 fp32 accumulator (128 registers per thread).
+# Each consumer stages its C in two 128x64 slices through one 16 KB buffer of its own (its epilogue
+# runs during the other consumer's main loop, so it can afford to wait between slices), which buys
+# a 6th stage: 6 x 32 KB + 2 x 16 KB = 224 KB. H100: 6 stages beat 5 (whole C tiles) by 1-4 % at
+# K <= 4096, and 5 beat 4 by 2-6 %.
+PINGPONG = WarpSpecConfig(
+    BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=6, num_warps=4, GROUP_M=8, EPILOGUE_N=64, CONSUMERS=2
+)
 # Cooperative: two warpgroups split one 128x256 tile, as in `persistent`; 3 x 48 KB + 64 KB = 208 KB.
 COOPERATIVE = WarpSpecConfig(
     BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=8, CONSUMERS=1
 )
 CONFIG = PINGPONG
 # From K = 4096 the epilogue is a small share of a tile and the 128x128 ping-pong tiles lose to
-# 128x256 ones (they load a third more bytes per FLOP from L2 into shared memory): measured on H200,
-# ping-pong 0.97x cuBLAS at K = 8192-16384 vs 0.98-1.00x for 128x256 tiles.
+# 128x256 ones (they load a third more bytes per FLOP from L2 into shared memory). H100, x cuBLAS,
+# fp16/bf16: K = 2048 ping-pong 1.03/1.00, cooperative 1.01/1.00; K = 4096 1.00/0.98 vs 1.02/0.98;
+# K = 16384 0.86/0.89 vs 1.02/1.00.
 COOPERATIVE_FROM_K = 4096
 CONSUMER_REGS = 232  # registers per thread of the second consumer warpgroup (the first gets the rest)
 PRODUCER_REGS = 40  # the TMA warp needs only addresses and counters
@@ -102,8 +108,8 @@ def _consumer(
 ):
     """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program. With two, they
     alternate on the tensor cores through the `turns` barriers; alone, it never waits for a turn."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_M: gl.constexpr = a_bufs.shape[1]
+    BLOCK_N: gl.constexpr = b_bufs.shape[1] if B_KMAJOR else b_bufs.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     STAGES: gl.constexpr = a_bufs.shape[0]
     num_pid_m = gl.cdiv(c_desc.shape[0], BLOCK_M)
@@ -111,7 +117,7 @@ def _consumer(
     k_steps = gl.cdiv(K, BLOCK_K)
     my_turn = turns.index(ME)
     their_turn = turns.index((ME + 1) % CONSUMERS)
-    c_smem = c_bufs.index(ME)
+    EPILOGUE_BUFFERS: gl.constexpr = c_bufs.shape[0] // CONSUMERS  # this consumer's: from ME * that
 
     mma = WGMMA.initialize(c_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
     for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), CONSUMERS):
@@ -134,8 +140,9 @@ def _consumer(
 
         tile = gl.program_id(0) + t * gl.num_programs(0)
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        tma.store_wait(0)  # this consumer's previous store has finished reading c_smem
-        store_tile(c_desc, c_smem, acc, pid_m * BLOCK_M, pid_n * BLOCK_N)
+        store_tile_sliced(
+            c_desc, c_bufs, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, EPILOGUE_BUFFERS, ME * EPILOGUE_BUFFERS
+        )
     tma.store_wait(0)
 
 
@@ -148,13 +155,15 @@ def warpspec_kernel(
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     CONSUMERS: gl.constexpr,
+    EPILOGUE_BUFFERS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
+    c_shape: gl.constexpr = [CONSUMERS * EPILOGUE_BUFFERS] + c_desc.block_type.shape
+    c_bufs = gl.allocate_shared_memory(dtype, c_shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
@@ -200,6 +209,7 @@ def _constexprs(kmajor: bool, cfg: WarpSpecConfig) -> dict[str, object]:
         "GROUP_M": cfg.GROUP_M,
         "STAGES": cfg.STAGES,
         "CONSUMERS": cfg.CONSUMERS,
+        "EPILOGUE_BUFFERS": cfg.EPILOGUE_BUFFERS,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
     }
