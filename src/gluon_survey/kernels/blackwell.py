@@ -39,7 +39,6 @@ from ..compat import (
     tcgen05_commit,
     tcgen05_mma,
     tensor_memory_descriptor,
-    tma_store,
     tmem_load,
 )
 from ..registry import CompileSpec, Launch
@@ -49,13 +48,13 @@ from .common import (
     b_is_kmajor,
     b_operand,
     desc_signature,
-    fence_async_shared,
     grouped_tile,
     init_barriers,
     load_partition,
     mbarrier,
     num_tiles,
     smem_layout,
+    store_slice,
     tma,
 )
 
@@ -220,11 +219,8 @@ def _epilogue_partition(
             part = tmem_load(acc.slice(i * SLICE_N, SLICE_N)).to(c_desc.dtype)
             if i == SLICES - 1:
                 mbarrier.arrive(acc_empty.index(buf))  # the MMA warp may overwrite this buffer
-            c_smem = c_bufs.index(i % BUFFERS)
-            tma.store_wait(BUFFERS - 1)  # the store that last read c_smem has finished
-            c_smem.store(part)
-            fence_async_shared()
-            tma_store(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N + i * SLICE_N], c_smem)
+            off_n = pid_n * BLOCK_N + i * SLICE_N
+            store_slice(c_desc, c_bufs.index(i % BUFFERS), part, pid_m * BLOCK_M, off_n, BUFFERS - 1)
     tma.store_wait(0)
 
 

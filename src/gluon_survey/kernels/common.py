@@ -246,6 +246,17 @@ def store_tile(c_desc, c_smem, acc, off_m, off_n):
 
 
 @gluon.jit
+def store_slice(c_desc, c_smem, part, off_m, off_n, PENDING: gl.constexpr):
+    """One slice of a sliced epilogue: wait until at most PENDING earlier TMA stores are still in
+    flight (so the one that last read `c_smem` has finished), then registers -> output dtype ->
+    `c_smem` -> TMA store at (off_m, off_n)."""
+    tma.store_wait(PENDING)
+    c_smem.store(part.to(c_desc.dtype))
+    fence_async_shared()
+    tma_store(c_desc, [off_m, off_n], c_smem)
+
+
+@gluon.jit
 def store_tile_sliced(
     c_desc, c_bufs, c, off_m, off_n, BUFFERS: gl.constexpr, BASE: gl.constexpr = 0, FIRST: gl.constexpr = 0
 ):
@@ -257,11 +268,7 @@ def store_tile_sliced(
     WIDTH: gl.constexpr = c.shape[1]
     SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
     if WIDTH == SLICE_N:
-        tma.store_wait(BUFFERS - 1)
-        buf = c_bufs.index(BASE + FIRST % BUFFERS)
-        buf.store(c.to(c_desc.dtype))
-        fence_async_shared()
-        tma_store(c_desc, [off_m, off_n], buf)
+        store_slice(c_desc, c_bufs.index(BASE + FIRST % BUFFERS), c, off_m, off_n, BUFFERS - 1)
     else:
         left, right = c.reshape([BLOCK_M, 2, WIDTH // 2]).permute(0, 2, 1).split()
         HALF: gl.constexpr = WIDTH // 2
@@ -348,6 +355,7 @@ __all__ = [
     "num_tiles",
     "rung_config",
     "select_mma",
+    "store_slice",
     "store_tile",
     "store_tile_sliced",
     "tma",
