@@ -3,7 +3,7 @@
 # under $OUT (the device tool's folder) or out/gpu. Run from the repo root; uses the machine's own
 # torch/triton (PYTHONPATH=src, nothing installed).
 #   STEPS=tests,bench (default) | tests | bench     MODES=Blocked,... (default: all)
-#   DTYPES=fp16,bf16   BENCH_ARGS="--k 512,16384"
+#   DTYPES=fp16,bf16   BENCH_ARGS="--k 512,16384"   RUNS=2 (independent survey runs, in $OUT/runs.tgz)
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -20,10 +20,19 @@ if [[ ",$STEPS," == *",tests,"* ]]; then
   python3 -m pytest -m gpu tests -q -p no:cacheprovider --timeout=300 --timeout-method=thread ${PYTEST_ARGS:-} \
     2>&1 | tee "$OUT/pytest-gpu.log" | tail -25
 fi
+bench() {  # one complete survey run into folder $1
+  mkdir -p "$1"
+  python3 -m gluon_survey ${MODES:-} --dtype "$DTYPES" --results "$1/results.jsonl" \
+    --plot "$1/plot.png" ${BENCH_ARGS:-} 2>"$1/bench.err" | tee "$1/table.txt"
+  tail -5 "$1/bench.err"
+  python3 -m gluon_survey report "$1/results.jsonl" --format markdown --output "$1/table.md"
+  python3 -m gluon_survey report "$1/results.jsonl" --format legacy --output "$1/legacy.txt"
+}
 if [[ ",$STEPS," == *",bench,"* ]]; then
-  python3 -m gluon_survey ${MODES:-} --dtype "$DTYPES" --results "$OUT/results.jsonl" \
-    --plot "$OUT/plot.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/table.txt"
-  tail -5 "$OUT/bench.err"
-  python3 -m gluon_survey report "$OUT/results.jsonl" --format markdown --output "$OUT/table.md"
-  python3 -m gluon_survey report "$OUT/results.jsonl" --format legacy --output "$OUT/legacy.txt"
+  if [[ ${RUNS:-1} == 1 ]]; then
+    bench "$OUT"
+  else  # independent runs, one after the other, packed into one archive (the device tool returns few files)
+    for r in $(seq 1 "$RUNS"); do bench "$OUT/run$r"; done
+    tar czf "$OUT/runs.tgz" -C "$OUT" $(seq -f 'run%g' 1 "$RUNS") && rm -r $(seq -f "$OUT/run%g" 1 "$RUNS")
+  fi
 fi

@@ -73,3 +73,23 @@ def test_matmul_matches_the_reference(mode, shape, dtype, layout):
     assert result is out
     verdict = _verdict(out, a, b, dtype)
     assert verdict.ok, verdict.describe()
+
+
+def test_a_timed_row_carries_its_paired_cublas_time_and_the_clock():
+    """What the driver records per cell on a GPU: the mode's time, cuBLAS's on the same inputs
+    around it, and NVML's clock and power over the timed window (when NVML can be read)."""
+    from gluon_survey import worker
+
+    provider = worker.cuda_provider("Pipelined")
+    assert provider.baseline is not None and worker.cuda_provider("torch").baseline is None
+    task = {"M": 2048, "N": 2048, "K": 1024, "dtype": "fp16", "b_layout": "row"}
+    settings = {"seed": 0, "warmup_ms": 10.0, "min_ms": 30.0, "min_iters": 20, "max_iters": 2000}
+    settings["paired"] = True
+    row = worker.measure(provider, task, settings, lambda _: None)
+    assert row["status"] == "OK", row.get("error")
+    assert 0.2 < row["cublas_ms"] / row["ms_median"] < 5 and abs(row["cublas_drift"]) < 0.5
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        pytest.skip("no pynvml here: rows carry no clock")
+    assert 100 < row["sm_clock_mhz"] < 3000 and row["power_w"] > 0

@@ -1,3 +1,5 @@
+import time
+
 import pytest
 import torch
 
@@ -40,3 +42,35 @@ def test_gpu_info_without_a_gpu(monkeypatch):
     git = info["git"]
     assert git is None or (len(git["commit"]) == 40 and isinstance(git["dirty"], bool))
     assert hardware.describe_torch_cuda().endswith("CUDA not available")
+
+
+def test_telemetry_averages_nvml_samples(monkeypatch):
+    import sys
+    import types
+
+    clocks = iter([1500, 1300] + [1400] * 1000)
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=0,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByUUID=lambda uuid: ("handle", uuid),
+        nvmlDeviceGetHandleByIndex=lambda index: ("handle", index),
+        nvmlDeviceGetClockInfo=lambda handle, kind: next(clocks),
+        nvmlDeviceGetPowerUsage=lambda handle: 650_000,  # milliwatts
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    with hardware.Telemetry("GPU-x", period_s=0.001) as t:
+        deadline = time.monotonic() + 5
+        while len(t._clocks) < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    result = t.result()
+    assert 1300 <= result["sm_clock_mhz"] <= 1500 and result["power_w"] == 650.0
+
+
+def test_telemetry_without_nvml_is_empty_not_an_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    with hardware.Telemetry() as t:
+        pass
+    assert t.result() == {}

@@ -155,3 +155,20 @@ def test_plot_writes_a_png(sample, tmp_path):
     nothing = results([row(status="SKIPPED", error="needs sm_90")])
     assert report.plot(nothing, tmp_path / "none.png") == 0
     assert not (tmp_path / "none.png").exists()
+
+
+def test_a_paired_cublas_time_is_preferred_and_named_in_the_legend(sample):
+    paired = results(
+        [
+            row("Blocked", K=512, ms=0.1, cublas_ms=0.09, config=BLOCKS),
+            row("Blocked", K=1024, ms=0.2, config=BLOCKS),  # no paired time: the torch row
+            row("torch", K=512, ms=0.08),
+            row("torch", K=1024, ms=0.16),
+        ]
+    )
+    rows = {(r.mode, r.K): r for r in report.attach_x_cublas(paired.rows)}
+    assert rows["Blocked", 512].x_cublas == pytest.approx(0.9)
+    assert rows["Blocked", 1024].x_cublas == pytest.approx(0.8)
+    assert "just before and after each cell" in report.legend(paired.rows)
+    assert "just before and after" in report.format_markdown(paired)
+    assert "the torch row of the same shape" in report.legend(sample.rows)

@@ -93,6 +93,16 @@ def test_cpu_rows_cover_dtypes_and_layouts(tmp_path, test_modes):
 
 
 @pytest.mark.timeout(120)
+def test_paired_settings_reach_the_worker(tmp_path, test_modes):
+    tasks = runner.make_tasks(SHAPES[:1], ["fp16"], ["row"])
+    (paired,) = _sweep(tmp_path, ["_ok_cpu"], tasks, replace(FAST, paired=True))
+    assert paired.cublas_ms > 0 and paired.cublas_drift is not None
+    (tmp_path / "plain").mkdir()
+    (plain,) = _sweep(tmp_path / "plain", ["_ok_cpu"], tasks)
+    assert plain.cublas_ms is None
+
+
+@pytest.mark.timeout(120)
 def test_real_modes_without_cuda_are_skipped_with_the_reason(tmp_path, monkeypatch):
     import torch
 

@@ -98,3 +98,66 @@ def test_run_task_turns_exceptions_into_error_rows_and_skips_unsupported(capsys)
 def test_non_finite_results_fail(value):
     row, _ = _measure(lambda a, b, out: Launch(lambda: torch.matmul(a, b, out=out).fill_(value)))
     assert row["status"] == "FAILED" and row["rel_err"] == math.inf
+
+
+def test_paired_baseline_is_timed_around_the_mode_on_the_same_inputs():
+    seen = []
+
+    def baseline(a, b, out):
+        seen.append((a, b, out))
+        return Launch(lambda: torch.matmul(a, b, out=out))
+
+    launches = []
+
+    def prepare(a, b, out):
+        launches.append((a, b, out))
+        return Launch(lambda: torch.matmul(a, b, out=out))
+
+    provider = Provider("cpu", prepare, WallClock(), None, 0, lambda: 1 << 30, baseline=baseline)
+    row = measure(provider, TASK, SETTINGS | {"paired": True}, lambda _: None)
+    assert row["status"] == "OK" and row["cublas_ms"] > 0 and math.isfinite(row["cublas_drift"])
+    # the same A and B as the mode's timed sets, but outputs of its own: the mode's stay poisoned
+    assert [(a, b) for a, b, _ in seen] == [(a, b) for a, b, _ in launches]
+    assert all(o is not out for (_, _, o), (_, _, out) in zip(seen, launches, strict=True))
+
+    unpaired = measure(provider, TASK, SETTINGS, lambda _: None)
+    assert "cublas_ms" not in unpaired and "cublas_drift" not in unpaired
+
+
+def test_paired_baseline_cannot_hide_an_unwritten_output():
+    def prepare(a, b, out):  # right on the first input set only
+        first = not hasattr(prepare, "done")
+        prepare.done = True
+        return Launch(lambda: torch.matmul(a, b, out=out) if first else None)
+
+    def baseline(a, b, out):
+        return Launch(lambda: torch.matmul(a, b, out=out))
+
+    # a large L2 makes the worker rotate several input sets
+    provider = Provider("cpu", prepare, WallClock(), None, 10 << 20, lambda: 1 << 30, baseline=baseline)
+    row = measure(provider, TASK, SETTINGS | {"paired": True}, lambda _: None)
+    assert row["status"] == "FAILED" and "NaN/inf values in rotated outputs" in row["error"]
+
+
+def test_telemetry_result_goes_into_the_row():
+    class Fake:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def result(self):
+            return {"sm_clock_mhz": 1500.0, "power_w": 650.0}
+
+    provider = Provider(
+        "cpu",
+        lambda a, b, out: Launch(lambda: torch.matmul(a, b, out=out)),
+        WallClock(),
+        None,
+        0,
+        lambda: 1 << 30,
+        telemetry=Fake,
+    )
+    row = measure(provider, TASK, SETTINGS, lambda _: None)
+    assert row["sm_clock_mhz"] == 1500.0 and row["power_w"] == 650.0

@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     how.add_argument("--seed", type=int, default=0, help="input seed (default: %(default)s)")
     how.add_argument(
+        "--paired",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time cuBLAS on the same inputs just before and after every cell and divide by that, "
+        "so that the ratios do not move with the GPU's clock over the run (default: on)",
+    )
+    how.add_argument(
         "--peak-tflops",
         type=_positive,
         metavar="TFLOPS",
@@ -153,7 +160,11 @@ def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], comman
     from gluon_survey import hardware, results, runner
 
     settings = runner.Settings(
-        seed=args.seed, warmup_ms=args.warmup_ms, min_ms=args.min_ms, timeout_s=args.timeout
+        seed=args.seed,
+        warmup_ms=args.warmup_ms,
+        min_ms=args.min_ms,
+        timeout_s=args.timeout,
+        paired=args.paired,
     )
     env = hardware.gpu_info(command)
     dtypes = list(dict.fromkeys(t.dtype for t in tasks))

@@ -7,6 +7,7 @@ the tables divide by (and the sanity limit above which a measurement is flagged 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import platform
@@ -14,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 # Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets. Matched as a
@@ -193,3 +195,67 @@ def _number_or_text(value: str) -> object:
         return float(value)
     except ValueError:
         return value
+
+
+class Telemetry:
+    """Mean SM clock and board power while a measurement runs, sampled from NVML in a thread.
+
+    Under a power limit (an H100 SXM at 700 W reaches it on every large GEMM) the clock a kernel
+    gets depends on its own power draw, so a row's clock explains part of its time. Use as a
+    context manager around the timed region; `result()` is {} when NVML cannot be read (no
+    pynvml, no GPU): telemetry is evidence, never a reason for a measurement to fail.
+    """
+
+    def __init__(self, uuid: str | None = None, index: int = 0, period_s: float = 0.02) -> None:
+        self._uuid, self._index, self._period = uuid, index, period_s
+        self._clocks: list[float] = []
+        self._powers: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Telemetry:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            get = pynvml.nvmlDeviceGetHandleByUUID if self._uuid else pynvml.nvmlDeviceGetHandleByIndex
+            handle = get(self._uuid or self._index)
+        except Exception:  # no pynvml, or NVML unusable here: no telemetry
+            return self
+        self._thread = threading.Thread(target=self._sample, args=(pynvml, handle), daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self, pynvml: object, handle: object) -> None:
+        try:
+            while not self._stop.is_set():
+                self._clocks.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))  # type: ignore[attr-defined]
+                self._powers.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)  # type: ignore[attr-defined]
+                self._stop.wait(self._period)
+        except Exception:  # the device went away mid-run: keep what was sampled
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                pynvml.nvmlShutdown()  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def result(self) -> dict[str, float]:
+        """{'sm_clock_mhz': mean, 'power_w': mean} over the samples, or {} without any."""
+        if not self._clocks:
+            return {}
+        return {
+            "sm_clock_mhz": sum(self._clocks) / len(self._clocks),
+            "power_w": sum(self._powers) / len(self._powers),
+        }
+
+
+def telemetry_for_current_device() -> Telemetry:
+    """A `Telemetry` for torch's current CUDA device (by UUID, so CUDA_VISIBLE_DEVICES is safe)."""
+    import torch
+
+    index = torch.cuda.current_device()
+    return Telemetry(_nvml_uuid(torch.cuda.get_device_properties(index)), index)

@@ -32,14 +32,24 @@ REASON_CHARS = 28  # how much of a failure reason fits in a table cell; the note
 
 
 def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
-    """The rows with `x_cublas` = TFLOP/s / TFLOP/s of the cuBLAS (`torch`) row of the same shape,
-    dtype and layout, where both are measurements."""
+    """The rows with `x_cublas`, the speed relative to cuBLAS: against the row's own paired cuBLAS
+    time (`cublas_ms`, timed on the same inputs just before and after it) when it has one, else
+    against the cuBLAS (`torch`) row of the same shape, dtype and layout, where both are measurements."""
     rows = list(rows)
     base = {r.key[1:]: r.tflops for r in rows if r.mode == BASELINE and r.measured}
-    return [
-        replace(r, x_cublas=r.tflops / base[r.key[1:]] if r.measured and r.key[1:] in base else None)  # type: ignore[operator]
-        for r in rows
-    ]
+
+    def ratio(r: Row) -> float | None:
+        if not r.measured:
+            return None
+        if r.cublas_ms:
+            return r.cublas_ms / r.ms_median  # type: ignore[operator]
+        return r.tflops / base[r.key[1:]] if r.key[1:] in base else None  # type: ignore[operator]
+
+    return [replace(r, x_cublas=ratio(r)) for r in rows]
+
+
+def is_paired(rows: Iterable[Row]) -> bool:
+    return any(r.cublas_ms for r in rows)
 
 
 def geomean(values: Iterable[float]) -> float | None:
@@ -223,10 +233,17 @@ def pivots(results: Results) -> list[Pivot]:
     return out
 
 
-LEGEND = (
-    "Cells: TFLOP/s (~ = p20-p80 spread above 5 %), x cuBLAS (the torch row of the same shape), "
-    "BLOCK_MxNxK; best of each shape in bold; geomean over measured shapes."
-)
+def legend(rows: Iterable[Row]) -> str:
+    """The line under each table; it says which cuBLAS time the ratios divide."""
+    baseline = (
+        "against cuBLAS timed on the same inputs just before and after each cell, mean of the two"
+        if is_paired(rows)
+        else "the torch row of the same shape"
+    )
+    return (
+        f"Cells: TFLOP/s (~ = p20-p80 spread above 5 %), x cuBLAS ({baseline}), "
+        "BLOCK_MxNxK; best of each shape in bold; geomean over measured shapes."
+    )
 
 
 def print_table(results: Results, console: Any) -> None:
@@ -245,7 +262,7 @@ def print_table(results: Results, console: Any) -> None:
             table.add_row(shape.label, *(_rich(c) for c in pivot.cells_of(shape)))
         table.add_row("geomean", *(_rich(pivot.geomean[m]) for m in pivot.modes))
         console.print(table)
-        console.print(Text(LEGEND, style="dim"))
+        console.print(Text(legend(results.rows), style="dim"))
         for note in pivot.notes:
             console.print(Text(note, style="yellow"))
 
@@ -266,7 +283,7 @@ def format_markdown(results: Results) -> str:
         for shape in pivot.shapes:
             out.append(f"| {shape.label} | " + " | ".join(_markdown(c) for c in pivot.cells_of(shape)) + " |")
         out.append("| geomean | " + " | ".join(_markdown(pivot.geomean[m]) for m in pivot.modes) + " |")
-        out += ["", LEGEND]
+        out += ["", legend(results.rows)]
         out += [f"- {note}" for note in pivot.notes]
     return "\n".join(out) + "\n"
 

@@ -64,6 +64,7 @@ class Settings:
     min_iters: int = 20
     max_iters: int = 2000
     timeout_s: float = 600.0
+    paired: bool = False  # time cuBLAS before and after every task of the other modes (worker.measure)
 
     def worker_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "timeout_s"}

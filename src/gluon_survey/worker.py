@@ -16,7 +16,12 @@ Per task: inputs from the seed (`check.make_inputs`); `gluon_survey.api.prepare`
 (`compile_s`: prepare + first call, autotuning included); a NaN-filled output, one call, the check
 against the fp32 reference with the tolerance rule; then, only if correct, the cold-L2 timing over
 rotated input sets (each prepared and called once first), with all outputs NaN-filled before the
-timer starts and re-checked after it (a launch that does nothing after its first call fails). A
+timer starts and re-checked after it (a launch that does nothing after its first call fails).
+With `paired` set, cuBLAS (`torch.matmul`) is timed on the same rotated inputs right before and
+right after the mode, and the row keeps the mean of the two medians (`cublas_ms`) and how far they
+differ (`cublas_drift`): a GPU at its power limit changes clock with temperature over a run, so the
+ratio to a cuBLAS timed minutes apart moves by a few per cent, and to one timed alongside it does
+not. NVML's mean SM clock and power over the mode's timed window go into the row too. A
 launch whose `fn()` returns its product instead of writing `out` (the torch.compile baseline) is
 judged on the tensor it returns.
 
@@ -66,6 +71,10 @@ class Provider:
     l2_bytes: int
     memory_budget: Callable[[], int]  # bytes the rotated input copies may take now
     healthy: Callable[[], bool] = lambda: True  # False once the device is unusable for later tasks
+    # The paired baseline: cuBLAS's launch on the same inputs (None for the baseline mode itself),
+    # timed just before and just after this mode on every task (see `measure`).
+    baseline: Callable[..., Launch] | None = None
+    telemetry: Callable[[], Any] = contextlib.nullcontext  # a context manager with .result()
 
 
 def cuda_provider(mode_name: str) -> Provider:
@@ -73,6 +82,7 @@ def cuda_provider(mode_name: str) -> Provider:
     import torch
 
     from gluon_survey import api, registry
+    from gluon_survey.hardware import telemetry_for_current_device
     from gluon_survey.timing import COPIES_BUDGET_BYTES, CudaEventClock, WallClock
 
     mode = registry.get(mode_name)
@@ -95,7 +105,18 @@ def cuda_provider(mode_name: str) -> Provider:
         return Provider("cuda", prepare, WallClock(), mode.unsupported_reason(None), 0, budget)
     l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     reason = mode.unsupported_reason(capability)
-    return Provider("cuda", prepare, CudaEventClock(), reason, l2_bytes, budget, healthy)
+    baseline = None if mode.name == registry.BASELINE else _cublas_launch
+    telemetry = telemetry_for_current_device
+    return Provider("cuda", prepare, CudaEventClock(), reason, l2_bytes, budget, healthy, baseline, telemetry)
+
+
+def _cublas_launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
+    """The paired baseline's launch: what the `torch` mode times, cuBLAS through torch.matmul."""
+    import torch
+
+    from gluon_survey.registry import Launch
+
+    return Launch(lambda: torch.matmul(a, b, out=out))
 
 
 def fake_provider(mode_name: str) -> Provider:
@@ -114,7 +135,10 @@ def fake_provider(mode_name: str) -> Provider:
             return Launch(threading.Event().wait)
         return Launch(lambda: torch.matmul(a, b, out=out), {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64})
 
-    return Provider("cpu", prepare, WallClock(), None, l2_bytes=0, memory_budget=lambda: 1 << 30)
+    def baseline(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
+        return Launch(lambda: torch.matmul(a, b, out=out))
+
+    return Provider("cpu", prepare, WallClock(), None, 0, lambda: 1 << 30, baseline=baseline)
 
 
 def provider_for(mode_name: str) -> Provider:
@@ -160,7 +184,7 @@ def measure(
 
     from gluon_survey.check import check, make_inputs, reference, rel_error
     from gluon_survey.shapes import Shape
-    from gluon_survey.timing import copies_for_cold_l2, time_fn
+    from gluon_survey.timing import Timing, copies_for_cold_l2, time_fn
 
     shape = Shape(task["M"], task["N"], task["K"])
     dtype, layout, seed = task["dtype"], task["b_layout"], settings["seed"]
@@ -189,24 +213,40 @@ def measure(
         return row | {"status": "FAILED", "error": verdict.describe()}
 
     phase("timing")
+    paired = provider.baseline is not None and settings.get("paired", False)
     bytes_per_set = sum(t.numel() * t.element_size() for t in inputs)
+    bytes_per_set += first.out.numel() * first.out.element_size() if paired else 0
     n_copies = copies_for_cold_l2(bytes_per_set, provider.l2_bytes, provider.memory_budget())
     targets = [first] + [_Target.prepared(provider, *input_set(i)) for i in range(1, n_copies)]
     for target in targets:
         target.out.fill_(math.nan)
-    timing = time_fn(
-        lambda i: targets[i].timed_call,
-        n_copies,
-        warmup_ms=settings["warmup_ms"],
-        min_ms=settings["min_ms"],
-        min_iters=settings["min_iters"],
-        max_iters=settings["max_iters"],
-        clock=provider.clock,
-    )
-    after = check(first.output, ref, cublas_err, dtype)
+
+    def timed(launches: list[Callable[[], object]]) -> Timing:
+        return time_fn(
+            lambda i: launches[i],
+            n_copies,
+            warmup_ms=settings["warmup_ms"],
+            min_ms=settings["min_ms"],
+            min_iters=settings["min_iters"],
+            max_iters=settings["max_iters"],
+            clock=provider.clock,
+        )
+
+    if paired:  # cuBLAS on the same inputs, into outputs of its own (ours stay NaN-poisoned)
+        cublas = [provider.baseline(t.a, t.b, torch.empty_like(t.out)).fn for t in targets]  # type: ignore[misc]
+        before = timed(cublas)
+    with provider.telemetry() as telemetry:
+        timing = timed([t.timed_call for t in targets])
+    if paired:
+        after = timed(cublas)
+        row["cublas_ms"] = (before.median_ms + after.median_ms) / 2
+        row["cublas_drift"] = after.median_ms / before.median_ms - 1
+    if telemetry is not None:
+        row.update(telemetry.result())
+    again = check(first.output, ref, cublas_err, dtype)
     unwritten = sum(int((~torch.isfinite(t.output)).sum().item()) for t in targets[1:])
-    if not after.ok or unwritten:
-        problem = after.describe() if not after.ok else f"{unwritten} NaN/inf values in rotated outputs"
+    if not again.ok or unwritten:
+        problem = again.describe() if not again.ok else f"{unwritten} NaN/inf values in rotated outputs"
         return row | {"status": "FAILED", "error": f"wrong after timing: {problem}"}
     return row | {
         "status": "OK",
