@@ -161,3 +161,28 @@ def test_telemetry_result_goes_into_the_row():
     )
     row = measure(provider, TASK, SETTINGS, lambda _: None)
     assert row["sm_clock_mhz"] == 1500.0 and row["power_w"] == 650.0
+
+
+def test_only_a_cells_first_timing_gets_the_long_warm_up(monkeypatch):
+    from gluon_survey import timing
+
+    warmups = []
+    real = timing.time_fn
+
+    def spy(make_run, n_copies, warmup_ms, **kw):
+        warmups.append(warmup_ms)
+        return real(make_run, n_copies, warmup_ms=0, **kw)
+
+    monkeypatch.setattr(timing, "time_fn", spy)
+    provider = Provider(
+        "cpu",
+        lambda a, b, out: Launch(lambda: torch.matmul(a, b, out=out)),
+        WallClock(),
+        None,
+        0,
+        lambda: 1 << 30,
+        baseline=lambda a, b, out: Launch(lambda: torch.matmul(a, b, out=out)),
+    )
+    settings = SETTINGS | {"warmup_ms": 1000.0, "rewarm_ms": 200.0, "paired": True}
+    assert measure(provider, TASK, settings, lambda _: None)["status"] == "OK"
+    assert warmups == [1000.0, 200.0, 200.0]  # cuBLAS before, the mode, cuBLAS after

@@ -83,10 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     how = parser.add_argument_group("how to measure")
     how.add_argument(
-        "--warmup-ms", type=float, default=100.0, help="warm-up per shape (default: %(default)g)"
+        "--warmup-ms",
+        type=float,
+        default=1000.0,
+        help="warm-up before each cell, to the GPU's power-limited clock (default: %(default)g)",
     )
     how.add_argument(
-        "--min-ms", type=_positive, default=300.0, help="timed GPU time per shape (default: %(default)g)"
+        "--min-ms", type=_positive, default=1000.0, help="timed GPU time per shape (default: %(default)g)"
     )
     how.add_argument(
         "--timeout",

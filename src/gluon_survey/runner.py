@@ -59,10 +59,11 @@ class Settings:
     """How each task is measured; recorded in the results header."""
 
     seed: int = 0
-    warmup_ms: float = 100.0
-    min_ms: float = 300.0
+    warmup_ms: float = 1000.0  # before a cell's first timing: long enough to reach the power limit
+    min_ms: float = 1000.0
     min_iters: int = 20
-    max_iters: int = 2000
+    max_iters: int = 20000
+    rewarm_ms: float = 200.0  # before the next timings of the same cell, the GPU already hot
     timeout_s: float = 600.0
     paired: bool = False  # time cuBLAS before and after every task of the other modes (worker.measure)
 

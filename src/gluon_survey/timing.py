@@ -7,12 +7,16 @@ Method
   together span at least 3x the L2 cache (one set when a single set already does; at most 8 GiB
   of copies). Each GEMM therefore starts with its operands out of L2, as in a model where the
   previous layer touched other data, and no flush kernel runs inside or next to the timed window.
-* **Warm-up first.** One call per set estimates the duration; then `warmup_ms` of calls (100 ms
-  by default) bring clocks up and fill instruction caches before anything is recorded. JIT
-  compilation and autotuning happened even earlier, in the first call, reported as `compile_s`.
+* **Warm-up to the power-limited steady state.** One call per set estimates the duration; then
+  `warmup_ms` of calls (1 s by default) run before anything is recorded. A large GEMM drives an
+  H100 SXM to its 700 W limit: its SM clock falls from the idle boost (1980 MHz) to 1300-1500 MHz
+  within about 0.3 s of starting, so a short warm-up measures the boost transient, favouring
+  whatever ran after an idle gap (with 100 ms, cuBLAS timed right before and right after another
+  kernel differed by up to 20 %). JIT compilation and autotuning happened even earlier, in the
+  first call, reported as `compile_s`.
 * **Per-iteration CUDA events.** Each timed iteration records a start event, launches, records an
   end event; there is no synchronisation inside the loop, one at the end. The iteration count
-  covers at least `min_ms` (300 ms) of GPU time, between `min_iters` (20) and `max_iters` (2000),
+  covers at least `min_ms` (1 s) of GPU time, between `min_iters` (20) and `max_iters` (20000),
   and at least one pass over the sets. Host launch overhead counts only when the GPU waits for it,
   i.e. for kernels of a few microseconds.
 * **A distribution, not one number.** The median is the reported time; p20, p80 and the minimum
@@ -123,10 +127,10 @@ class WallClock:
 def time_fn(
     make_run: Callable[[int], Callable[[], object]],
     n_copies: int,
-    warmup_ms: float = 100.0,
-    min_ms: float = 300.0,
+    warmup_ms: float = 1000.0,
+    min_ms: float = 1000.0,
     min_iters: int = 20,
-    max_iters: int = 2000,
+    max_iters: int = 20000,
     clock: Clock | None = None,
 ) -> Timing:
     """Time `make_run(i)()` for input sets i = 0..n_copies-1 in rotation (see the module docstring).
