@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument(
         "--warmup-ms",
         type=float,
-        default=1000.0,
+        default=2000.0,
         help="warm-up before each cell, to the GPU's power-limited clock (default: %(default)g)",
     )
     how.add_argument(

@@ -59,7 +59,7 @@ class Settings:
     """How each task is measured; recorded in the results header."""
 
     seed: int = 0
-    warmup_ms: float = 1000.0  # before a cell's first timing: long enough to reach the power limit
+    warmup_ms: float = 2000.0  # before a cell's first timing: long enough to reach the power limit
     min_ms: float = 1000.0
     min_iters: int = 20
     max_iters: int = 20000

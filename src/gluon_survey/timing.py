@@ -8,12 +8,13 @@ Method
   of copies). Each GEMM therefore starts with its operands out of L2, as in a model where the
   previous layer touched other data, and no flush kernel runs inside or next to the timed window.
 * **Warm-up to the power-limited steady state.** One call per set estimates the duration; then
-  `warmup_ms` of calls (1 s by default) run before anything is recorded. A large GEMM drives an
-  H100 SXM to its 700 W limit: its SM clock falls from the idle boost (1980 MHz) to 1300-1500 MHz
-  within about 0.3 s of starting, so a short warm-up measures the boost transient, favouring
-  whatever ran after an idle gap (with 100 ms, cuBLAS timed right before and right after another
-  kernel differed by up to 20 %). JIT compilation and autotuning happened even earlier, in the
-  first call, reported as `compile_s`.
+  `warmup_ms` of calls (2 s by default) run before anything is recorded. A large GEMM drives an
+  H100 SXM to its 700 W limit: its SM clock falls from the idle boost (1980 MHz) to about
+  1500 MHz within 0.3 s of starting and keeps sinking to 1300-1450 MHz over the next seconds as
+  the chip warms, so a short warm-up measures the boost transient and favours whatever ran after
+  an idle gap: with 100 ms, cuBLAS timed right before and right after another kernel differed by
+  up to 20 %; with 1 s, still by up to 20 % after a ten-second idle gap (a compile). JIT
+  compilation and autotuning happened even earlier, in the first call, reported as `compile_s`.
 * **Per-iteration CUDA events.** Each timed iteration records a start event, launches, records an
   end event; there is no synchronisation inside the loop, one at the end. The iteration count
   covers at least `min_ms` (1 s) of GPU time, between `min_iters` (20) and `max_iters` (20000),
@@ -127,7 +128,7 @@ class WallClock:
 def time_fn(
     make_run: Callable[[int], Callable[[], object]],
     n_copies: int,
-    warmup_ms: float = 1000.0,
+    warmup_ms: float = 2000.0,
     min_ms: float = 1000.0,
     min_iters: int = 20,
     max_iters: int = 20000,
