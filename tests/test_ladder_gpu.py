@@ -91,12 +91,17 @@ def test_rung_reuses_launch_on_fresh_inputs(rung):
 DESIGNS = {
     "persistent": lambda: persistent.CONFIG,
     "warpspec-pingpong": lambda: warpspec.PINGPONG,
+    "warpspec-split": lambda: warpspec.SPLIT,
     "warpspec-cooperative": lambda: warpspec.COOPERATIVE,
 }
 
 
+# (100, 5000, 264): fewer rows than one box, so the split design's second A box is all out of bounds.
+SHAPES = [(3000, 5000, 264), (1500, 2904, 40), (2048, 4096, 1000), (100, 5000, 264)]
+
+
 @pytest.mark.parametrize("b_layout", ["row", "t"])
-@pytest.mark.parametrize("shape", [(3000, 5000, 264), (1500, 2904, 40), (2048, 4096, 1000)], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("design", DESIGNS)
 def test_design_hands_over_between_tiles(design, shape, b_layout):
     if torch.cuda.get_device_capability()[0] != 9:

@@ -203,15 +203,24 @@ def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 @gluon.jit
 def load_partition(
-    a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr
+    a_desc,
+    b_desc,
+    a_bufs,
+    b_bufs,
+    ready,
+    empty,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    A_BOXES: gl.constexpr = 1,
 ):
     """The TMA-load partition of the warp-specialized kernels (Hopper and Blackwell): fill the ring
     for every (tile, K step) of this program in grouped order, each fill once whoever read the
-    stage's previous contents has released it on `empty`."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    stage's previous contents has released it on `empty`. With A_BOXES > 1 a tile is that many
+    A boxes tall, and stage s holds them in a_bufs[s * A_BOXES + i] (one per consumer)."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0] * A_BOXES
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
-    STAGES: gl.constexpr = a_bufs.shape[0]
+    STAGES: gl.constexpr = b_bufs.shape[0]
     num_pid_m = gl.cdiv(a_desc.shape[0], BLOCK_M)
     num_pid_n = gl.cdiv(b_desc.shape[0] if B_KMAJOR else b_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
@@ -222,17 +231,28 @@ def load_partition(
             slot = it % STAGES
             # Fill f of a slot needs fill f-1 consumed; a fresh barrier passes the parity-1 wait.
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-            load_step(
-                a_desc,
-                b_desc,
-                pid_m * BLOCK_M,
-                pid_n * BLOCK_N,
-                k * BLOCK_K,
-                ready.index(slot),
-                a_bufs.index(slot),
-                b_bufs.index(slot),
-                B_KMAJOR,
-            )
+            if A_BOXES == 1:
+                load_step(
+                    a_desc,
+                    b_desc,
+                    pid_m * BLOCK_M,
+                    pid_n * BLOCK_N,
+                    k * BLOCK_K,
+                    ready.index(slot),
+                    a_bufs.index(slot),
+                    b_bufs.index(slot),
+                    B_KMAJOR,
+                )
+            else:
+                bar = ready.index(slot)
+                mbarrier.expect(bar, A_BOXES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                for i in gl.static_range(A_BOXES):
+                    off_m = pid_m * BLOCK_M + i * a_desc.block_type.shape[0]
+                    tma_load(a_desc, [off_m, k * BLOCK_K], bar, a_bufs.index(slot * A_BOXES + i))
+                if B_KMAJOR:
+                    tma_load(b_desc, [pid_n * BLOCK_N, k * BLOCK_K], bar, b_bufs.index(slot))
+                else:
+                    tma_load(b_desc, [k * BLOCK_K, pid_n * BLOCK_N], bar, b_bufs.index(slot))
             it += 1
 
 

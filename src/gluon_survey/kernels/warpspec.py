@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -50,7 +51,6 @@ from .common import (
     load_partition,
     make_descriptors,
     mbarrier,
-    num_tiles,
     store_tile_sliced,
     tma,
     unsupported_reason,
@@ -60,13 +60,24 @@ from .common import (
 @dataclass(frozen=True)
 class WarpSpecConfig(GemmConfig):
     CONSUMERS: int = 2  # 2: ping-pong, one 4-warp consumer per tile; 1: cooperative, 8 warps per tile
+    # SPLIT (with 2 consumers): the tile is 2 * BLOCK_M tall and each consumer owns one BLOCK_M half;
+    # they share every B stage and never wait for each other's turn.
+    SPLIT: bool = False
+
+    @property
+    def design(self) -> str:
+        return "split" if self.SPLIT else ("ping-pong" if self.CONSUMERS == 2 else "cooperative")
+
+    @property
+    def tile_m(self) -> int:
+        return self.BLOCK_M * (2 if self.SPLIT else 1)
 
     @property
     def label(self) -> str:
-        return super().label + (" ping-pong" if self.CONSUMERS == 2 else " cooperative")
+        return super().label + f" {self.design}"
 
     def table(self) -> dict[str, object]:
-        return super().table() | {"design": "ping-pong" if self.CONSUMERS == 2 else "cooperative"}
+        return super().table() | {"BLOCK_M": self.tile_m, "design": self.design}
 
 
 # Ping-pong: each consumer warpgroup holds a 128x128 fp32 accumulator (128 registers per thread).
@@ -77,26 +88,39 @@ class WarpSpecConfig(GemmConfig):
 PINGPONG = WarpSpecConfig(
     BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=6, num_warps=4, GROUP_M=8, EPILOGUE_N=64, CONSUMERS=2
 )
+# Split: a 256x128 tile, each consumer warpgroup owns a 128x128 half (its A box) and both read the
+# same B stage, so a K step brings 48 KB from L2 for 4.2 MFLOP instead of ping-pong's 64 KB; their
+# epilogues are not staggered by design, but a consumer that finishes first runs on into the next
+# tile's stages while the other stores. 4 x 48 KB + 2 x 16 KB = 224 KB.
+SPLIT = WarpSpecConfig(
+    BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=4, EPILOGUE_N=64, CONSUMERS=2, SPLIT=True
+)
 # Cooperative: two warpgroups split one 128x256 tile, as in `persistent`; 3 x 48 KB + 64 KB = 208 KB.
 COOPERATIVE = WarpSpecConfig(
     BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=8, CONSUMERS=1
 )
 CONFIG = PINGPONG
-# From K = 4096 the epilogue is a small share of a tile and the 128x128 ping-pong tiles lose to
-# 128x256 ones (they load a third more bytes per FLOP from L2 into shared memory). H100, x cuBLAS,
-# fp16/bf16: K = 2048 ping-pong 1.03/1.00, cooperative 1.01/1.00; K = 4096 1.00/0.98 vs 1.02/0.98;
-# K = 16384 0.86/0.89 vs 1.02/1.00.
+# The rule, from steady-state paired measurements on H100 (docs/perf-notes.md, entry 12; x cuBLAS,
+# fp16 / bf16, two rounds): below K = 2048 the epilogue is worth hiding completely (ping-pong
+# 1.01-1.05 at K = 512, split 0.96-1.04, cooperative 0.93-0.94); at K = 2048 split 1.03 / 1.01-1.03,
+# ping-pong 0.99-1.02 / 0.99-1.00, cooperative 1.00 / 0.97-1.02; from K = 4096 the cooperative
+# design's 128x256 tiles (one wgmma n256 per warpgroup, fewest smem reads per FLOP) lead: K = 8192
+# cooperative 1.01-1.02 / 1.02, split 1.01 / 0.99, ping-pong 0.90-0.97 / 0.96.
+SPLIT_FROM_K = 2048
 COOPERATIVE_FROM_K = 4096
 CONSUMER_REGS = 232  # registers per thread of the second consumer warpgroup (the first gets the rest)
 PRODUCER_REGS = 40  # the TMA warp needs only addresses and counters
 
 
 def config_for(K: int) -> WarpSpecConfig:
-    """The documented rule: ping-pong while the epilogue is worth hiding, cooperative after."""
-    return COOPERATIVE if K >= COOPERATIVE_FROM_K else PINGPONG
+    """The documented rule: ping-pong while the epilogue is worth hiding, then the split 256x128
+    tile (less L2 traffic per FLOP), then cooperative 128x256 tiles."""
+    if K >= COOPERATIVE_FROM_K:
+        return COOPERATIVE
+    return SPLIT if K >= SPLIT_FROM_K else PINGPONG
 
 
-__all__ = ["CONFIG", "compile_specs", "prepare", "unsupported_reason", "warpspec_kernel"]
+__all__ = ["CONFIG", "compile_specs", "config_for", "prepare", "unsupported_reason", "warpspec_kernel"]
 
 
 @gluon.jit
@@ -113,14 +137,20 @@ def _consumer(
     K,
     ME: gl.constexpr,
     CONSUMERS: gl.constexpr,
+    SPLIT: gl.constexpr,
 ):
     """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program. With two, they
-    alternate on the tensor cores through the `turns` barriers; alone, it never waits for a turn."""
+    alternate on the tensor cores through the `turns` barriers; alone, it never waits for a turn.
+    SPLIT: every tile, its ME-th BLOCK_M half (A box ME of each stage), no turns."""
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_N: gl.constexpr = b_bufs.shape[1] if B_KMAJOR else b_bufs.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
-    STAGES: gl.constexpr = a_bufs.shape[0]
-    num_pid_m = gl.cdiv(c_desc.shape[0], BLOCK_M)
+    STAGES: gl.constexpr = b_bufs.shape[0]
+    A_BOXES: gl.constexpr = 2 if SPLIT else 1
+    PINGPONG: gl.constexpr = CONSUMERS == 2 and not SPLIT
+    FIRST: gl.constexpr = 0 if SPLIT else ME
+    STEP: gl.constexpr = 1 if SPLIT else CONSUMERS
+    num_pid_m = gl.cdiv(c_desc.shape[0], BLOCK_M * A_BOXES)
     num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
     my_turn = turns.index(ME)
@@ -128,8 +158,8 @@ def _consumer(
     EPILOGUE_BUFFERS: gl.constexpr = c_bufs.shape[0] // CONSUMERS  # this consumer's: from ME * that
 
     mma = WGMMA.initialize(c_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
-    for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), CONSUMERS):
-        if CONSUMERS == 2:
+    for t in range(FIRST, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), STEP):
+        if PINGPONG:
             # Consumer 0 goes first (a fresh barrier passes the parity-1 wait), then they alternate.
             n = t // CONSUMERS  # tiles this consumer has done before this one
             mbarrier.wait(my_turn, (n & 1) ^ (1 - ME))
@@ -137,19 +167,21 @@ def _consumer(
         for k in range(k_steps):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
+            a = a_bufs.index(slot * A_BOXES + (ME if SPLIT else 0))
+            mma = mma.issue(a, b_operand(b_bufs.index(slot), B_KMAJOR))
             mma = mma.wait(1)  # MMA it-1 is retired: its stage can be refilled
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
             it += 1
-        if CONSUMERS == 2:
+        if PINGPONG:
             mbarrier.arrive(their_turn)  # this tile's MMAs are all issued: the other consumer may go
         acc, mma = mma.take_result()
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
 
         tile = gl.program_id(0) + t * gl.num_programs(0)
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M * A_BOXES + (ME * BLOCK_M if SPLIT else 0)
         store_tile_sliced(
-            c_desc, c_bufs, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, EPILOGUE_BUFFERS, ME * EPILOGUE_BUFFERS
+            c_desc, c_bufs, acc, off_m, pid_n * BLOCK_N, EPILOGUE_BUFFERS, ME * EPILOGUE_BUFFERS
         )
     tma.store_wait(0)
 
@@ -166,9 +198,11 @@ def warpspec_kernel(
     EPILOGUE_BUFFERS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
+    SPLIT: gl.constexpr = False,
 ):
     dtype: gl.constexpr = a_desc.dtype
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    A_BOXES: gl.constexpr = 2 if SPLIT else 1
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * A_BOXES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_shape: gl.constexpr = [CONSUMERS * EPILOGUE_BUFFERS] + c_desc.block_type.shape
     c_bufs = gl.allocate_shared_memory(dtype, c_shape, c_desc.layout)
@@ -176,7 +210,7 @@ def warpspec_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
-    init_barriers(empty, STAGES)
+    init_barriers(empty, STAGES, A_BOXES)  # SPLIT: a stage is free once both consumers are done
     init_barriers(turns, CONSUMERS)
 
     K = a_desc.shape[1]
@@ -186,13 +220,13 @@ def warpspec_kernel(
             [
                 (
                     _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2),
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2, SPLIT),
                 ),
                 (
                     _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2),
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2, SPLIT),
                 ),
-                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
+                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, A_BOXES)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -202,7 +236,7 @@ def warpspec_kernel(
             [
                 (
                     _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 1),
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 1, False),
                 ),
                 (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
@@ -220,6 +254,7 @@ def _constexprs(kmajor: bool, cfg: WarpSpecConfig) -> dict[str, object]:
         "EPILOGUE_BUFFERS": cfg.EPILOGUE_BUFFERS,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
+        "SPLIT": cfg.SPLIT,
     }
 
 
@@ -234,7 +269,7 @@ def prepare(a, b, out, cfg: WarpSpecConfig | None = None) -> Launch:
     cfg = cfg or config_for(a.shape[1])
     a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
     M, N = out.shape
-    grid = (min(sm_count(a.device), num_tiles(M, N, cfg)),)
+    grid = (min(sm_count(a.device), triton.cdiv(M, cfg.tile_m) * triton.cdiv(N, cfg.BLOCK_N)),)
     kw = _constexprs(kmajor, cfg)
 
     def fn():
@@ -259,6 +294,6 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
             _constexprs(kmajor, cfg),
             {"num_warps": cfg.num_warps},
         )
-        for cfg in (PINGPONG, COOPERATIVE)
+        for cfg in (PINGPONG, SPLIT, COOPERATIVE)
         for kmajor in (False, True)
     ]
