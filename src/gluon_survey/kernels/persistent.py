@@ -12,9 +12,9 @@ buffers (`store_tile_sliced`) instead of one 64 KB tile, which leaves room for a
 Programs take tiles pid, pid + P, pid + 2P, ... (P = number of SMs) mapped through the grouped
 order, so the P tiles in flight at once share A rows and B columns in L2.
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit f42b75b, x cuBLAS, fp16 / bf16):
-0.98 / 0.97 at K = 512, 0.91 / 0.97 at 1024, 0.99-1.04 from K = 2048 (a second run: 0.94-1.02);
-geomean 0.99 / 1.00.
+Measured on H100 80GB HBM3 (results/h100-ladder/, commit afb4ccb, steady-state clocks, x cuBLAS
+timed alongside, fp16 / bf16): 1.04 / 0.98 at K = 512, 0.92 / 0.95 at 1024, 0.98-1.01 from
+K = 2048 (a second run: 0.96-1.01); geomean 0.98 / 0.98.
 """
 
 from __future__ import annotations

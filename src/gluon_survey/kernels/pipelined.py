@@ -9,8 +9,9 @@ k+STAGES-1. So STAGES-1 loads are in flight behind every MMA.
 Slot and phase come from one counter: slot = k % STAGES, phase = (k // STAGES) & 1 (a fresh
 mbarrier is in phase 0, and each completed fill flips it).
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit f42b75b, x cuBLAS, fp16 / bf16):
-0.83 / 0.87 at K = 512, 0.88 / 0.91 at 1024, 0.96-1.03 from K = 2048; geomean 0.94 / 0.97.
+Measured on H100 80GB HBM3 (results/h100-ladder/, commit afb4ccb, steady-state clocks, x cuBLAS
+timed alongside, fp16 / bf16): 0.82 / 0.81 at K = 512, 0.92 / 0.88 at 1024, 0.96-1.01 from
+K = 2048; geomean 0.95 / 0.94.
 """
 
 from __future__ import annotations

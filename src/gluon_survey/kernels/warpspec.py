@@ -27,9 +27,14 @@ The turn hand-off is also what makes the ring's phase bookkeeping safe: a consum
 on `ready` barriers only once the other one has waited on all of its own, so a barrier is never
 two fills behind the phase a consumer waits for.
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit f42b75b, x cuBLAS, fp16 / bf16):
-1.00 / 1.06 at K = 512 (best of the ladder), 0.97 / 1.01 at 1024, 1.01-1.04 at 2048, 4096 and
-16384, 0.99 / 0.98 at 8192 (1.02 / 1.02 in a second run); geomean 1.01 / 1.03.
+Between K = 2048 and 4096 a third design, split, wins: the two consumers own the two 128-row
+halves of one 256x128 tile and read the same B stage (less L2 traffic per FLOP than ping-pong,
+cuBLAS's tile shape without its cluster multicast); `config_for` picks the design from K.
+
+Measured on H100 80GB HBM3 (results/h100-ladder/, commit afb4ccb, steady-state clocks, x cuBLAS
+timed alongside, fp16 / bf16): 1.06 / 1.00 at K = 512 (best of the ladder), 1.02 / 1.10 at 1024
+(0.97 / 0.98 in a second run), 1.01 / 1.04 at 2048, 1.00 / 0.996 at 4096, 1.01-1.03 at 8192 and
+16384; geomean 1.02 / 1.03.
 """
 
 from __future__ import annotations
