@@ -13,8 +13,12 @@ TASK = {"M": 48, "N": 40, "K": 72, "dtype": "fp16", "b_layout": "t"}
 SETTINGS = {"seed": 0, "warmup_ms": 1.0, "min_ms": 2.0, "min_iters": 5, "max_iters": 50}
 
 
-def cpu(prepare, unsupported=None):
-    return Provider("cpu", prepare, WallClock(), unsupported, l2_bytes=0, memory_budget=lambda: 1 << 30)
+def cpu(prepare, unsupported=None, l2_bytes=0, **fields):
+    return Provider("cpu", prepare, WallClock(), unsupported, l2_bytes, lambda: 1 << 30, **fields)
+
+
+def matmul(a, b, out):
+    return Launch(lambda: torch.matmul(a, b, out=out))
 
 
 def _measure(prepare):
@@ -113,7 +117,7 @@ def test_paired_baseline_is_timed_around_the_mode_on_the_same_inputs():
         launches.append((a, b, out))
         return Launch(lambda: torch.matmul(a, b, out=out))
 
-    provider = Provider("cpu", prepare, WallClock(), None, 0, lambda: 1 << 30, baseline=baseline)
+    provider = cpu(prepare, baseline=baseline)
     row = measure(provider, TASK, SETTINGS | {"paired": True}, lambda _: None)
     assert row["status"] == "OK" and row["cublas_ms"] > 0 and math.isfinite(row["cublas_drift"])
     # the same A and B as the mode's timed sets, but outputs of its own: the mode's stay poisoned
@@ -130,11 +134,8 @@ def test_paired_baseline_cannot_hide_an_unwritten_output():
         prepare.done = True
         return Launch(lambda: torch.matmul(a, b, out=out) if first else None)
 
-    def baseline(a, b, out):
-        return Launch(lambda: torch.matmul(a, b, out=out))
-
     # a large L2 makes the worker rotate several input sets
-    provider = Provider("cpu", prepare, WallClock(), None, 10 << 20, lambda: 1 << 30, baseline=baseline)
+    provider = cpu(prepare, l2_bytes=10 << 20, baseline=matmul)
     row = measure(provider, TASK, SETTINGS | {"paired": True}, lambda _: None)
     assert row["status"] == "FAILED" and "NaN/inf values in rotated outputs" in row["error"]
 
@@ -150,15 +151,7 @@ def test_telemetry_result_goes_into_the_row():
         def result(self):
             return {"sm_clock_mhz": 1500.0, "power_w": 650.0}
 
-    provider = Provider(
-        "cpu",
-        lambda a, b, out: Launch(lambda: torch.matmul(a, b, out=out)),
-        WallClock(),
-        None,
-        0,
-        lambda: 1 << 30,
-        telemetry=Fake,
-    )
+    provider = cpu(matmul, telemetry=Fake)
     row = measure(provider, TASK, SETTINGS, lambda _: None)
     assert row["sm_clock_mhz"] == 1500.0 and row["power_w"] == 650.0
 
@@ -174,15 +167,7 @@ def test_only_a_cells_first_timing_gets_the_long_warm_up(monkeypatch):
         return real(make_run, n_copies, warmup_ms=0, **kw)
 
     monkeypatch.setattr(timing, "time_fn", spy)
-    provider = Provider(
-        "cpu",
-        lambda a, b, out: Launch(lambda: torch.matmul(a, b, out=out)),
-        WallClock(),
-        None,
-        0,
-        lambda: 1 << 30,
-        baseline=lambda a, b, out: Launch(lambda: torch.matmul(a, b, out=out)),
-    )
+    provider = cpu(matmul, baseline=matmul)
     settings = SETTINGS | {"warmup_ms": 1000.0, "rewarm_ms": 200.0, "paired": True}
     assert measure(provider, TASK, settings, lambda _: None)["status"] == "OK"
     assert warmups == [1000.0, 200.0, 200.0]  # cuBLAS before, the mode, cuBLAS after
