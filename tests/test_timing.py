@@ -81,11 +81,38 @@ def test_time_fn_rotates_sets_and_syncs_only_outside_the_loop():
     clock, log = FakeClock(), []
     durations = [1.0, 2.0, 3.0]
     t = time_fn(_runs(clock, durations, log), 3, warmup_ms=10, min_ms=30, min_iters=5, clock=clock)
-    # estimate: one pass (3 calls, 2 ms each on average); warm-up ceil(10 / 2) = 5 calls;
-    # timed ceil(30 / 2) = 15 iterations, all in rotation.
-    assert log == [i % 3 for i in range(3)] + [i % 3 for i in range(5)] + [i % 3 for i in range(15)]
+    # one untimed pass; warm-up chunks of whole passes: 6 ms, then ceil(4 / 6) = 1 more pass
+    # (12 ms >= 10); estimate 2 ms per call, so ceil(30 / 2) = 15 timed iterations in rotation.
+    assert log == [0, 1, 2] * 3 + [i % 3 for i in range(15)]
     assert t.n == 15 and t.min_ms == 1.0 and t.median_ms == 2.0
-    assert clock.syncs == 2  # after the estimate and after the timed loop
+    assert clock.syncs == 4  # after the first pass, after each warm-up chunk, after the timed loop
+
+
+def test_slow_first_call_does_not_shorten_the_warm_up():
+    """A first call that takes far longer than the rest (a library's lazy set-up) must neither cut
+    the warm-up short nor size the timed loop: both follow the steady per-call time."""
+    clock, log, first = FakeClock(), [], [True]
+
+    def make_run(i):
+        def run():
+            log.append(i)
+            clock.now += 500.0 if first[0] else 1.0
+            first[0] = False
+
+        return run
+
+    t = time_fn(make_run, 2, warmup_ms=100, min_ms=40, min_iters=5, clock=clock)
+    warm_calls = len(log) - 2 - t.n
+    assert warm_calls >= 100  # >= 100 ms of 1 ms calls, not the single call a 250 ms estimate allows
+    assert warm_calls <= 100 + 2  # and at most one pass more than asked
+    assert t.n == 40 and t.median_ms == 1.0
+
+
+def test_warm_up_runs_in_bounded_chunks():
+    clock = FakeClock()
+    time_fn(_runs(clock, [1.0], []), 1, warmup_ms=1000, min_ms=1, min_iters=1, clock=clock)
+    # 1 first call + chunks of 1, 250, 250, 250, 249 calls + the timed call, a sync after each
+    assert clock.syncs == 1 + 5 + 1
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,12 @@ Method
   together span at least 3x the L2 cache (one set when a single set already does; at most 8 GiB
   of copies). Each GEMM therefore starts with its operands out of L2, as in a model where the
   previous layer touched other data, and no flush kernel runs inside or next to the timed window.
-* **Warm-up to the power-limited steady state.** One call per set estimates the duration; then
-  `warmup_ms` of calls (2 s by default) run before anything is recorded. A large GEMM drives an
+* **Warm-up to the power-limited steady state, by measured time.** One untimed call per set
+  absorbs first-call costs (a library's handle and workspace set-up can take longer than the
+  whole warm-up); then calls run in timed chunks of whole passes over the sets until `warmup_ms`
+  of GPU time (2 s by default) has passed, and the last chunk's mean, taken at the steady clock,
+  sizes the timed loop. (Sizing from the first calls instead once cut a 6 s warm-up to a few
+  milliseconds and timed the boost clock.) A large GEMM drives an
   H100 SXM to its 700 W limit: its SM clock falls from the idle boost (1980 MHz) to about
   1500 MHz within 0.3 s of starting and keeps sinking to 1300-1450 MHz over the next seconds as
   the chip warms, so a short warm-up measures the boost transient and favours whatever ran after
@@ -38,6 +42,7 @@ import numpy as np
 NOISY_SPREAD = 0.05
 L2_FACTOR = 3
 COPIES_BUDGET_BYTES = 8 << 30
+WARMUP_CHUNK_MS = 250.0  # warm-up runs in chunks of about this much GPU time, each one timed
 
 
 def copies_for_cold_l2(bytes_per_set: int, l2_bytes: int, budget_bytes: int = COPIES_BUDGET_BYTES) -> int:
@@ -141,16 +146,26 @@ def time_fn(
     """
     clock = clock or CudaEventClock()
     runs = [make_run(i) for i in range(n_copies)]
-
-    start = clock.mark()
-    for run in runs:
+    for run in runs:  # first calls: lazy set-up, not timed and not used as an estimate
         run()
-    end = clock.mark()
     clock.synchronize()
-    estimate_ms = max(clock.elapsed_ms(start, end) / n_copies, 1e-6)
 
-    for i in range(math.ceil(warmup_ms / estimate_ms)):
-        runs[i % n_copies]()
+    # Warm-up in timed chunks of whole passes (at least one, which also gives the estimate) until
+    # warmup_ms of GPU time has passed; each chunk is sized from the previous one's mean.
+    passes, warmed_ms = 1, 0.0
+    while True:
+        start = clock.mark()
+        for i in range(passes * n_copies):
+            runs[i % n_copies]()
+        end = clock.mark()
+        clock.synchronize()
+        chunk_ms = clock.elapsed_ms(start, end)
+        warmed_ms += chunk_ms
+        estimate_ms = max(chunk_ms / (passes * n_copies), 1e-6)
+        if warmed_ms >= warmup_ms:
+            break
+        wanted_ms = min(warmup_ms - warmed_ms, WARMUP_CHUNK_MS)
+        passes = max(1, math.ceil(wanted_ms / (estimate_ms * n_copies)))
 
     n_iters = min(max(math.ceil(min_ms / estimate_ms), min_iters), max_iters)
     n_iters = max(n_iters, n_copies)

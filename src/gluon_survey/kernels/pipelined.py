@@ -40,7 +40,10 @@ from .common import (
 
 # Triton's Hopper tutorials: 128x256x64, 8 warps (two warpgroups, 128 fp32 accumulator registers
 # per thread), 3 stages of 48 KB + a 64 KB C tile = 208 KB; a 4th stage did not help there.
-CONFIG = GemmConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=8)
+# GROUP_M = 16: the 132 programs resident at once cover 16 x 8.25 tiles (2048 rows x 2112 columns)
+# instead of 8 x 16.5; steady-state pairs on H100 gave +1-3 % over 8 at K = 1024 and 4096
+# (docs/perf-notes.md, entry 13).
+CONFIG = GemmConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=16)
 
 __all__ = ["CONFIG", "compile_specs", "pipelined_kernel", "prepare", "unsupported_reason"]
 
