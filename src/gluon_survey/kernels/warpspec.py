@@ -31,10 +31,10 @@ Between K = 2048 and 4096 a third design, split, wins: the two consumers own the
 halves of one 256x128 tile and read the same B stage (less L2 traffic per FLOP than ping-pong,
 cuBLAS's tile shape without its cluster multicast); `config_for` picks the design from K.
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit afb4ccb, steady-state clocks, x cuBLAS
-timed alongside, fp16 / bf16): 1.06 / 1.00 at K = 512 (best of the ladder), 1.02 / 1.10 at 1024
-(0.97 / 0.98 in a second run), 1.01 / 1.04 at 2048, 1.00 / 0.996 at 4096, 1.01-1.03 at 8192 and
-16384; geomean 1.02 / 1.03.
+Measured on H100 80GB HBM3 (results/h100-ladder/, commit fd2da58, steady-state clocks, x cuBLAS
+timed alongside, fp16 / bf16): 1.07 / 1.06 at K = 512 (best of the ladder), 1.01 / 1.000 at 1024,
+1.02 / 1.04 at 2048, 1.01 / 0.996 at 4096, 1.004-1.03 at 8192 and 16384; geomean 1.02 / 1.02.
+A second run: 0.985 (bf16, K = 4096) to 1.08.
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ SPLIT = WarpSpecConfig(
 COOPERATIVE = WarpSpecConfig(
     BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=8, CONSUMERS=1
 )
+# GROUP_M stays 8 here: 16, which persistent gains from, cost ping-pong 3-18 % and gave the
+# cooperative design nothing; 4 cost cooperative 1.5-3.5 % (H100, docs/perf-notes.md, entry 13).
 CONFIG = PINGPONG
 # The rule, from steady-state paired measurements on H100 (docs/perf-notes.md, entry 12; x cuBLAS,
 # fp16 / bf16, two rounds): below K = 2048 the epilogue is worth hiding completely (ping-pong
