@@ -45,7 +45,7 @@ from .common import (
 # 64 KB tile leaves room for only 3 stages of 48 KB. C leaves in four 128x64 slices through two
 # 16 KB buffers instead, so a 4th stage fits: 4 x 48 KB + 32 KB = 224 KB (measured: +3-6 % at
 # K = 512, -1.5 to +2 % at large K, on H100). GROUP_M = 16 makes the 132 tiles in flight 2048 rows
-# x 2112 columns instead of 1024 x 4224: steady-state pairs on H100 gave +2-8 % over 8 at
+# x 2112 columns instead of 1024 x 4224: steady-state pairs on H100 gave +2-9 % over 8 at
 # K = 1024-2048 and about +1 % from 4096; 32 was no better than 16 (docs/perf-notes.md, entry 13).
 CONFIG = GemmConfig(
     BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=4, num_warps=8, GROUP_M=16, EPILOGUE_N=64, EPILOGUE_BUFFERS=2
