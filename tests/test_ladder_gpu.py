@@ -90,6 +90,7 @@ def test_rung_reuses_launch_on_fresh_inputs(rung):
 # (so the hand-over between a program's tiles runs), including one K step per tile and a K tail.
 DESIGNS = {
     "persistent": lambda: persistent.CONFIG,
+    "persistent-deferred": lambda: persistent.DEFERRED,
     "warpspec-pingpong": lambda: warpspec.PINGPONG,
     "warpspec-split": lambda: warpspec.SPLIT,
     "warpspec-cooperative": lambda: warpspec.COOPERATIVE,
@@ -106,7 +107,7 @@ SHAPES = [(3000, 5000, 264), (1500, 2904, 40), (2048, 4096, 1000), (100, 5000, 2
 def test_design_hands_over_between_tiles(design, shape, b_layout):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("Hopper designs")
-    module = persistent if design == "persistent" else warpspec
+    module = persistent if design.startswith("persistent") else warpspec
     a, b = _inputs(*shape, torch.float16, b_layout, seed=7)
     out = torch.full(shape[:2], float("nan"), dtype=torch.float16, device="cuda")
     module.prepare(a, b, out, DESIGNS[design]()).fn()

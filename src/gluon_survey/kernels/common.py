@@ -49,6 +49,13 @@ class GemmConfig:
     # (0: the whole tile at once), cycling through EPILOGUE_BUFFERS buffers of that size.
     EPILOGUE_N: int = 0
     EPILOGUE_BUFFERS: int = 1
+    # Deferred epilogue (persistent kernels): the whole C tile is staged in shared memory, one buffer
+    # per slice, and its slices' TMA stores are issued during the next tile's first K steps.
+    DEFER_STORE: bool = False
+
+    def __post_init__(self):
+        if self.DEFER_STORE and self.EPILOGUE_BUFFERS * self.epilogue_n != self.BLOCK_N:
+            raise ValueError("DEFER_STORE stages whole tiles: EPILOGUE_BUFFERS * EPILOGUE_N must be BLOCK_N")
 
     @property
     def epilogue_n(self) -> int:
@@ -57,17 +64,20 @@ class GemmConfig:
     @property
     def label(self) -> str:
         sliced = f" C{self.BLOCK_M}x{self.epilogue_n}x{self.EPILOGUE_BUFFERS}" if self.EPILOGUE_N else ""
+        sliced += " deferred" if self.DEFER_STORE else ""
         return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps}{sliced}"
 
     def table(self) -> dict[str, object]:
-        return {
+        table: dict[str, object] = {
             "BLOCK_M": self.BLOCK_M,
             "BLOCK_N": self.BLOCK_N,
             "BLOCK_K": self.BLOCK_K,
             "stages": self.STAGES,
             "warps": self.num_warps,
             "group_m": self.GROUP_M,
-        } | ({"epilogue_n": self.EPILOGUE_N} if self.EPILOGUE_N else {})
+        }
+        extra = {"epilogue_n": self.EPILOGUE_N} if self.EPILOGUE_N else {}
+        return table | extra | ({"epilogue": "deferred"} if self.DEFER_STORE else {})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,6 +306,57 @@ def store_tile_sliced(
         store_tile_sliced(c_desc, c_bufs, right, off_m, off_n + HALF, BUFFERS, BASE, FIRST + HALF // SLICE_N)
 
 
+# Deferred epilogue. A synchronous C store costs a persistent program ~2000 clocks per 128x256 tile on
+# H100 (64 KB leave the SM at ~32 B/clock) with the tensor cores idle; one 64 KB TMA store issued at
+# the start of the next tile instead stretches that tile's first K steps as much, because it competes
+# with the ring's loads. Staged whole and stored one 16 KB slice every few K steps, it overlaps the
+# MMAs (docs/perf-notes.md, entry 15).
+
+
+@gluon.jit
+def stage_tile(c_bufs, c, FIRST: gl.constexpr = 0):
+    """Deferred epilogue, at the end of a tile: c [BM, BN] -> output dtype -> shared memory, column
+    slice i (c_bufs' width) into c_bufs[FIRST + i]. The caller fences before any TMA store reads it."""
+    BLOCK_M: gl.constexpr = c.shape[0]
+    WIDTH: gl.constexpr = c.shape[1]
+    SLICE_N: gl.constexpr = c_bufs.shape[2]
+    if WIDTH == SLICE_N:
+        c_bufs.index(FIRST).store(c.to(c_bufs.dtype))
+    else:
+        left, right = c.reshape([BLOCK_M, 2, WIDTH // 2]).permute(0, 2, 1).split()
+        stage_tile(c_bufs, left, FIRST)
+        stage_tile(c_bufs, right, FIRST + WIDTH // 2 // SLICE_N)
+
+
+@gluon.jit
+def deferred_store_spacing(k_steps):
+    """log2 of the K steps between two deferred slice stores: 4 steps apart when a tile has 16 or
+    more (measured best on H100 at K = 4096: 1 step apart stretches the loop more), 2 or 1 below."""
+    return (k_steps >= 16).to(gl.int32) + (k_steps >= 8).to(gl.int32)
+
+
+@gluon.jit
+def store_staged_slice(c_desc, c_bufs, off_m, off_n, k, spacing, pending):
+    """Called at K step k of a tile: every 2**spacing steps, TMA-store the next staged slice of the
+    previous tile (at off_m, off_n), while there is one (`pending`: a previous tile exists)."""
+    SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
+    SLICES: gl.constexpr = c_bufs.shape[0]
+    s = k >> spacing
+    if pending & (s < SLICES) & ((s << spacing) == k):
+        tma_store(c_desc, [off_m, off_n + s * SLICE_N], c_bufs.index(s))
+
+
+@gluon.jit
+def store_staged_rest(c_desc, c_bufs, off_m, off_n, k_steps, spacing, pending):
+    """Store the staged slices that a K loop of k_steps steps did not reach: after a short tile, or
+    (k_steps = 0) all of the program's last tile."""
+    SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
+    SLICES: gl.constexpr = c_bufs.shape[0]
+    for i in gl.static_range(SLICES):
+        if pending & ((gl.to_tensor(i) << spacing) >= k_steps):
+            tma_store(c_desc, [off_m, off_n + i * SLICE_N], c_bufs.index(i))
+
+
 @gluon.jit
 def init_barriers(bars, COUNT: gl.constexpr, ARRIVALS: gl.constexpr = 1):
     for i in gl.static_range(COUNT):
@@ -362,6 +423,7 @@ __all__ = [
     "GemmConfig",
     "b_is_kmajor",
     "b_operand",
+    "deferred_store_spacing",
     "desc_signature",
     "fence_async_shared",
     "gemm_signature",
@@ -375,7 +437,10 @@ __all__ = [
     "num_tiles",
     "rung_config",
     "select_mma",
+    "stage_tile",
     "store_slice",
+    "store_staged_rest",
+    "store_staged_slice",
     "store_tile",
     "store_tile_sliced",
     "tma",

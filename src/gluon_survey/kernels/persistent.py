@@ -19,6 +19,8 @@ K = 2048, i.e. parity with cuBLAS, not a lead (a second run: 0.98-1.01); geomean
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -26,6 +28,8 @@ from ..registry import CompileSpec, Launch
 from .common import (
     GemmConfig,
     b_operand,
+    deferred_store_spacing,
+    fence_async_shared,
     gemm_signature,
     grouped_tile,
     init_barriers,
@@ -36,22 +40,45 @@ from .common import (
     num_tiles,
     rung_config,
     select_mma,
+    stage_tile,
+    store_staged_rest,
+    store_staged_slice,
     store_tile_sliced,
     tma,
     unsupported_reason,
 )
 
 # The C tile must stay allocated beside the ring (its store overlaps the next tile), and a whole
-# 64 KB tile leaves room for only 3 stages of 48 KB. C leaves in four 128x64 slices through two
-# 16 KB buffers instead, so a 4th stage fits: 4 x 48 KB + 32 KB = 224 KB (measured: +3-6 % at
-# K = 512, -1.5 to +2 % at large K, on H100). GROUP_M = 16 makes the 132 tiles in flight 2048 rows
-# x 2112 columns instead of 1024 x 4224: steady-state pairs on H100 gave +2-9 % over 8 at
-# K = 1024-2048 and about +1 % from 4096; 32 was no better than 16 (docs/perf-notes.md, entry 13).
+# 64 KB tile leaves room for only 3 stages of 48 KB. Below K = 1024, C leaves in four 128x64 slices
+# through two 16 KB buffers instead, so a 4th stage fits: 4 x 48 KB + 32 KB = 224 KB (with 8 K steps
+# per tile the 4th stage matters most). GROUP_M = 16 makes the 132 tiles in flight 2048 rows x 2112
+# columns instead of 1024 x 4224: steady-state pairs on H100 gave +2-9 % over 8 at K = 1024-2048 and
+# about +1 % from 4096; 32 was no better than 16 (docs/perf-notes.md, entry 13).
 CONFIG = GemmConfig(
     BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=4, num_warps=8, GROUP_M=16, EPILOGUE_N=64, EPILOGUE_BUFFERS=2
 )
+# From K = 1024 the whole C tile is staged (3 x 48 KB + 64 KB = 208 KB) and its four slices are
+# stored during the next tile's first K steps (`DEFER_STORE`): steady-state pairs on H100, x cuBLAS,
+# 3 stages deferred vs 4 stages sliced: K = 512 0.95-0.96 vs 0.97-1.01; K = 1024 0.98-0.995 vs
+# 0.97-0.98; K = 2048 1.03-1.06 vs 1.00-1.02; K = 4096-8192 1.01-1.03 vs 1.00-1.02 (entry 15).
+DEFERRED = replace(CONFIG, STAGES=3, EPILOGUE_BUFFERS=4, DEFER_STORE=True)
+DEFERRED_FROM_K = 1024
 
-__all__ = ["CONFIG", "compile_specs", "persistent_kernel", "prepare", "unsupported_reason"]
+
+def config_for(K: int) -> GemmConfig:
+    """The documented rule: a 4th stage while tiles are short, the deferred epilogue from K = 1024."""
+    return DEFERRED if K >= DEFERRED_FROM_K else CONFIG
+
+
+__all__ = [
+    "CONFIG",
+    "DEFERRED",
+    "compile_specs",
+    "config_for",
+    "persistent_kernel",
+    "prepare",
+    "unsupported_reason",
+]
 
 
 @gluon.jit
@@ -116,6 +143,7 @@ def persistent_kernel(
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     EPILOGUE_BUFFERS: gl.constexpr,
+    DEFER_STORE: gl.constexpr = False,
 ):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
@@ -140,11 +168,15 @@ def persistent_kernel(
 
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
     it = 0  # consumer counter, over all of this program's K steps
+    spacing = deferred_store_spacing(k_steps)
+    prev_m, prev_n = off_m, off_n  # DEFER_STORE: where the staged tile goes (none before the first)
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        for _k in range(k_steps):
+        for k in range(k_steps):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
+            if DEFER_STORE:  # the previous tile's C leaves while this tile's MMAs run
+                store_staged_slice(c_desc, c_bufs, prev_m, prev_n, k, spacing, tile != gl.program_id(0))
             mma = mma.wait(1)
             # The freed slot gets the producer's next load, which may already be the next tile's.
             p = _next_load(
@@ -153,7 +185,16 @@ def persistent_kernel(
             it += 1
         acc, mma = mma.take_result()
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
-        store_tile_sliced(c_desc, c_bufs, acc, off_m, off_n, EPILOGUE_BUFFERS)
+        if DEFER_STORE:
+            store_staged_rest(c_desc, c_bufs, prev_m, prev_n, k_steps, spacing, tile != gl.program_id(0))
+            tma.store_wait(0)  # the previous tile has left the staging buffers
+            stage_tile(c_bufs, acc)
+            fence_async_shared()
+            prev_m, prev_n = off_m, off_n
+        else:
+            store_tile_sliced(c_desc, c_bufs, acc, off_m, off_n, EPILOGUE_BUFFERS)
+    if DEFER_STORE:
+        store_staged_rest(c_desc, c_bufs, prev_m, prev_n, 0, spacing, True)
     tma.store_wait(0)
     invalidate_barriers(ready, STAGES)
 
@@ -163,7 +204,7 @@ def prepare(a, b, out, cfg: GemmConfig | None = None) -> Launch:
 
     cap = capability_of(a.device)
     mma = select_mma(cap)
-    cfg = cfg or rung_config("persistent", cap, CONFIG)
+    cfg = cfg or rung_config("persistent", cap, config_for(a.shape[1]))
     a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
     M, N = out.shape
     grid = (min(sm_count(a.device), num_tiles(M, N, cfg)),)
@@ -178,6 +219,7 @@ def prepare(a, b, out, cfg: GemmConfig | None = None) -> Launch:
             cfg.GROUP_M,
             cfg.STAGES,
             cfg.EPILOGUE_BUFFERS,
+            cfg.DEFER_STORE,
             num_warps=cfg.num_warps,
         )
 
@@ -188,16 +230,23 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
     if unsupported_reason(capability):
         return []
     mma = select_mma(capability)
-    cfg = rung_config("persistent", capability, CONFIG)
-    names = ("MMA", "B_KMAJOR", "GROUP_M", "STAGES", "EPILOGUE_BUFFERS")
+    configs = dict.fromkeys(rung_config("persistent", capability, c) for c in (CONFIG, DEFERRED))
+    names = ("MMA", "B_KMAJOR", "GROUP_M", "STAGES", "EPILOGUE_BUFFERS", "DEFER_STORE")
     return [
         CompileSpec(
             "persistent",
             f"persistent_kernel {cfg.label} B{'t' if kmajor else 'row'}",
             persistent_kernel,
             gemm_signature(cfg, dtype, kmajor) | dict.fromkeys(names, "constexpr"),
-            dict(zip(names, (mma, kmajor, cfg.GROUP_M, cfg.STAGES, cfg.EPILOGUE_BUFFERS), strict=True)),
+            dict(
+                zip(
+                    names,
+                    (mma, kmajor, cfg.GROUP_M, cfg.STAGES, cfg.EPILOGUE_BUFFERS, cfg.DEFER_STORE),
+                    strict=True,
+                )
+            ),
             {"num_warps": cfg.num_warps},
         )
+        for cfg in configs
         for kmajor in (False, True)
     ]

@@ -15,9 +15,11 @@ one program (`gl.warp_specialize`):
   Since that epilogue is off the critical path, each consumer stages its C in slices through one
   small buffer, and the shared memory saved becomes a 6th ring stage.
 
-From K = 4096 (`config_for`) one cooperative 8-warp consumer on 128x256 tiles replaces the pair:
+From K = 2048 (`config_for`) one cooperative 8-warp consumer on 128x256 tiles replaces the pair:
 there the epilogue is a small share of a tile, and 128x128 tiles lose by loading a third more
-bytes per FLOP into shared memory.
+bytes per FLOP into shared memory. What is left of its epilogue is hidden another way: the C tile
+is staged whole in shared memory and its four slices are stored during the next tile's first K
+steps (`DEFER_STORE`, shared with `persistent`), not all at once.
 
 This design is Hopper's (accumulators in registers, one per consumer warpgroup), so the kernel
 uses `WGMMA` directly; on sm_100 `prepare` hands over to the Blackwell design in `blackwell.py`
@@ -27,9 +29,9 @@ The turn hand-off is also what makes the ring's phase bookkeeping safe: a consum
 on `ready` barriers only once the other one has waited on all of its own, so a barrier is never
 two fills behind the phase a consumer waits for.
 
-Between K = 2048 and 4096 a third design, split, wins: the two consumers own the two 128-row
-halves of one 256x128 tile and read the same B stage (less L2 traffic per FLOP than ping-pong,
-cuBLAS's tile shape without its cluster multicast); `config_for` picks the design from K.
+A third design, split, stays selectable (`SPLIT`): the two consumers own the two 128-row halves of
+one 256x128 tile and read the same B stage (cuBLAS's tile shape without its cluster multicast). It
+led at K = 2048-4096 until the cooperative design's deferred epilogue overtook it there.
 
 Measured on H100 80GB HBM3 (results/h100-ladder/, commit fd2da58, steady-state clocks, x cuBLAS
 timed alongside, fp16 / bf16): 1.07 / 1.06 at K = 512 (best of the ladder), 1.01 / 1.000 at 1024,
@@ -50,12 +52,17 @@ from .common import (
     WGMMA,
     GemmConfig,
     b_operand,
+    deferred_store_spacing,
+    fence_async_shared,
     gemm_signature,
     grouped_tile,
     init_barriers,
     load_partition,
     make_descriptors,
     mbarrier,
+    stage_tile,
+    store_staged_rest,
+    store_staged_slice,
     store_tile_sliced,
     tma,
     unsupported_reason,
@@ -101,30 +108,39 @@ SPLIT = WarpSpecConfig(
     BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=4, EPILOGUE_N=64, CONSUMERS=2, SPLIT=True
 )
 # Cooperative: two warpgroups split one 128x256 tile, as in `persistent`; 3 x 48 KB + 64 KB = 208 KB.
+# Its C is staged whole and leaves in 128x64 slices during the next tile's first K steps
+# (`DEFER_STORE`): steady-state pairs on H100 gave 1.007-1.034 x cuBLAS at K = 4096-8192 against
+# 0.985-1.028 with the whole tile stored at once (docs/perf-notes.md, entry 15).
 COOPERATIVE = WarpSpecConfig(
-    BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=8, CONSUMERS=1
+    BLOCK_M=128,
+    BLOCK_N=256,
+    BLOCK_K=64,
+    STAGES=3,
+    num_warps=8,
+    GROUP_M=8,
+    EPILOGUE_N=64,
+    EPILOGUE_BUFFERS=4,
+    DEFER_STORE=True,
+    CONSUMERS=1,
 )
 # GROUP_M stays 8 here: 16, which persistent gains from, cost ping-pong 3-18 % and gave the
 # cooperative design nothing; 4 cost cooperative 1.5-3.5 % (H100, docs/perf-notes.md, entry 13).
 CONFIG = PINGPONG
-# The rule, from steady-state paired measurements on H100 (docs/perf-notes.md, entry 12; x cuBLAS,
-# fp16 / bf16, two rounds): below K = 2048 the epilogue is worth hiding completely (ping-pong
-# 1.01-1.05 at K = 512, split 0.96-1.04, cooperative 0.93-0.94); at K = 2048 split 1.03 / 1.01-1.03,
-# ping-pong 0.99-1.02 / 0.99-1.00, cooperative 1.00 / 0.97-1.02; from K = 4096 the cooperative
-# design's 128x256 tiles (one wgmma n256 per warpgroup, fewest smem reads per FLOP) lead: K = 8192
-# cooperative 1.01-1.02 / 1.02, split 1.01 / 0.99, ping-pong 0.90-0.97 / 0.96.
-SPLIT_FROM_K = 2048
-COOPERATIVE_FROM_K = 4096
+# The rule, from steady-state paired measurements on H100 (docs/perf-notes.md, entries 12 and 15;
+# x cuBLAS, fp16 / bf16, two rounds): below K = 2048 the epilogue is worth hiding completely
+# (ping-pong 1.01-1.05 at K = 512, split 0.96-1.04, cooperative 0.93-0.94); from K = 2048 the
+# cooperative design's 128x256 tiles (one wgmma n256 per warpgroup, fewest smem reads per FLOP)
+# with the deferred epilogue lead: K = 2048 1.015-1.019 / 1.026-1.047 against split's
+# 0.996-1.024 / 1.020-1.038; K = 8192 1.026-1.034 against ping-pong's 0.90-0.97.
+COOPERATIVE_FROM_K = 2048
 CONSUMER_REGS = 232  # registers per thread of the second consumer warpgroup (the first gets the rest)
 PRODUCER_REGS = 40  # the TMA warp needs only addresses and counters
 
 
 def config_for(K: int) -> WarpSpecConfig:
-    """The documented rule: ping-pong while the epilogue is worth hiding, then the split 256x128
-    tile (less L2 traffic per FLOP), then cooperative 128x256 tiles."""
-    if K >= COOPERATIVE_FROM_K:
-        return COOPERATIVE
-    return SPLIT if K >= SPLIT_FROM_K else PINGPONG
+    """The documented rule: ping-pong while the epilogue is worth hiding completely, cooperative
+    128x256 tiles with the deferred epilogue from K = 2048."""
+    return COOPERATIVE if K >= COOPERATIVE_FROM_K else PINGPONG
 
 
 __all__ = ["CONFIG", "compile_specs", "config_for", "prepare", "unsupported_reason", "warpspec_kernel"]
@@ -145,10 +161,12 @@ def _consumer(
     ME: gl.constexpr,
     CONSUMERS: gl.constexpr,
     SPLIT: gl.constexpr,
+    DEFER_STORE: gl.constexpr = False,
 ):
     """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program. With two, they
     alternate on the tensor cores through the `turns` barriers; alone, it never waits for a turn.
-    SPLIT: every tile, its ME-th BLOCK_M half (A box ME of each stage), no turns."""
+    SPLIT: every tile, its ME-th BLOCK_M half (A box ME of each stage), no turns.
+    DEFER_STORE (one consumer): a tile's C is staged whole and stored during the next tile's loop."""
     BLOCK_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_N: gl.constexpr = b_bufs.shape[1] if B_KMAJOR else b_bufs.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
@@ -165,6 +183,9 @@ def _consumer(
     EPILOGUE_BUFFERS: gl.constexpr = c_bufs.shape[0] // CONSUMERS  # this consumer's: from ME * that
 
     mma = WGMMA.initialize(c_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
+    spacing = deferred_store_spacing(k_steps)
+    prev_m = gl.program_id(0) * 0  # DEFER_STORE: where the staged tile goes (none before the first)
+    prev_n = prev_m
     for t in range(FIRST, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), STEP):
         if PINGPONG:
             # Consumer 0 goes first (a fresh barrier passes the parity-1 wait), then they alternate.
@@ -176,6 +197,8 @@ def _consumer(
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
             a = a_bufs.index(slot * A_BOXES + (ME if SPLIT else 0))
             mma = mma.issue(a, b_operand(b_bufs.index(slot), B_KMAJOR))
+            if DEFER_STORE:  # the previous tile's C leaves while this tile's MMAs run
+                store_staged_slice(c_desc, c_bufs, prev_m, prev_n, k, spacing, t > FIRST)
             mma = mma.wait(1)  # MMA it-1 is retired: its stage can be refilled
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
             it += 1
@@ -187,9 +210,19 @@ def _consumer(
         tile = gl.program_id(0) + t * gl.num_programs(0)
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M * A_BOXES + (ME * BLOCK_M if SPLIT else 0)
-        store_tile_sliced(
-            c_desc, c_bufs, acc, off_m, pid_n * BLOCK_N, EPILOGUE_BUFFERS, ME * EPILOGUE_BUFFERS
-        )
+        if DEFER_STORE:
+            store_staged_rest(c_desc, c_bufs, prev_m, prev_n, k_steps, spacing, t > FIRST)
+            tma.store_wait(0)  # the previous tile has left the staging buffers
+            stage_tile(c_bufs, acc)
+            fence_async_shared()
+            prev_m = off_m
+            prev_n = pid_n * BLOCK_N
+        else:
+            store_tile_sliced(
+                c_desc, c_bufs, acc, off_m, pid_n * BLOCK_N, EPILOGUE_BUFFERS, ME * EPILOGUE_BUFFERS
+            )
+    if DEFER_STORE:
+        store_staged_rest(c_desc, c_bufs, prev_m, prev_n, 0, spacing, True)
     tma.store_wait(0)
 
 
@@ -206,6 +239,7 @@ def warpspec_kernel(
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
     SPLIT: gl.constexpr = False,
+    DEFER_STORE: gl.constexpr = False,
 ):
     dtype: gl.constexpr = a_desc.dtype
     A_BOXES: gl.constexpr = 2 if SPLIT else 1
@@ -243,7 +277,22 @@ def warpspec_kernel(
             [
                 (
                     _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 1, False),
+                    (
+                        c_desc,
+                        a_bufs,
+                        b_bufs,
+                        c_bufs,
+                        ready,
+                        empty,
+                        turns,
+                        B_KMAJOR,
+                        GROUP_M,
+                        K,
+                        0,
+                        1,
+                        False,
+                        DEFER_STORE,
+                    ),
                 ),
                 (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
@@ -262,6 +311,7 @@ def _constexprs(kmajor: bool, cfg: WarpSpecConfig) -> dict[str, object]:
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
         "SPLIT": cfg.SPLIT,
+        "DEFER_STORE": cfg.DEFER_STORE,
     }
 
 
