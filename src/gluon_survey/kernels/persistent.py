@@ -12,9 +12,15 @@ buffers (`store_tile_sliced`) instead of one 64 KB tile, which leaves room for a
 Programs take tiles pid, pid + P, pid + 2P, ... (P = number of SMs) mapped through the grouped
 order, so the P tiles in flight at once share A rows and B columns in L2.
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit fd2da58, steady-state clocks, x cuBLAS
-timed alongside, fp16 / bf16): 1.005 / 0.98 at K = 512, 0.95 / 0.95 at 1024, 0.97-1.02 from
-K = 2048, i.e. parity with cuBLAS, not a lead (a second run: 0.98-1.01); geomean 0.995 / 0.985.
+From K = 1024 (`config_for`) the C store is deferred instead: the whole tile is staged in shared
+memory (3 stages then fit, not 4) and its four slices are TMA-stored one every 4 K steps of the
+next tile. Timed in SM clocks inside the kernel, the main loop already ran at the tensor cores'
+full rate, and the synchronous store of C was the whole per-tile loss (~2000 clocks for 64 KB);
+spread over the next tile, it overlaps the MMAs (docs/perf-notes.md, entry 15).
+
+Measured on H100 80GB HBM3 (results/h100-ladder/, commit cd8047f, steady-state clocks, x cuBLAS
+timed alongside, fp16 / bf16): 0.97 / 0.98 at K = 512, 0.98 / 0.99 at 1024, 1.01-1.06 from
+K = 2048 (a second run: 0.996-1.04); geomean 1.01 / 1.01.
 """
 
 from __future__ import annotations
