@@ -76,8 +76,11 @@ class GemmConfig:
             "warps": self.num_warps,
             "group_m": self.GROUP_M,
         }
-        extra = {"epilogue_n": self.EPILOGUE_N} if self.EPILOGUE_N else {}
-        return table | extra | ({"epilogue": "deferred"} if self.DEFER_STORE else {})
+        if self.EPILOGUE_N:
+            table["epilogue_n"] = self.EPILOGUE_N
+        if self.DEFER_STORE:
+            table["epilogue"] = "deferred"
+        return table
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,9 +317,9 @@ def store_tile_sliced(
 
 
 @gluon.jit
-def stage_tile(c_bufs, c, FIRST: gl.constexpr = 0):
-    """Deferred epilogue, at the end of a tile: c [BM, BN] -> output dtype -> shared memory, column
-    slice i (c_bufs' width) into c_bufs[FIRST + i]. The caller fences before any TMA store reads it."""
+def _write_slices(c_bufs, c, FIRST: gl.constexpr = 0):
+    """c [BM, BN] -> output dtype -> shared memory, column slice i (c_bufs' width) into
+    c_bufs[FIRST + i]."""
     BLOCK_M: gl.constexpr = c.shape[0]
     WIDTH: gl.constexpr = c.shape[1]
     SLICE_N: gl.constexpr = c_bufs.shape[2]
@@ -324,8 +327,19 @@ def stage_tile(c_bufs, c, FIRST: gl.constexpr = 0):
         c_bufs.index(FIRST).store(c.to(c_bufs.dtype))
     else:
         left, right = c.reshape([BLOCK_M, 2, WIDTH // 2]).permute(0, 2, 1).split()
-        stage_tile(c_bufs, left, FIRST)
-        stage_tile(c_bufs, right, FIRST + WIDTH // 2 // SLICE_N)
+        _write_slices(c_bufs, left, FIRST)
+        _write_slices(c_bufs, right, FIRST + WIDTH // 2 // SLICE_N)
+
+
+@gluon.jit
+def stage_tile(c_desc, c_bufs, c, prev_m, prev_n, k_steps, spacing, pending):
+    """Deferred epilogue, at the end of a tile: store what the K loop left of the previous tile
+    (at prev_m, prev_n; `pending`: there is one), wait until it has left the staging buffers, then
+    stage c there slice by slice, fenced for the TMA stores of the next tile's loop."""
+    store_staged_rest(c_desc, c_bufs, prev_m, prev_n, k_steps, spacing, pending)
+    tma.store_wait(0)
+    _write_slices(c_bufs, c)
+    fence_async_shared()
 
 
 @gluon.jit

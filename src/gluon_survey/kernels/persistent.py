@@ -35,7 +35,6 @@ from .common import (
     GemmConfig,
     b_operand,
     deferred_store_spacing,
-    fence_async_shared,
     gemm_signature,
     grouped_tile,
     init_barriers,
@@ -192,10 +191,7 @@ def persistent_kernel(
         acc, mma = mma.take_result()
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
         if DEFER_STORE:
-            store_staged_rest(c_desc, c_bufs, prev_m, prev_n, k_steps, spacing, tile != gl.program_id(0))
-            tma.store_wait(0)  # the previous tile has left the staging buffers
-            stage_tile(c_bufs, acc)
-            fence_async_shared()
+            stage_tile(c_desc, c_bufs, acc, prev_m, prev_n, k_steps, spacing, tile != gl.program_id(0))
             prev_m, prev_n = off_m, off_n
         else:
             store_tile_sliced(c_desc, c_bufs, acc, off_m, off_n, EPILOGUE_BUFFERS)

@@ -53,7 +53,6 @@ from .common import (
     GemmConfig,
     b_operand,
     deferred_store_spacing,
-    fence_async_shared,
     gemm_signature,
     grouped_tile,
     init_barriers,
@@ -211,10 +210,7 @@ def _consumer(
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M * A_BOXES + (ME * BLOCK_M if SPLIT else 0)
         if DEFER_STORE:
-            store_staged_rest(c_desc, c_bufs, prev_m, prev_n, k_steps, spacing, t > FIRST)
-            tma.store_wait(0)  # the previous tile has left the staging buffers
-            stage_tile(c_bufs, acc)
-            fence_async_shared()
+            stage_tile(c_desc, c_bufs, acc, prev_m, prev_n, k_steps, spacing, t > FIRST)
             prev_m = off_m
             prev_n = pid_n * BLOCK_N
         else:
