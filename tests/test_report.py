@@ -1,6 +1,7 @@
 import csv
 import io
 import json
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -171,4 +172,6 @@ def test_a_paired_cublas_time_is_preferred_and_named_in_the_legend(sample):
     assert rows["Blocked", 1024].x_cublas == pytest.approx(0.8)
     assert "just before and after each cell" in report.legend(paired.rows)
     assert "just before and after" in report.format_markdown(paired)
+    interleaved = [replace(r, x_rounds=[1.0] * 5) if r.cublas_ms else r for r in paired.rows]
+    assert "in windows alternating with each cell's, 5 rounds" in report.legend(interleaved)
     assert "the torch row of the same shape" in report.legend(sample.rows)

@@ -1,7 +1,9 @@
+import re
+
 import numpy as np
 import pytest
 
-from gluon_survey.timing import COPIES_BUDGET_BYTES, Timing, copies_for_cold_l2, time_fn
+from gluon_survey.timing import COPIES_BUDGET_BYTES, Timing, copies_for_cold_l2, time_fn, time_paired
 
 MiB = 1 << 20
 
@@ -124,3 +126,49 @@ def test_time_fn_iteration_bounds(min_ms, min_iters, max_iters, n):
     bounds = {"min_ms": min_ms, "min_iters": min_iters, "max_iters": max_iters}
     t = time_fn(_runs(clock, [1.0] * 4, []), 4, warmup_ms=0, clock=clock, **bounds)
     assert t.n == n
+
+
+def test_paired_windows_alternate_and_the_ratio_cancels_a_drifting_clock():
+    """Kernel runs take 1 ms and the baseline 1.1 ms, both stretched by a clock that slows by 1 %
+    per window. Order: first calls, the baseline's warm-up, the kernel's, then windows B K B K B."""
+    clock, log = FakeClock(), []
+    slow = [1.0]
+
+    def make(name, ms):
+        def make_run(i):
+            def run():
+                log.append(name)
+                clock.now += ms * slow[0]
+
+            return run
+
+        return make_run
+
+    syncs = []
+    original = clock.synchronize
+
+    def synchronize():  # every window ends in a synchronisation: the clock slows between windows
+        syncs.append(len(log))
+        slow[0] *= 1.01
+        original()
+
+    clock.synchronize = synchronize
+    pair = time_paired(
+        make("K", 1.0),
+        make("B", 1.1),
+        2,
+        warmup_ms=4,
+        rewarm_ms=2,
+        min_ms=20,
+        rounds=2,
+        min_iters=2,
+        clock=clock,
+    )
+    windows = "".join(log[2 * 2 :])  # after the first calls of both
+    nb = pair.baseline.n // 3  # ceil(10 ms / 1.1 ms per call) per baseline window
+    assert nb == 9 and re.fullmatch(f"B+K+(B{{{nb}}}K{{10}}){{2}}B{{{nb}}}", windows)
+    assert pair.timing.n == 20 and pair.baseline.n == 3 * nb
+    # Each round's baseline is the mean of the windows either side, so a steady drift cancels.
+    assert pair.rounds == pytest.approx((1.1, 1.1), rel=1e-4)
+    assert pair.drift == pytest.approx(1.01**4 - 1)
+    assert pair.ratio == pytest.approx(1.1, rel=0.02)

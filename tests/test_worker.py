@@ -156,18 +156,20 @@ def test_telemetry_result_goes_into_the_row():
     assert row["sm_clock_mhz"] == 1500.0 and row["power_w"] == 650.0
 
 
-def test_only_a_cells_first_timing_gets_the_long_warm_up(monkeypatch):
+def test_paired_timing_gets_the_long_warm_up_once_and_the_rounds_asked_for(monkeypatch):
     from gluon_survey import timing
 
-    warmups = []
-    real = timing.time_fn
+    calls = []
+    real = timing.time_paired
 
-    def spy(make_run, n_copies, warmup_ms, **kw):
-        warmups.append(warmup_ms)
-        return real(make_run, n_copies, warmup_ms=0, **kw)
+    def spy(make_run, make_baseline, n_copies, warmup_ms, rewarm_ms, rounds, **kw):
+        calls.append((warmup_ms, rewarm_ms, rounds))
+        return real(make_run, make_baseline, n_copies, warmup_ms=0, rewarm_ms=0, rounds=rounds, **kw)
 
-    monkeypatch.setattr(timing, "time_fn", spy)
+    monkeypatch.setattr(timing, "time_paired", spy)
     provider = cpu(matmul, baseline=matmul)
-    settings = SETTINGS | {"warmup_ms": 1000.0, "rewarm_ms": 200.0, "paired": True}
-    assert measure(provider, TASK, settings, lambda _: None)["status"] == "OK"
-    assert warmups == [1000.0, 200.0, 200.0]  # cuBLAS before, the mode, cuBLAS after
+    settings = SETTINGS | {"warmup_ms": 1000.0, "rewarm_ms": 200.0, "paired": True, "rounds": 3}
+    row = measure(provider, TASK, settings, lambda _: None)
+    assert row["status"] == "OK"
+    assert calls == [(1000.0, 200.0, 3)]  # cuBLAS's warm-up, then the mode's short one
+    assert len(row["x_rounds"]) == 3 and all(r > 0 for r in row["x_rounds"])

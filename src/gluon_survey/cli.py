@@ -103,8 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--paired",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="time cuBLAS on the same inputs just before and after every cell and divide by that, "
-        "so that the ratios do not move with the GPU's clock over the run (default: on)",
+        help="time cuBLAS on the same inputs in windows alternating with every cell's and divide by "
+        "that, so that the ratios do not move with the GPU's clock over the run (default: on)",
+    )
+    how.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=5,
+        help="paired timing: windows of the cell, each between two of cuBLAS's (default: %(default)s)",
     )
     how.add_argument(
         "--peak-tflops",
@@ -168,6 +174,7 @@ def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], comman
         min_ms=args.min_ms,
         timeout_s=args.timeout,
         paired=args.paired,
+        rounds=args.rounds,
     )
     env = hardware.gpu_info(command)
     dtypes = list(dict.fromkeys(t.dtype for t in tasks))
@@ -246,6 +253,17 @@ def _positive(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number > 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
     return value
 
 

@@ -33,7 +33,7 @@ REASON_CHARS = 28  # how much of a failure reason fits in a table cell; the note
 
 def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
     """The rows with `x_cublas`, the speed relative to cuBLAS: against the row's own paired cuBLAS
-    time (`cublas_ms`, timed on the same inputs just before and after it) when it has one, else
+    time (`cublas_ms`, timed on the same inputs alongside it) when it has one, else
     against the cuBLAS (`torch`) row of the same shape, dtype and layout, where both are measurements."""
     rows = list(rows)
     base = {r.key[1:]: r.tflops for r in rows if r.mode == BASELINE and r.measured}
@@ -234,12 +234,19 @@ def pivots(results: Results) -> list[Pivot]:
 
 
 def legend(rows: Iterable[Row]) -> str:
-    """The line under each table; it says which cuBLAS time the ratios divide."""
-    baseline = (
-        "against cuBLAS timed on the same inputs just before and after each cell, mean of the two"
-        if is_paired(rows)
-        else "the torch row of the same shape"
-    )
+    """The line under each table; it says which cuBLAS time the ratios divide (results written
+    before the alternating windows had cuBLAS timed once before and once after each cell)."""
+    rows = list(rows)
+    rounds = max((len(r.x_rounds or ()) for r in rows), default=0)
+    if rounds:
+        baseline = (
+            f"against cuBLAS timed on the same inputs in windows alternating with each cell's, "
+            f"{rounds} rounds, ratio of the medians"
+        )
+    elif is_paired(rows):
+        baseline = "against cuBLAS timed on the same inputs just before and after each cell, mean of the two"
+    else:
+        baseline = "the torch row of the same shape"
     return (
         f"Cells: TFLOP/s (~ = p20-p80 spread above 5 %), x cuBLAS ({baseline}), "
         "BLOCK_MxNxK; best of each shape in bold; geomean over measured shapes."

@@ -65,8 +65,9 @@ class Row:
     tflops: float | None = None
     pct_peak: float | None = None
     x_cublas: float | None = None
-    cublas_ms: float | None = None  # paired baseline: cuBLAS's median, timed around this row
-    cublas_drift: float | None = None  # cuBLAS after / before - 1: how much the GPU changed meanwhile
+    cublas_ms: float | None = None  # paired baseline: cuBLAS's median, timed alongside this row
+    cublas_drift: float | None = None  # cuBLAS's last window / its first - 1: how much the GPU changed
+    x_rounds: list[float] | None = None  # paired: cuBLAS / this row in each alternating window
     sm_clock_mhz: float | None = None  # NVML, mean over the timed window
     power_w: float | None = None
     rel_err: float | None = None

@@ -63,9 +63,10 @@ class Settings:
     min_ms: float = 1000.0
     min_iters: int = 20
     max_iters: int = 20000
-    rewarm_ms: float = 200.0  # before the next timings of the same cell, the GPU already hot
+    rewarm_ms: float = 200.0  # paired: the cell's own warm-up, after cuBLAS's, the GPU already hot
     timeout_s: float = 600.0
-    paired: bool = False  # time cuBLAS before and after every task of the other modes (worker.measure)
+    paired: bool = False  # time cuBLAS alongside every task of the other modes (worker.measure)
+    rounds: int = 5  # paired: the task's timed windows, alternating with cuBLAS's
 
     def worker_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "timeout_s"}

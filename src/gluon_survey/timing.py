@@ -27,6 +27,10 @@ Method
 * **A distribution, not one number.** The median is the reported time; p20, p80 and the minimum
   are kept; spread = (p80 - p20) / median, and a measurement whose spread exceeds 5 % is flagged
   NOISY. TFLOP/s are computed from the median.
+* **A baseline timed alongside, in alternating windows** (`time_paired`): after the baseline's
+  warm-up and a short one of the kernel's, baseline and kernel take turns in windows of about
+  min_ms / rounds each, the baseline first and last. The ratio of the two pooled medians is then
+  free of the clock's slow drift, and the per-round ratios show how much it still moves.
 """
 
 from __future__ import annotations
@@ -130,6 +134,42 @@ class WallClock:
         pass
 
 
+def _warm_up(runs: list[Callable[[], object]], clock: Clock, warmup_ms: float) -> float:
+    """Run timed chunks of whole passes over `runs` (at least one, which also gives the estimate)
+    until `warmup_ms` of GPU time has passed, each chunk sized from the previous one's mean; the
+    last chunk's mean time per call, at the clock the GPU has settled to."""
+    passes, warmed_ms, n_copies = 1, 0.0, len(runs)
+    while True:
+        start = clock.mark()
+        for i in range(passes * n_copies):
+            runs[i % n_copies]()
+        end = clock.mark()
+        clock.synchronize()
+        chunk_ms = clock.elapsed_ms(start, end)
+        warmed_ms += chunk_ms
+        estimate_ms = max(chunk_ms / (passes * n_copies), 1e-6)
+        if warmed_ms >= warmup_ms:
+            return estimate_ms
+        wanted_ms = min(warmup_ms - warmed_ms, WARMUP_CHUNK_MS)
+        passes = max(1, math.ceil(wanted_ms / (estimate_ms * n_copies)))
+
+
+def _iterations(min_ms: float, estimate_ms: float, min_iters: int, max_iters: int, n_copies: int) -> int:
+    """Enough iterations to cover min_ms, within [min_iters, max_iters], and at least one pass."""
+    return max(min(max(math.ceil(min_ms / estimate_ms), min_iters), max_iters), n_copies)
+
+
+def _timed_window(runs: list[Callable[[], object]], clock: Clock, n_iters: int) -> list[float]:
+    """n_iters calls in rotation, a start and an end mark around each, one synchronisation at the end."""
+    marks = []
+    for i in range(n_iters):
+        begin = clock.mark()
+        runs[i % len(runs)]()
+        marks.append((begin, clock.mark()))
+    clock.synchronize()
+    return [clock.elapsed_ms(b, e) for b, e in marks]
+
+
 def time_fn(
     make_run: Callable[[int], Callable[[], object]],
     n_copies: int,
@@ -149,30 +189,74 @@ def time_fn(
     for run in runs:  # first calls: lazy set-up, not timed and not used as an estimate
         run()
     clock.synchronize()
+    estimate_ms = _warm_up(runs, clock, warmup_ms)
+    n_iters = _iterations(min_ms, estimate_ms, min_iters, max_iters, n_copies)
+    return Timing.from_samples(_timed_window(runs, clock, n_iters))
 
-    # Warm-up in timed chunks of whole passes (at least one, which also gives the estimate) until
-    # warmup_ms of GPU time has passed; each chunk is sized from the previous one's mean.
-    passes, warmed_ms = 1, 0.0
-    while True:
-        start = clock.mark()
-        for i in range(passes * n_copies):
-            runs[i % n_copies]()
-        end = clock.mark()
-        clock.synchronize()
-        chunk_ms = clock.elapsed_ms(start, end)
-        warmed_ms += chunk_ms
-        estimate_ms = max(chunk_ms / (passes * n_copies), 1e-6)
-        if warmed_ms >= warmup_ms:
-            break
-        wanted_ms = min(warmup_ms - warmed_ms, WARMUP_CHUNK_MS)
-        passes = max(1, math.ceil(wanted_ms / (estimate_ms * n_copies)))
 
-    n_iters = min(max(math.ceil(min_ms / estimate_ms), min_iters), max_iters)
-    n_iters = max(n_iters, n_copies)
-    marks = []
-    for i in range(n_iters):
-        begin = clock.mark()
-        runs[i % n_copies]()
-        marks.append((begin, clock.mark()))
+@dataclass(frozen=True)
+class PairedTiming:
+    """A kernel and its baseline timed in alternating windows on the same inputs."""
+
+    timing: Timing  # the kernel: all of its windows' samples together
+    baseline: Timing  # the baseline: all of its windows' samples together
+    rounds: tuple[
+        float, ...
+    ]  # per kernel window: baseline / kernel, the baseline from the windows either side
+    drift: float  # the baseline's last window / its first - 1: how much the GPU changed meanwhile
+
+    @property
+    def ratio(self) -> float:
+        """Baseline time / kernel time (> 1: the kernel is faster)."""
+        return self.baseline.median_ms / self.timing.median_ms
+
+
+def time_paired(
+    make_run: Callable[[int], Callable[[], object]],
+    make_baseline: Callable[[int], Callable[[], object]],
+    n_copies: int,
+    warmup_ms: float = 2000.0,
+    rewarm_ms: float = 200.0,
+    min_ms: float = 1000.0,
+    rounds: int = 5,
+    min_iters: int = 20,
+    max_iters: int = 20000,
+    clock: Clock | None = None,
+) -> PairedTiming:
+    """Time a kernel against a baseline in alternating windows: baseline, kernel, baseline, ...,
+    kernel, baseline (`rounds` kernel windows, each about min_ms / rounds of GPU time, between
+    rounds + 1 baseline windows of the same size).
+
+    Why alternate: at its power limit a GPU's clock keeps drifting for seconds (the chip warms), and
+    a baseline timed once before and once after a 1 s window can differ by 2-4 %; the drift is then
+    only averaged at the window's two ends. Short alternating windows put both under the same
+    clock history, so it cancels in the ratio of the pooled medians. The warm-up is the baseline's
+    (`warmup_ms`), then a short one of the kernel's (`rewarm_ms`); min_iters and max_iters bound
+    the kernel's samples over all windows.
+    """
+    clock = clock or CudaEventClock()
+    runs = [make_run(i) for i in range(n_copies)]
+    base = [make_baseline(i) for i in range(n_copies)]
+    for run in runs + base:  # first calls: lazy set-up, not timed and not used as an estimate
+        run()
     clock.synchronize()
-    return Timing.from_samples([clock.elapsed_ms(b, e) for b, e in marks])
+    base_estimate = _warm_up(base, clock, warmup_ms)
+    run_estimate = _warm_up(runs, clock, rewarm_ms)
+    bounds = (math.ceil(min_iters / rounds), max(1, max_iters // rounds), n_copies)
+    n_run = _iterations(min_ms / rounds, run_estimate, *bounds)
+    n_base = _iterations(min_ms / rounds, base_estimate, *bounds)
+    base_windows = [_timed_window(base, clock, n_base)]
+    run_windows = []
+    for _ in range(rounds):
+        run_windows.append(_timed_window(runs, clock, n_run))
+        base_windows.append(_timed_window(base, clock, n_base))
+    base_medians = [float(np.median(w)) for w in base_windows]
+    ratios = tuple(
+        (base_medians[r] + base_medians[r + 1]) / 2 / float(np.median(w)) for r, w in enumerate(run_windows)
+    )
+    return PairedTiming(
+        timing=Timing.from_samples([t for w in run_windows for t in w]),
+        baseline=Timing.from_samples([t for w in base_windows for t in w]),
+        rounds=ratios,
+        drift=base_medians[-1] / base_medians[0] - 1,
+    )

@@ -17,11 +17,13 @@ Per task: inputs from the seed (`check.make_inputs`); `gluon_survey.api.prepare`
 against the fp32 reference with the tolerance rule; then, only if correct, the cold-L2 timing over
 rotated input sets (each prepared and called once first), with all outputs NaN-filled before the
 timer starts and re-checked after it (a launch that does nothing after its first call fails).
-With `paired` set, cuBLAS (`torch.matmul`) is timed on the same rotated inputs right before and
-right after the mode, and the row keeps the mean of the two medians (`cublas_ms`) and how far they
-differ (`cublas_drift`): a GPU at its power limit changes clock with temperature over a run, so the
-ratio to a cuBLAS timed minutes apart moves by a few per cent, and to one timed alongside it does
-not. NVML's mean SM clock and power over the mode's timed window go into the row too. A
+With `paired` set, cuBLAS (`torch.matmul`) is timed on the same rotated inputs in windows that
+alternate with the mode's (`timing.time_paired`: cuBLAS, mode, cuBLAS, ..., `rounds` windows of
+the mode), and the row keeps cuBLAS's median over its windows (`cublas_ms`), the ratio in each
+round (`x_rounds`) and how far cuBLAS's last window is from its first (`cublas_drift`): a GPU at
+its power limit changes clock with temperature over a run, so the ratio to a cuBLAS timed minutes
+apart moves by a few per cent, and to one timed alongside it does not. NVML's mean SM clock and
+power over the timed windows go into the row too. A
 launch whose `fn()` returns its product instead of writing `out` (the torch.compile baseline) is
 judged on the tensor it returns.
 
@@ -184,7 +186,7 @@ def measure(
 
     from gluon_survey.check import check, make_inputs, reference, rel_error
     from gluon_survey.shapes import Shape
-    from gluon_survey.timing import Timing, copies_for_cold_l2, time_fn
+    from gluon_survey.timing import copies_for_cold_l2, time_fn, time_paired
 
     shape = Shape(task["M"], task["N"], task["K"])
     dtype, layout, seed = task["dtype"], task["b_layout"], settings["seed"]
@@ -221,28 +223,32 @@ def measure(
     for target in targets:
         target.out.fill_(math.nan)
 
-    warmups = iter([settings["warmup_ms"]])  # the first timing of the cell; then a short re-warm-up
-
-    def timed(launches: list[Callable[[], object]]) -> Timing:
-        return time_fn(
-            lambda i: launches[i],
-            n_copies,
-            warmup_ms=next(warmups, settings.get("rewarm_ms", settings["warmup_ms"])),
-            min_ms=settings["min_ms"],
-            min_iters=settings["min_iters"],
-            max_iters=settings["max_iters"],
-            clock=provider.clock,
-        )
-
+    bounds = {k: settings[k] for k in ("min_ms", "min_iters", "max_iters")}
+    launches = [t.timed_call for t in targets]
     if paired:  # cuBLAS on the same inputs, into outputs of its own (ours stay NaN-poisoned)
         cublas = [provider.baseline(t.a, t.b, torch.empty_like(t.out)).fn for t in targets]  # type: ignore[misc]
-        before = timed(cublas)
-    with provider.telemetry() as telemetry:
-        timing = timed([t.timed_call for t in targets])
-    if paired:
-        after = timed(cublas)
-        row["cublas_ms"] = (before.median_ms + after.median_ms) / 2
-        row["cublas_drift"] = after.median_ms / before.median_ms - 1
+        with provider.telemetry() as telemetry:
+            pair = time_paired(
+                lambda i: launches[i],
+                lambda i: cublas[i],
+                n_copies,
+                warmup_ms=settings["warmup_ms"],
+                rewarm_ms=settings.get("rewarm_ms", settings["warmup_ms"]),
+                rounds=settings.get("rounds", 5),
+                clock=provider.clock,
+                **bounds,
+            )
+        timing = pair.timing
+        row.update(cublas_ms=pair.baseline.median_ms, cublas_drift=pair.drift, x_rounds=list(pair.rounds))
+    else:
+        with provider.telemetry() as telemetry:
+            timing = time_fn(
+                lambda i: launches[i],
+                n_copies,
+                warmup_ms=settings["warmup_ms"],
+                clock=provider.clock,
+                **bounds,
+            )
     if telemetry is not None:
         row.update(telemetry.result())
     again = check(first.output, ref, cublas_err, dtype)
