@@ -89,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="warm-up before each cell, to the GPU's power-limited clock (default: %(default)g)",
     )
     how.add_argument(
-        "--min-ms", type=_positive, default=1000.0, help="timed GPU time per shape (default: %(default)g)"
+        "--min-ms",
+        type=_positive,
+        default=1000.0,
+        help="timed GPU time per window; a paired cell has --rounds of them (default: %(default)g)",
     )
     how.add_argument(
         "--timeout",
@@ -109,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument(
         "--rounds",
         type=_positive_int,
-        default=5,
-        help="paired timing: windows of the cell, each between two of cuBLAS's (default: %(default)s)",
+        default=3,
+        help="paired timing: timed windows of min-ms of the cell, each between two of cuBLAS's "
+        "(default: %(default)s)",
     )
     how.add_argument(
         "--peak-tflops",

@@ -66,7 +66,7 @@ class Settings:
     rewarm_ms: float = 200.0  # paired: the cell's own warm-up, after cuBLAS's, the GPU already hot
     timeout_s: float = 600.0
     paired: bool = False  # time cuBLAS alongside every task of the other modes (worker.measure)
-    rounds: int = 5  # paired: the task's timed windows, alternating with cuBLAS's
+    rounds: int = 3  # paired: the task's timed windows of min_ms, alternating with cuBLAS's
 
     def worker_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "timeout_s"}

@@ -28,9 +28,10 @@ Method
   are kept; spread = (p80 - p20) / median, and a measurement whose spread exceeds 5 % is flagged
   NOISY. TFLOP/s are computed from the median.
 * **A baseline timed alongside, in alternating windows** (`time_paired`): after the baseline's
-  warm-up and a short one of the kernel's, baseline and kernel take turns in windows of about
-  min_ms / rounds each, the baseline first and last. The ratio of the two pooled medians is then
-  free of the clock's slow drift, and the per-round ratios show how much it still moves.
+  warm-up and a short one of the kernel's, baseline and kernel take turns in windows of min_ms
+  each, the baseline first and last (3 rounds: 3 s of the kernel, 4 s of the baseline). The
+  ratio of the two pooled medians is then free of the clock's slow drift, and the per-round
+  ratios show how much it still moves.
 """
 
 from __future__ import annotations
@@ -218,21 +219,24 @@ def time_paired(
     warmup_ms: float = 2000.0,
     rewarm_ms: float = 200.0,
     min_ms: float = 1000.0,
-    rounds: int = 5,
+    rounds: int = 3,
     min_iters: int = 20,
     max_iters: int = 20000,
     clock: Clock | None = None,
 ) -> PairedTiming:
     """Time a kernel against a baseline in alternating windows: baseline, kernel, baseline, ...,
-    kernel, baseline (`rounds` kernel windows, each about min_ms / rounds of GPU time, between
-    rounds + 1 baseline windows of the same size).
+    kernel, baseline (`rounds` kernel windows of about min_ms of GPU time each, between rounds + 1
+    baseline windows of the same size).
 
-    Why alternate: at its power limit a GPU's clock keeps drifting for seconds (the chip warms), and
-    a baseline timed once before and once after a 1 s window can differ by 2-4 %; the drift is then
-    only averaged at the window's two ends. Short alternating windows put both under the same
-    clock history, so it cancels in the ratio of the pooled medians. The warm-up is the baseline's
-    (`warmup_ms`), then a short one of the kernel's (`rewarm_ms`); min_iters and max_iters bound
-    the kernel's samples over all windows.
+    Why alternate: at its power limit an H100's clock steps between levels every 100-300 ms and
+    drifts for seconds as the chip warms; 1.5 s windows of one kernel at one K differed by up to
+    4 % (docs/perf-notes.md, entry 16), so one baseline window before and one after a kernel's
+    can put a few per cent into a single ratio. Alternating windows put both under the same clock
+    history, and the per-round ratios show how much is left. Why not shorter windows: each window
+    starts with ~50 ms off the steady clock (the pause at its synchronisation), and 200 ms windows
+    gave per-round ratios 10 % apart. The warm-up is the baseline's (`warmup_ms`), then a short
+    one of the kernel's (`rewarm_ms`); min_iters and max_iters bound the samples of all of the
+    kernel's windows together.
     """
     clock = clock or CudaEventClock()
     runs = [make_run(i) for i in range(n_copies)]
@@ -243,8 +247,8 @@ def time_paired(
     base_estimate = _warm_up(base, clock, warmup_ms)
     run_estimate = _warm_up(runs, clock, rewarm_ms)
     bounds = (math.ceil(min_iters / rounds), max(1, max_iters // rounds), n_copies)
-    n_run = _iterations(min_ms / rounds, run_estimate, *bounds)
-    n_base = _iterations(min_ms / rounds, base_estimate, *bounds)
+    n_run = _iterations(min_ms, run_estimate, *bounds)
+    n_base = _iterations(min_ms, base_estimate, *bounds)
     base_windows = [_timed_window(base, clock, n_base)]
     run_windows = []
     for _ in range(rounds):

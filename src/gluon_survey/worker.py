@@ -234,7 +234,7 @@ def measure(
                 n_copies,
                 warmup_ms=settings["warmup_ms"],
                 rewarm_ms=settings.get("rewarm_ms", settings["warmup_ms"]),
-                rounds=settings.get("rounds", 5),
+                rounds=settings.get("rounds", 3),
                 clock=provider.clock,
                 **bounds,
             )
