@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -32,8 +33,10 @@ REASON_CHARS = 28  # how much of a failure reason fits in a table cell; the note
 
 
 def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
-    """The rows with `x_cublas`, the speed relative to cuBLAS: against the row's own paired cuBLAS
-    time (`cublas_ms`, timed on the same inputs alongside it) when it has one, else
+    """The rows with `x_cublas`, the speed relative to cuBLAS: the median of the row's per-round
+    ratios (`x_rounds`: cuBLAS's windows either side / the row's window, timed on the same inputs
+    in alternating windows) when it has them; against its paired cuBLAS time (`cublas_ms`, timed
+    just before and after it) in results written before the rounds; else
     against the cuBLAS (`torch`) row of the same shape, dtype and layout, where both are measurements."""
     rows = list(rows)
     base = {r.key[1:]: r.tflops for r in rows if r.mode == BASELINE and r.measured}
@@ -41,6 +44,8 @@ def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
     def ratio(r: Row) -> float | None:
         if not r.measured:
             return None
+        if r.x_rounds:
+            return float(statistics.median(r.x_rounds))
         if r.cublas_ms:
             return r.cublas_ms / r.ms_median  # type: ignore[operator]
         return r.tflops / base[r.key[1:]] if r.key[1:] in base else None  # type: ignore[operator]
@@ -241,7 +246,7 @@ def legend(rows: Iterable[Row]) -> str:
     if rounds:
         baseline = (
             f"against cuBLAS timed on the same inputs in windows alternating with each cell's, "
-            f"{rounds} rounds, ratio of the medians"
+            f"median over {rounds} rounds"
         )
     elif is_paired(rows):
         baseline = "against cuBLAS timed on the same inputs just before and after each cell, mean of the two"
