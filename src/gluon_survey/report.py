@@ -127,6 +127,12 @@ def _settings_lines(s: dict[str, Any]) -> list[str]:
         f"seed {s.get('seed')}",
         f"Check: {s.get('tolerance')}, against the fp32 product of the same inputs",
     ]
+    if s.get("paired") and s.get("rounds"):
+        lines.insert(
+            1,
+            f"Paired: each cell in {s['rounds']} windows of that length, alternating with "
+            f"{s['rounds'] + 1} of cuBLAS's on the same inputs",
+        )
     for dtype, peak in s.get("peaks", {}).items():
         value = f"{peak['tflops']:g} TFLOP/s" if peak.get("tflops") else "unknown"
         lines.append(f"Peak {dtype}: {value} ({peak.get('source')})")
