@@ -33,10 +33,10 @@ A third design, split, stays selectable (`SPLIT`): the two consumers own the two
 one 256x128 tile and read the same B stage (cuBLAS's tile shape without its cluster multicast). It
 led at K = 2048-4096 until the cooperative design's deferred epilogue overtook it there.
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit cd8047f, steady-state clocks, x cuBLAS
-timed alongside, fp16 / bf16): 1.06 / 1.04 at K = 512 (best of the ladder), 1.01 / 1.01 at 1024,
-1.01 / 1.01 at 2048, 1.03 / 0.991 at 4096, 0.988 / 1.02 at 8192, 1.02 / 1.02 at 16384; geomean
-1.02 / 1.015. A second run: 0.995 (bf16, K = 1024) to 1.065, geomean 1.02 / 1.02.
+Measured on H100 80GB HBM3 (results/h100-ladder/, commit 44991fa, steady-state clocks, x cuBLAS
+timed alongside in alternating windows, fp16 / bf16): 1.05 / 1.04 at K = 512 (best of the
+ladder), 1.00 / 0.989 at 1024, 1.01-1.04 from K = 2048; geomean 1.02 / 1.02. A second run:
+1.02-1.04 from K = 1024 except bf16 at 1024 (0.996) and 4096 (1.003); geomean 1.03 / 1.02.
 """
 
 from __future__ import annotations
