@@ -17,7 +17,6 @@ import csv
 import io
 import json
 import math
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 from gluon_survey.registry import BASELINE
 from gluon_survey.results import NOISY, Delta, Results, Row
 from gluon_survey.shapes import Shape
+from gluon_survey.timing import round_ratio
 
 FORMATS = ("table", "legacy", "csv", "json", "markdown")
 LEGACY_HEADER = "K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec"
@@ -45,7 +45,7 @@ def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
         if not r.measured:
             return None
         if r.x_rounds:
-            return float(statistics.median(r.x_rounds))
+            return round_ratio(r.x_rounds)
         if r.cublas_ms:
             return r.cublas_ms / r.ms_median  # type: ignore[operator]
         return r.tflops / base[r.key[1:]] if r.key[1:] in base else None  # type: ignore[operator]

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -138,6 +138,14 @@ class WallClock:
         pass
 
 
+def _first_calls(runs: list[Callable[[], object]], clock: Clock) -> None:
+    """One call of each: lazy set-up (a library's handle, a JIT compile), not timed and not used
+    as an estimate."""
+    for run in runs:
+        run()
+    clock.synchronize()
+
+
 def _warm_up(runs: list[Callable[[], object]], clock: Clock, warmup_ms: float) -> float:
     """Run timed chunks of whole passes over `runs` (at least one, which also gives the estimate)
     until `warmup_ms` of GPU time has passed, each chunk sized from the previous one's mean; the
@@ -190,9 +198,7 @@ def time_fn(
     """
     clock = clock or CudaEventClock()
     runs = [make_run(i) for i in range(n_copies)]
-    for run in runs:  # first calls: lazy set-up, not timed and not used as an estimate
-        run()
-    clock.synchronize()
+    _first_calls(runs, clock)
     estimate_ms = _warm_up(runs, clock, warmup_ms)
     n_iters = _iterations(min_ms, estimate_ms, min_iters, max_iters, n_copies)
     return Timing.from_samples(_timed_window(runs, clock, n_iters))
@@ -204,15 +210,20 @@ class PairedTiming:
 
     timing: Timing  # the kernel: all of its windows' samples together
     baseline: Timing  # the baseline: all of its windows' samples together
-    rounds: tuple[
-        float, ...
-    ]  # per kernel window: baseline / kernel, the baseline from the windows either side
+    # Per kernel window: baseline / kernel, the baseline the mean of its windows either side.
+    rounds: tuple[float, ...]
     drift: float  # the baseline's last window / its first - 1: how much the GPU changed meanwhile
 
     @property
     def ratio(self) -> float:
-        """Baseline time / kernel time (> 1: the kernel is faster): the median over the rounds."""
-        return float(np.median(self.rounds))
+        """Baseline time / kernel time, as reported (`round_ratio`)."""
+        return round_ratio(self.rounds)
+
+
+def round_ratio(rounds: Sequence[float]) -> float:
+    """The ratio reported for a paired cell, baseline time / kernel time (> 1: the kernel is
+    faster): the median over its rounds (the report computes it from a row's `x_rounds`)."""
+    return float(np.median(rounds))
 
 
 def time_paired(
@@ -244,9 +255,7 @@ def time_paired(
     clock = clock or CudaEventClock()
     runs = [make_run(i) for i in range(n_copies)]
     base = [make_baseline(i) for i in range(n_copies)]
-    for run in runs + base:  # first calls: lazy set-up, not timed and not used as an estimate
-        run()
-    clock.synchronize()
+    _first_calls(runs + base, clock)
     base_estimate = _warm_up(base, clock, warmup_ms)
     run_estimate = _warm_up(runs, clock, rewarm_ms)
     bounds = (math.ceil(min_iters / rounds), max(1, max_iters // rounds), n_copies)
