@@ -224,13 +224,13 @@ def load_partition(
     empty,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
-    A_BOXES: gl.constexpr = 1,
+    BOXES: gl.constexpr = 1,
 ):
     """The TMA-load partition of the warp-specialized kernels (Hopper and Blackwell): fill the ring
     for every (tile, K step) of this program in grouped order, each fill once whoever read the
-    stage's previous contents has released it on `empty`. With A_BOXES > 1 a tile is that many
-    A boxes tall, and stage s holds them in a_bufs[s * A_BOXES + i] (one per consumer)."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0] * A_BOXES
+    stage's previous contents has released it on `empty`. With BOXES > 1 a tile is that many
+    A boxes tall, and stage s holds them in a_bufs[s * BOXES + i]."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0] * BOXES
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
     STAGES: gl.constexpr = b_bufs.shape[0]
@@ -244,7 +244,7 @@ def load_partition(
             slot = it % STAGES
             # Fill f of a slot needs fill f-1 consumed; a fresh barrier passes the parity-1 wait.
             mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-            if A_BOXES == 1:
+            if BOXES == 1:
                 load_step(
                     a_desc,
                     b_desc,
@@ -258,10 +258,10 @@ def load_partition(
                 )
             else:
                 bar = ready.index(slot)
-                mbarrier.expect(bar, A_BOXES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-                for i in gl.static_range(A_BOXES):
+                mbarrier.expect(bar, BOXES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                for i in gl.static_range(BOXES):
                     off_m = pid_m * BLOCK_M + i * a_desc.block_type.shape[0]
-                    tma_load(a_desc, [off_m, k * BLOCK_K], bar, a_bufs.index(slot * A_BOXES + i))
+                    tma_load(a_desc, [off_m, k * BLOCK_K], bar, a_bufs.index(slot * BOXES + i))
                 if B_KMAJOR:
                     tma_load(b_desc, [pid_n * BLOCK_N, k * BLOCK_K], bar, b_bufs.index(slot))
                 else:

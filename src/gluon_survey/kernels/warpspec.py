@@ -12,14 +12,19 @@ one program (`gl.warp_specialize`):
   take turns on the tensor cores: consumer c issues its tile's MMAs, hands the tensor cores to
   the other consumer (the `turn` barriers) and only then runs its epilogue. So one consumer's
   epilogue overlaps the other's main loop, and the tensor cores are not left waiting for it.
-  Since that epilogue is off the critical path, each consumer stages its C in slices through one
-  small buffer, and the shared memory saved becomes a 6th ring stage.
+  Since that epilogue is off the critical path, each consumer stages its C in small slices
+  through one buffer, and the shared memory saved goes to the ring.
 
-From K = 2048 (`config_for`) one cooperative 8-warp consumer on 128x256 tiles replaces the pair:
-there the epilogue is a small share of a tile, and 128x128 tiles lose by loading a third more
-bytes per FLOP into shared memory. What is left of its epilogue is hidden another way: the C tile
-is staged whole in shared memory and its four slices are stored during the next tile's first K
-steps (`DEFER_STORE`, shared with `persistent`), not all at once.
+A consumer's tile is 192x128: three 64-row A boxes, each multiplied into an accumulator of its
+own (a Triton tensor's shape is a power of two; a tile need not be). At M = N = 8192 that makes
+2752 tiles, 20.85 per SM, where 128x128 tiles make 31.03 and the 4 left over cost a whole 32nd
+round (3 %); and a K step brings 40 KB into shared memory for 3.1 MFLOP, not 32 KB for 2.1.
+
+From K = 8192 (`config_for`) one cooperative 8-warp consumer on 128x256 tiles replaces the pair:
+there the epilogue is a small share of a tile, and 128x256 tiles read the fewest bytes of shared
+memory per FLOP. What is left of its epilogue is hidden another way: the C tile is staged whole
+in shared memory and its four slices are stored during the next tile's first K steps
+(`DEFER_STORE`, shared with `persistent`), not all at once.
 
 This design is Hopper's (accumulators in registers, one per consumer warpgroup), so the kernel
 uses `WGMMA` directly; on sm_100 `prepare` hands over to the Blackwell design in `blackwell.py`
@@ -31,7 +36,8 @@ two fills behind the phase a consumer waits for.
 
 A third design, split, stays selectable (`SPLIT`): the two consumers own the two 128-row halves of
 one 256x128 tile and read the same B stage (cuBLAS's tile shape without its cluster multicast). It
-led at K = 2048-4096 until the cooperative design's deferred epilogue overtook it there.
+led at K = 2048-4096 until the cooperative design's deferred epilogue overtook it there, and
+192-row ping-pong overtook both (docs/perf-notes.md, entry 17).
 
 Measured on H100 80GB HBM3 (results/h100-ladder/, commit 44991fa, steady-state clocks, x cuBLAS
 timed alongside in alternating windows, fp16 / bf16): 1.05 / 1.04 at K = 512 (best of the
@@ -70,10 +76,18 @@ from .common import (
 
 @dataclass(frozen=True)
 class WarpSpecConfig(GemmConfig):
-    CONSUMERS: int = 2  # 2: ping-pong, one 4-warp consumer per tile; 1: cooperative, 8 warps per tile
-    # SPLIT (with 2 consumers): the tile is 2 * BLOCK_M tall and each consumer owns one BLOCK_M half;
-    # they share every B stage and never wait for each other's turn.
+    CONSUMERS: int = 2  # 2: ping-pong (or split), 4 warps each; 1: cooperative, 8 warps per tile
+    # A tile is BOXES A boxes of BLOCK_M rows (a TMA load and a wgmma accumulator each), so it can be
+    # 192 rows tall although every tensor shape is a power of two.
+    BOXES: int = 1
+    # SPLIT (two consumers, two boxes): consumer c multiplies box c of every tile; they share every B
+    # stage and never wait for each other's turn.
     SPLIT: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 1 <= self.BOXES <= 3 or (self.SPLIT and (self.BOXES, self.CONSUMERS) != (2, 2)):
+            raise ValueError("BOXES is 1 to 3 (a consumer has at most three accumulators); SPLIT needs two of each")
 
     @property
     def design(self) -> str:
@@ -81,30 +95,42 @@ class WarpSpecConfig(GemmConfig):
 
     @property
     def tile_m(self) -> int:
-        return self.BLOCK_M * (2 if self.SPLIT else 1)
+        return self.BLOCK_M * self.BOXES
 
     @property
     def label(self) -> str:
-        return super().label + f" {self.design}"
+        rest = super().label.split(" ", 1)[1]
+        return f"{self.tile_m}x{self.BLOCK_N}x{self.BLOCK_K} {rest} {self.design}"
 
     def table(self) -> dict[str, object]:
         return super().table() | {"BLOCK_M": self.tile_m, "design": self.design}
 
 
-# Ping-pong: each consumer warpgroup holds a 128x128 fp32 accumulator (128 registers per thread).
-# Each consumer stages its C in two 128x64 slices through one 16 KB buffer of its own (its epilogue
-# runs during the other consumer's main loop, so it can afford to wait between slices), which buys
-# a 6th stage: 6 x 32 KB + 2 x 16 KB = 224 KB. H100: 6 stages beat 5 (whole C tiles) by 1-4 % at
-# K <= 4096, and 5 beat 4 by 2-6 %.
+# Ping-pong: each consumer warpgroup owns a 192x128 tile as three 64x128 fp32 accumulators (192
+# registers per thread of its 232). 192 rows, not 128, for two reasons: 8192 / 192 gives 43 x 64 =
+# 2752 tiles, 20.85 per SM where 128x128 tiles give 31.03 (the 4 extra tiles of a 32nd wave cost 3 %),
+# and a K step brings 40 KB for 3.1 MFLOP instead of 32 KB for 2.1. 5 stages x 40 KB + one 8 KB
+# 64x64 C buffer per consumer = 216 KB (its epilogue runs during the other consumer's main loop, so
+# it can afford to wait between slices). H100, steady-state pairs, x cuBLAS: K = 512 1.09-1.10
+# against 1.04-1.06 for 128x128 tiles (6 stages), K = 1024 1.03-1.05 against 1.00-1.03; 4 stages
+# with 16 KB C slices lost 5 % to 5 (docs/perf-notes.md, entry 17).
 PINGPONG = WarpSpecConfig(
-    BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=6, num_warps=4, GROUP_M=8, EPILOGUE_N=64, CONSUMERS=2
+    BLOCK_M=64, BOXES=3, BLOCK_N=128, BLOCK_K=64, STAGES=5, num_warps=4, GROUP_M=8, EPILOGUE_N=64, CONSUMERS=2
 )
 # Split: a 256x128 tile, each consumer warpgroup owns a 128x128 half (its A box) and both read the
-# same B stage, so a K step brings 48 KB from L2 for 4.2 MFLOP instead of ping-pong's 64 KB; their
-# epilogues are not staggered by design, but a consumer that finishes first runs on into the next
-# tile's stages while the other stores. 4 x 48 KB + 2 x 16 KB = 224 KB.
+# same B stage, so a K step brings 48 KB from L2 for 4.2 MFLOP; their epilogues are not staggered by
+# design, but a consumer that finishes first runs on into the next tile's stages while the other
+# stores. 4 x 48 KB + 2 x 16 KB = 224 KB.
 SPLIT = WarpSpecConfig(
-    BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=4, EPILOGUE_N=64, CONSUMERS=2, SPLIT=True
+    BLOCK_M=128,
+    BOXES=2,
+    BLOCK_N=128,
+    BLOCK_K=64,
+    STAGES=4,
+    num_warps=4,
+    EPILOGUE_N=64,
+    CONSUMERS=2,
+    SPLIT=True,
 )
 # Cooperative: two warpgroups split one 128x256 tile, as in `persistent`; 3 x 48 KB + 64 KB = 208 KB.
 # Its C is staged whole and leaves in 128x64 slices during the next tile's first K steps
@@ -122,23 +148,23 @@ COOPERATIVE = WarpSpecConfig(
     DEFER_STORE=True,
     CONSUMERS=1,
 )
-# GROUP_M stays 8 here: 16, which persistent gains from, cost ping-pong 3-18 % and gave the
-# cooperative design nothing; 4 cost cooperative 1.5-3.5 % (H100, docs/perf-notes.md, entry 13).
+# GROUP_M stays 8 here: 16, which persistent gains from, cost 128x128 ping-pong 3-18 % and gave the
+# cooperative design nothing; 4 cost cooperative 1.5-3.5 % and 192-row ping-pong 0-2 % (H100,
+# docs/perf-notes.md, entries 13 and 17).
 CONFIG = PINGPONG
-# The rule, from steady-state paired measurements on H100 (docs/perf-notes.md, entries 12 and 15;
-# x cuBLAS, fp16 / bf16, two rounds): below K = 2048 the epilogue is worth hiding completely
-# (ping-pong 1.01-1.05 at K = 512, split 0.96-1.04, cooperative 0.93-0.94); from K = 2048 the
-# cooperative design's 128x256 tiles (one wgmma n256 per warpgroup, fewest smem reads per FLOP)
-# with the deferred epilogue lead: K = 2048 1.015-1.019 / 1.026-1.047 against split's
-# 0.996-1.024 / 1.020-1.038; K = 8192 1.026-1.034 against ping-pong's 0.90-0.97.
-COOPERATIVE_FROM_K = 2048
+# The rule, from steady-state paired measurements on H100 (docs/perf-notes.md, entry 17; x cuBLAS,
+# fp16 / bf16, two rounds): 192-row ping-pong leads up to K = 4096 (1.02-1.04 there against the
+# cooperative design's 1.00-1.04); from K = 8192, where the epilogue is a small share of a tile, the
+# cooperative design's 128x256 tiles (fewest shared-memory reads per FLOP) lead: 1.021-1.027 against
+# 1.006-1.032.
+COOPERATIVE_FROM_K = 8192
 CONSUMER_REGS = 232  # registers per thread of the second consumer warpgroup (the first gets the rest)
 PRODUCER_REGS = 40  # the TMA warp needs only addresses and counters
 
 
 def config_for(K: int) -> WarpSpecConfig:
-    """The documented rule: ping-pong while the epilogue is worth hiding completely, cooperative
-    128x256 tiles with the deferred epilogue from K = 2048."""
+    """The documented rule: 192-row ping-pong while the epilogue is worth hiding completely,
+    cooperative 128x256 tiles with the deferred epilogue from K = 8192."""
     return COOPERATIVE if K >= COOPERATIVE_FROM_K else PINGPONG
 
 
@@ -159,29 +185,36 @@ def _consumer(
     K,
     ME: gl.constexpr,
     CONSUMERS: gl.constexpr,
+    BOXES: gl.constexpr,
     SPLIT: gl.constexpr,
     DEFER_STORE: gl.constexpr = False,
 ):
-    """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program. With two, they
-    alternate on the tensor cores through the `turns` barriers; alone, it never waits for a turn.
-    SPLIT: every tile, its ME-th BLOCK_M half (A box ME of each stage), no turns.
+    """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program and multiplies each
+    of its BOXES A boxes into an accumulator of its own. With two, they alternate on the tensor
+    cores through the `turns` barriers; alone, it never waits for a turn.
+    SPLIT: every tile, only its box ME, no turns.
     DEFER_STORE (one consumer): a tile's C is staged whole and stored during the next tile's loop."""
-    BLOCK_M: gl.constexpr = a_bufs.shape[1]
+    BOX_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_N: gl.constexpr = b_bufs.shape[1] if B_KMAJOR else b_bufs.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     STAGES: gl.constexpr = b_bufs.shape[0]
-    A_BOXES: gl.constexpr = 2 if SPLIT else 1
     PINGPONG: gl.constexpr = CONSUMERS == 2 and not SPLIT
+    MINE: gl.constexpr = 1 if SPLIT else BOXES  # boxes (accumulators) this consumer multiplies
+    BOX0: gl.constexpr = ME if SPLIT else 0  # its first box
     FIRST: gl.constexpr = 0 if SPLIT else ME
     STEP: gl.constexpr = 1 if SPLIT else CONSUMERS
-    num_pid_m = gl.cdiv(c_desc.shape[0], BLOCK_M * A_BOXES)
+    num_pid_m = gl.cdiv(c_desc.shape[0], BOX_M * BOXES)
     num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
     my_turn = turns.index(ME)
     their_turn = turns.index((ME + 1) % CONSUMERS)
     EPILOGUE_BUFFERS: gl.constexpr = c_bufs.shape[0] // CONSUMERS  # this consumer's: from ME * that
+    SLICES: gl.constexpr = BLOCK_N // c_desc.block_type.shape[1]  # C slices per box
 
-    mma = WGMMA.initialize(c_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
+    # One accumulator per box (the 2nd and 3rd are used only when MINE says so).
+    mma0 = WGMMA.initialize(c_desc.dtype, BOX_M, BLOCK_N, gl.num_warps())
+    mma1 = mma0
+    mma2 = mma0
     spacing = deferred_store_spacing(k_steps)
     prev_m = gl.program_id(0) * 0  # DEFER_STORE: where the staged tile goes (none before the first)
     prev_n = prev_m
@@ -194,29 +227,46 @@ def _consumer(
         for k in range(k_steps):
             slot = it % STAGES
             mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            a = a_bufs.index(slot * A_BOXES + (ME if SPLIT else 0))
-            mma = mma.issue(a, b_operand(b_bufs.index(slot), B_KMAJOR))
+            b = b_operand(b_bufs.index(slot), B_KMAJOR)
+            mma0 = mma0.issue(a_bufs.index(slot * BOXES + BOX0), b)
+            if MINE > 1:
+                mma1 = mma1.issue(a_bufs.index(slot * BOXES + 1), b)
+            if MINE > 2:
+                mma2 = mma2.issue(a_bufs.index(slot * BOXES + 2), b)
             if DEFER_STORE:  # the previous tile's C leaves while this tile's MMAs run
                 store_staged_slice(c_desc, c_bufs, prev_m, prev_n, k, spacing, t > FIRST)
-            mma = mma.wait(1)  # MMA it-1 is retired: its stage can be refilled
+            # Only this step's MMAs may still run: step it-1's are retired, its stage can be refilled.
+            mma0 = mma0.wait(MINE)
+            if MINE > 1:
+                mma1 = mma1.wait(MINE)
+            if MINE > 2:
+                mma2 = mma2.wait(MINE)
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
             it += 1
         if PINGPONG:
             mbarrier.arrive(their_turn)  # this tile's MMAs are all issued: the other consumer may go
-        acc, mma = mma.take_result()
+        acc0, mma0 = mma0.take_result()
+        if MINE > 1:
+            acc1, mma1 = mma1.take_result()
+        if MINE > 2:
+            acc2, mma2 = mma2.take_result()
         mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
 
         tile = gl.program_id(0) + t * gl.num_programs(0)
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M * A_BOXES + (ME * BLOCK_M if SPLIT else 0)
+        off_m = (pid_m * BOXES + BOX0) * BOX_M
+        off_n = pid_n * BLOCK_N
         if DEFER_STORE:
-            stage_tile(c_desc, c_bufs, acc, prev_m, prev_n, k_steps, spacing, t > FIRST)
+            stage_tile(c_desc, c_bufs, acc0, prev_m, prev_n, k_steps, spacing, t > FIRST)
             prev_m = off_m
-            prev_n = pid_n * BLOCK_N
+            prev_n = off_n
         else:
-            store_tile_sliced(
-                c_desc, c_bufs, acc, off_m, pid_n * BLOCK_N, EPILOGUE_BUFFERS, ME * EPILOGUE_BUFFERS
-            )
+            BASE: gl.constexpr = ME * EPILOGUE_BUFFERS
+            store_tile_sliced(c_desc, c_bufs, acc0, off_m, off_n, EPILOGUE_BUFFERS, BASE)
+            if MINE > 1:
+                store_tile_sliced(c_desc, c_bufs, acc1, off_m + BOX_M, off_n, EPILOGUE_BUFFERS, BASE, SLICES)
+            if MINE > 2:
+                store_tile_sliced(c_desc, c_bufs, acc2, off_m + 2 * BOX_M, off_n, EPILOGUE_BUFFERS, BASE, 2 * SLICES)
     if DEFER_STORE:
         store_staged_rest(c_desc, c_bufs, prev_m, prev_n, 0, spacing, True)
     tma.store_wait(0)
@@ -234,12 +284,12 @@ def warpspec_kernel(
     EPILOGUE_BUFFERS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
+    BOXES: gl.constexpr = 1,
     SPLIT: gl.constexpr = False,
     DEFER_STORE: gl.constexpr = False,
 ):
     dtype: gl.constexpr = a_desc.dtype
-    A_BOXES: gl.constexpr = 2 if SPLIT else 1
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * A_BOXES] + a_desc.block_type.shape, a_desc.layout)
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * BOXES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_shape: gl.constexpr = [CONSUMERS * EPILOGUE_BUFFERS] + c_desc.block_type.shape
     c_bufs = gl.allocate_shared_memory(dtype, c_shape, c_desc.layout)
@@ -247,23 +297,23 @@ def warpspec_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
-    init_barriers(empty, STAGES, A_BOXES)  # SPLIT: a stage is free once both consumers are done
+    init_barriers(empty, STAGES, 2 if SPLIT else 1)  # SPLIT: a stage is free once both consumers are done
     init_barriers(turns, CONSUMERS)
 
     K = a_desc.shape[1]
     # (Partition arguments are written out in place: a tuple stored in a variable loses constexprs.)
-    if CONSUMERS == 2:  # ping-pong: consumer 0 is the default partition, consumer 1 a 4-warp worker
+    if CONSUMERS == 2:  # ping-pong or split: consumer 0 is the default partition, consumer 1 a 4-warp worker
         gl.warp_specialize(
             [
                 (
                     _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2, SPLIT),
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2, BOXES, SPLIT),
                 ),
                 (
                     _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2, SPLIT),
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2, BOXES, SPLIT),
                 ),
-                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, A_BOXES)),
+                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, BOXES)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -286,6 +336,7 @@ def warpspec_kernel(
                         K,
                         0,
                         1,
+                        1,
                         False,
                         DEFER_STORE,
                     ),
@@ -306,6 +357,7 @@ def _constexprs(kmajor: bool, cfg: WarpSpecConfig) -> dict[str, object]:
         "EPILOGUE_BUFFERS": cfg.EPILOGUE_BUFFERS,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
+        "BOXES": cfg.BOXES,
         "SPLIT": cfg.SPLIT,
         "DEFER_STORE": cfg.DEFER_STORE,
     }
