@@ -70,3 +70,25 @@ def test_inspect_json_lists_every_rung(capsys):
     assert {r["mode"] for r in rows} == {"Blocked", "warpspec"}
     for row in rows:
         assert row.keys() >= INSPECT_JSON_KEYS
+
+
+def test_pingpong_consumers_multiply_three_row_boxes(reports):
+    """The 192-row ping-pong tile is three 64-row accumulators per consumer: per K step each of the
+    two consumers issues one m64 wgmma per box and per 16 of BLOCK_K (128x128 tiles would be 2)."""
+    from gluon_survey.kernels import warpspec
+
+    cfg = warpspec.PINGPONG
+    assert (cfg.BOXES, cfg.BLOCK_M, cfg.tile_m) == (3, 64, 192)
+    spec = next(s for s in warpspec.compile_specs((9, 0)) if "ping-pong" in s.kernel)
+    assert reports(spec).count("HGMMA") == 2 * cfg.BOXES * cfg.BLOCK_K // 16
+
+
+def test_warpspec_config_rejects_tiles_the_consumer_cannot_hold():
+    from dataclasses import replace
+
+    from gluon_survey.kernels import warpspec
+
+    with pytest.raises(ValueError, match="BOXES is 1 to 3"):
+        replace(warpspec.PINGPONG, BOXES=4)
+    with pytest.raises(ValueError, match="SPLIT needs two"):
+        replace(warpspec.PINGPONG, SPLIT=True)

@@ -6,9 +6,10 @@ waits on an mbarrier for both, runs the MMA synchronously, and only then asks fo
 The copy engine and the tensor cores never work at the same time inside a program; the only
 overlap comes from a second program on the same SM (occupancy 2), which is why the tile is small.
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit 44991fa, steady-state clocks, x cuBLAS
-timed alongside in alternating windows, fp16 / bf16): 0.83 / 0.81 at K = 512 falling to
-0.64 / 0.62 at K = 16384, 421-490 TFLOP/s at every K; geomean 0.74 / 0.73 (a second run: the same).
+Measured on H100 80GB HBM3 (results/h100-ladder/ and -run2/, commit c63b779, steady-state clocks,
+x cuBLAS timed alongside in alternating windows, fp16 / bf16): 0.81-0.83 / 0.81 at K = 512
+falling to 0.63-0.64 / 0.62-0.64 at K = 16384, 421-489 TFLOP/s at every K; geomean 0.73-0.74 /
+0.72-0.73 over two runs.
 """
 
 from __future__ import annotations

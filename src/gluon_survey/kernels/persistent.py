@@ -18,11 +18,11 @@ next tile. Timed in SM clocks inside the kernel, the main loop already ran at th
 full rate, and the synchronous store of C was the whole per-tile loss (~2000 clocks for 64 KB);
 spread over the next tile, it overlaps the MMAs (docs/perf-notes.md, entry 15).
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit 44991fa, steady-state clocks, x cuBLAS
-timed alongside in alternating windows, fp16 / bf16): 0.96 / 0.98 at K = 512, 0.985 / 0.99 at
-1024, 1.02-1.04 from K = 2048 except bf16 at 4096 (0.994; 1.018 in a second run, whose cells from
-K = 2048 are 1.016-1.047); geomean 1.01 / 1.01. The last wave (2048 tiles on 132 SMs) costs it
-and cuBLAS alike ~3 %; a stream-K schedule for it lost (docs/perf-notes.md, entry 16).
+Measured on H100 80GB HBM3 (results/h100-ladder/ and -run2/, commit c63b779, steady-state clocks,
+x cuBLAS timed alongside in alternating windows, fp16 / bf16, two runs): 0.98-0.99 at K = 512,
+0.97-0.998 at 1024, 1.007-1.05 from K = 2048; geomean 1.01 / 1.01. The last wave (2048 tiles on
+132 SMs) costs it and cuBLAS alike ~3 %; a stream-K schedule for it lost (docs/perf-notes.md,
+entry 16).
 """
 
 from __future__ import annotations

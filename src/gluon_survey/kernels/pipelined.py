@@ -9,9 +9,9 @@ k+STAGES-1. So STAGES-1 loads are in flight behind every MMA.
 Slot and phase come from one counter: slot = k % STAGES, phase = (k // STAGES) & 1 (a fresh
 mbarrier is in phase 0, and each completed fill flips it).
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit 44991fa, steady-state clocks, x cuBLAS
-timed alongside in alternating windows, fp16 / bf16): 0.85 / 0.85 at K = 512, 0.91 / 0.90 at
-1024, 0.98-1.03 from K = 2048; geomean 0.96 / 0.96 (a second run: the same).
+Measured on H100 80GB HBM3 (results/h100-ladder/ and -run2/, commit c63b779, steady-state clocks,
+x cuBLAS timed alongside in alternating windows, fp16 / bf16): 0.85-0.86 / 0.83-0.84 at K = 512,
+0.91 at 1024, 0.97-1.03 from K = 2048; geomean 0.96 / 0.95 in both of two runs.
 """
 
 from __future__ import annotations

@@ -39,10 +39,11 @@ one 256x128 tile and read the same B stage (cuBLAS's tile shape without its clus
 led at K = 2048-4096 until the cooperative design's deferred epilogue overtook it there, and
 192-row ping-pong overtook both (docs/perf-notes.md, entry 17).
 
-Measured on H100 80GB HBM3 (results/h100-ladder/, commit 44991fa, steady-state clocks, x cuBLAS
-timed alongside in alternating windows, fp16 / bf16): 1.05 / 1.04 at K = 512 (best of the
-ladder), 1.00 / 0.989 at 1024, 1.01-1.04 from K = 2048; geomean 1.02 / 1.02. A second run:
-1.02-1.04 from K = 1024 except bf16 at 1024 (0.996) and 4096 (1.003); geomean 1.03 / 1.02.
+Measured on H100 80GB HBM3 (results/h100-ladder/ and -run2/, commit c63b779, steady-state clocks,
+x cuBLAS timed alongside in alternating windows, fp16 / bf16, two runs): 1.09-1.10 at K = 512
+(best of the ladder), 1.02-1.04 at 1024, 1.05-1.075 at 2048, 1.03-1.05 at 4096, 1.01-1.04 from
+8192; geomean 1.04-1.05. The 128x128 ping-pong it replaced: 1.04-1.05 at K = 512, 0.989-1.02 at
+1024 (docs/perf-notes.md, entry 17).
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ class WarpSpecConfig(GemmConfig):
     def __post_init__(self):
         super().__post_init__()
         if not 1 <= self.BOXES <= 3 or (self.SPLIT and (self.BOXES, self.CONSUMERS) != (2, 2)):
-            raise ValueError("BOXES is 1 to 3 (a consumer has at most three accumulators); SPLIT needs two of each")
+            raise ValueError(
+                "BOXES is 1 to 3 (a consumer has at most three accumulators); SPLIT needs two of each"
+            )
 
     @property
     def design(self) -> str:
@@ -113,7 +116,7 @@ class WarpSpecConfig(GemmConfig):
 # 64x64 C buffer per consumer = 216 KB (its epilogue runs during the other consumer's main loop, so
 # it can afford to wait between slices). H100, steady-state pairs, x cuBLAS: K = 512 1.09-1.10
 # against 1.04-1.06 for 128x128 tiles (6 stages), K = 1024 1.03-1.05 against 1.00-1.03; 4 stages
-# with 16 KB C slices lost 5 % to 5 (docs/perf-notes.md, entry 17).
+# with 16 KB C slices lost 3-10 % to 5 (docs/perf-notes.md, entry 17).
 PINGPONG = WarpSpecConfig(
     BLOCK_M=64, BOXES=3, BLOCK_N=128, BLOCK_K=64, STAGES=5, num_warps=4, GROUP_M=8, EPILOGUE_N=64, CONSUMERS=2
 )
@@ -153,8 +156,8 @@ COOPERATIVE = WarpSpecConfig(
 # docs/perf-notes.md, entries 13 and 17).
 CONFIG = PINGPONG
 # The rule, from steady-state paired measurements on H100 (docs/perf-notes.md, entry 17; x cuBLAS,
-# fp16 / bf16, two rounds): 192-row ping-pong leads up to K = 4096 (1.02-1.04 there against the
-# cooperative design's 1.00-1.04); from K = 8192, where the epilogue is a small share of a tile, the
+# fp16 / bf16, two rounds): 192-row ping-pong leads up to K = 4096 (there 1.024-1.041 against the
+# cooperative design's 0.995-1.040); from K = 8192, where the epilogue is a small share of a tile, the
 # cooperative design's 128x256 tiles (fewest shared-memory reads per FLOP) lead: 1.021-1.027 against
 # 1.006-1.032.
 COOPERATIVE_FROM_K = 8192
@@ -266,7 +269,9 @@ def _consumer(
             if MINE > 1:
                 store_tile_sliced(c_desc, c_bufs, acc1, off_m + BOX_M, off_n, EPILOGUE_BUFFERS, BASE, SLICES)
             if MINE > 2:
-                store_tile_sliced(c_desc, c_bufs, acc2, off_m + 2 * BOX_M, off_n, EPILOGUE_BUFFERS, BASE, 2 * SLICES)
+                store_tile_sliced(
+                    c_desc, c_bufs, acc2, off_m + 2 * BOX_M, off_n, EPILOGUE_BUFFERS, BASE, 2 * SLICES
+                )
     if DEFER_STORE:
         store_staged_rest(c_desc, c_bufs, prev_m, prev_n, 0, spacing, True)
     tma.store_wait(0)
@@ -307,11 +312,41 @@ def warpspec_kernel(
             [
                 (
                     _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2, BOXES, SPLIT),
+                    (
+                        c_desc,
+                        a_bufs,
+                        b_bufs,
+                        c_bufs,
+                        ready,
+                        empty,
+                        turns,
+                        B_KMAJOR,
+                        GROUP_M,
+                        K,
+                        0,
+                        2,
+                        BOXES,
+                        SPLIT,
+                    ),
                 ),
                 (
                     _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2, BOXES, SPLIT),
+                    (
+                        c_desc,
+                        a_bufs,
+                        b_bufs,
+                        c_bufs,
+                        ready,
+                        empty,
+                        turns,
+                        B_KMAJOR,
+                        GROUP_M,
+                        K,
+                        1,
+                        2,
+                        BOXES,
+                        SPLIT,
+                    ),
                 ),
                 (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, BOXES)),
             ],
