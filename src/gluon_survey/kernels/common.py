@@ -224,16 +224,16 @@ def load_partition(
     empty,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
-    BOXES: gl.constexpr = 1,
 ):
     """The TMA-load partition of the warp-specialized kernels (Hopper and Blackwell): fill the ring
     for every (tile, K step) of this program in grouped order, each fill once whoever read the
-    stage's previous contents has released it on `empty`. With BOXES > 1 a tile is that many
-    A boxes tall, and stage s holds them in a_bufs[s * BOXES + i]."""
+    stage's previous contents has released it on `empty`. A tile is BOXES A boxes tall (a_bufs has
+    BOXES buffers per stage of b_bufs), and stage s holds them in a_bufs[s * BOXES + i]."""
+    STAGES: gl.constexpr = b_bufs.shape[0]
+    BOXES: gl.constexpr = a_bufs.shape[0] // STAGES
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0] * BOXES
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
-    STAGES: gl.constexpr = b_bufs.shape[0]
     num_pid_m = gl.cdiv(a_desc.shape[0], BLOCK_M)
     num_pid_n = gl.cdiv(b_desc.shape[0] if B_KMAJOR else b_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)

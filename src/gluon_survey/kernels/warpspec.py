@@ -188,19 +188,19 @@ def _consumer(
     K,
     ME: gl.constexpr,
     CONSUMERS: gl.constexpr,
-    BOXES: gl.constexpr,
     SPLIT: gl.constexpr,
     DEFER_STORE: gl.constexpr = False,
 ):
     """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program and multiplies each
-    of its BOXES A boxes into an accumulator of its own. With two, they alternate on the tensor
-    cores through the `turns` barriers; alone, it never waits for a turn.
+    of its A boxes (BOXES per ring stage) into an accumulator of its own. With two, they alternate
+    on the tensor cores through the `turns` barriers; alone, it never waits for a turn.
     SPLIT: every tile, only its box ME, no turns.
     DEFER_STORE (one consumer): a tile's C is staged whole and stored during the next tile's loop."""
     BOX_M: gl.constexpr = a_bufs.shape[1]
     BLOCK_N: gl.constexpr = b_bufs.shape[1] if B_KMAJOR else b_bufs.shape[2]
     BLOCK_K: gl.constexpr = a_bufs.shape[2]
     STAGES: gl.constexpr = b_bufs.shape[0]
+    BOXES: gl.constexpr = a_bufs.shape[0] // STAGES  # A boxes per stage: a tile's rows / BOX_M
     PINGPONG: gl.constexpr = CONSUMERS == 2 and not SPLIT
     MINE: gl.constexpr = 1 if SPLIT else BOXES  # boxes (accumulators) this consumer multiplies
     BOX0: gl.constexpr = ME if SPLIT else 0  # its first box
@@ -312,43 +312,13 @@ def warpspec_kernel(
             [
                 (
                     _consumer,
-                    (
-                        c_desc,
-                        a_bufs,
-                        b_bufs,
-                        c_bufs,
-                        ready,
-                        empty,
-                        turns,
-                        B_KMAJOR,
-                        GROUP_M,
-                        K,
-                        0,
-                        2,
-                        BOXES,
-                        SPLIT,
-                    ),
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2, SPLIT),
                 ),
                 (
                     _consumer,
-                    (
-                        c_desc,
-                        a_bufs,
-                        b_bufs,
-                        c_bufs,
-                        ready,
-                        empty,
-                        turns,
-                        B_KMAJOR,
-                        GROUP_M,
-                        K,
-                        1,
-                        2,
-                        BOXES,
-                        SPLIT,
-                    ),
+                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2, SPLIT),
                 ),
-                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, BOXES)),
+                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -370,7 +340,6 @@ def warpspec_kernel(
                         GROUP_M,
                         K,
                         0,
-                        1,
                         1,
                         False,
                         DEFER_STORE,
