@@ -1,8 +1,8 @@
 """Rows and results files for the report, results and CLI tests (no GPU, no worker), and the
 fields every `gluon-survey inspect --format json` row must have."""
 
-from gluon_survey.results import Results, Row, make_header
-from gluon_survey.shapes import Shape
+from gluon_survey.driver.results import Results, Row, make_header
+from gluon_survey.driver.shapes import Shape
 
 ENV = {
     "name": "NVIDIA H100 80GB HBM3",

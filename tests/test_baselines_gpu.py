@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gluon_survey import api
-from gluon_survey.check import check, make_inputs, reference, rel_error
-from gluon_survey.shapes import Shape
+from gluon_survey.driver.check import check, make_inputs, reference, rel_error
+from gluon_survey.driver.shapes import Shape
 
 pytestmark = [
     pytest.mark.gpu,
@@ -78,7 +78,7 @@ def test_matmul_matches_the_reference(mode, shape, dtype, layout):
 def test_a_timed_row_carries_its_paired_cublas_time_and_the_clock():
     """What the driver records per cell on a GPU: the mode's time, cuBLAS's on the same inputs
     around it, and NVML's clock and power over the timed window (when NVML can be read)."""
-    from gluon_survey import worker
+    from gluon_survey.driver import worker
 
     provider = worker.cuda_provider("Pipelined")
     assert provider.baseline is not None and worker.cuda_provider("torch").baseline is None

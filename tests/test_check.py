@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from gluon_survey.check import (
+from gluon_survey.driver.check import (
     UNIT_ROUNDOFF,
     check,
     make_inputs,
@@ -12,7 +12,7 @@ from gluon_survey.check import (
     tolerance,
     torch_dtype,
 )
-from gluon_survey.shapes import Shape
+from gluon_survey.driver.shapes import Shape
 
 SHAPE = Shape(33, 40, 72)
 

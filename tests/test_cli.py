@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from factories import results, row
-from gluon_survey import api, registry, worker
-from gluon_survey.cli import main
-from gluon_survey.results import ResultsWriter, load
+from gluon_survey import api, registry
+from gluon_survey.driver import worker
+from gluon_survey.driver.cli import main
+from gluon_survey.driver.results import ResultsWriter, load
 
 
 @pytest.fixture
@@ -100,8 +101,8 @@ def test_list_asks_each_mode_about_this_gpu(monkeypatch, capsys):
 def test_inspect_is_handed_its_arguments(monkeypatch):
     seen = []
     fake = types.SimpleNamespace(main=lambda argv: seen.append(list(argv)) or 7)
-    monkeypatch.setitem(sys.modules, "gluon_survey.inspect", fake)
-    monkeypatch.setattr("gluon_survey.inspect", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "gluon_survey.driver.inspect", fake)
+    monkeypatch.setattr("gluon_survey.driver.inspect", fake, raising=False)
     assert main(["inspect", "triton", "--arch", "sm_90a"]) == 7
     assert seen == [["triton", "--arch", "sm_90a"]]
 

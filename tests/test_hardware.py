@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from gluon_survey import hardware
+from gluon_survey.driver import hardware
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from factories import INSPECT_JSON_KEYS
-from gluon_survey import inspect as gs_inspect
+from gluon_survey.driver import inspect as gs_inspect
 from gluon_survey import registry
 
 pytestmark = pytest.mark.compile

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from factories import INSPECT_JSON_KEYS as JSON_KEYS
-from gluon_survey import inspect as gi
+from gluon_survey.driver import inspect as gi
 from gluon_survey import registry
 from gluon_survey.baselines import triton_gemm
 from gluon_survey.registry import CompileSpec, Mode

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gluon_survey import api, registry
-from gluon_survey.check import reference, rel_error, tolerance
+from gluon_survey.driver.check import reference, rel_error, tolerance
 from gluon_survey.kernels import persistent, warpspec
 
 pytestmark = pytest.mark.gpu

@@ -7,9 +7,9 @@ import pytest
 from rich.console import Console
 
 from factories import results, row
-from gluon_survey import report
-from gluon_survey.cli import main
-from gluon_survey.results import ResultsWriter
+from gluon_survey.driver import report
+from gluon_survey.driver.cli import main
+from gluon_survey.driver.results import ResultsWriter
 
 BLOCKS = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "stages": 3, "warps": 8}
 

@@ -4,8 +4,8 @@ import math
 import pytest
 
 from factories import ENV, SETTINGS, row
-from gluon_survey.cli import main
-from gluon_survey.results import (
+from gluon_survey.driver.cli import main
+from gluon_survey.driver.results import (
     ABOVE_PEAK,
     NOISY,
     ResultsWriter,

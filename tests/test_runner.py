@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gluon_survey import registry, runner, worker
-from gluon_survey.results import ResultsWriter, load, make_header
-from gluon_survey.shapes import Shape
+from gluon_survey import registry
+from gluon_survey.driver import runner, worker
+from gluon_survey.driver.results import ResultsWriter, load, make_header
+from gluon_survey.driver.shapes import Shape
 
 FAST = runner.Settings(warmup_ms=2.0, min_ms=5.0, timeout_s=60.0)
 SHAPES = [Shape(32, 48, 64), Shape(17, 33, 65)]  # the second is ragged on purpose
@@ -117,7 +118,7 @@ def test_real_modes_without_cuda_are_skipped_with_the_reason(tmp_path, monkeypat
 
 
 def _workers_tagged(tag):
-    """Live `gluon_survey.worker` processes whose environment carries `tag`."""
+    """Live `gluon_survey.driver.worker` processes whose environment carries `tag`."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -127,7 +128,7 @@ def _workers_tagged(tag):
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if f"GLUON_SURVEY_TEST_TAG={tag}".encode() in environ and b"gluon_survey.worker" in cmdline:
+        if f"GLUON_SURVEY_TEST_TAG={tag}".encode() in environ and b"gluon_survey.driver.worker" in cmdline:
             pids.append(int(proc.name))
     return pids
 

@@ -1,6 +1,6 @@
 import pytest
 
-from gluon_survey.shapes import Shape, grid, llm_shapes, parse_dim, read_csv, resolve
+from gluon_survey.driver.shapes import Shape, grid, llm_shapes, parse_dim, read_csv, resolve
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ import re
 import numpy as np
 import pytest
 
-from gluon_survey.timing import COPIES_BUDGET_BYTES, Timing, copies_for_cold_l2, time_fn, time_paired
+from gluon_survey.driver.timing import COPIES_BUDGET_BYTES, Timing, copies_for_cold_l2, time_fn, time_paired
 
 MiB = 1 << 20
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gluon_survey.registry import Launch
-from gluon_survey.timing import WallClock
-from gluon_survey.worker import Provider, measure, run_task
+from gluon_survey.driver.timing import WallClock
+from gluon_survey.driver.worker import Provider, measure, run_task
 
 TASK = {"M": 48, "N": 40, "K": 72, "dtype": "fp16", "b_layout": "t"}
 SETTINGS = {"seed": 0, "warmup_ms": 1.0, "min_ms": 2.0, "min_iters": 5, "max_iters": 50}
@@ -157,7 +157,7 @@ def test_telemetry_result_goes_into_the_row():
 
 
 def test_paired_timing_gets_the_long_warm_up_once_and_the_rounds_asked_for(monkeypatch):
-    from gluon_survey import timing
+    from gluon_survey.driver import timing
 
     calls = []
     real = timing.time_paired

@@ -1,5 +1,5 @@
 """`python -m gluon_survey` is `gluon-survey`."""
 
-from gluon_survey.cli import main
+from gluon_survey.driver.cli import main
 
 raise SystemExit(main())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gluon_survey.shapes import Shape
+from gluon_survey.driver.shapes import Shape
 
 DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
 B_LAYOUTS = ("row", "t")

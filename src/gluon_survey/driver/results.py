@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import IO, Any
 
-from gluon_survey.shapes import Shape
-from gluon_survey.timing import NOISY_SPREAD
+from gluon_survey.driver.shapes import Shape
+from gluon_survey.driver.timing import NOISY_SPREAD
 
 SCHEMA_VERSION = 1
 STATUSES = ("OK", "FAILED", "ERROR", "SKIPPED", "TIMEOUT")

@@ -1,6 +1,6 @@
 """One mode, measured over a list of (shape, dtype, B layout) tasks, in a process of its own.
 
-Started by `gluon_survey.runner` as `python -m gluon_survey.worker`, so that a kernel that crashes
+Started by `gluon_survey.driver.runner` as `python -m gluon_survey.driver.worker`, so that a kernel that crashes
 the process, corrupts the CUDA context or never returns costs one row, not the survey.
 
 Protocol: the parent writes one JSON line, the job (`mode`, `tasks`, timing settings), to stdin and
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     import torch
 
     from gluon_survey.registry import Launch
-    from gluon_survey.timing import Clock
+    from gluon_survey.driver.timing import Clock
 
 TEST_PROVIDERS_ENV = "GLUON_SURVEY_TEST_PROVIDERS"
 TEST_MODES = ("_crash", "_hang", "_ok_cpu")
@@ -84,8 +84,8 @@ def cuda_provider(mode_name: str) -> Provider:
     import torch
 
     from gluon_survey import api, registry
-    from gluon_survey.hardware import telemetry_for_current_device
-    from gluon_survey.timing import COPIES_BUDGET_BYTES, CudaEventClock, WallClock
+    from gluon_survey.driver.hardware import telemetry_for_current_device
+    from gluon_survey.driver.timing import COPIES_BUDGET_BYTES, CudaEventClock, WallClock
 
     mode = registry.get(mode_name)
 
@@ -126,7 +126,7 @@ def fake_provider(mode_name: str) -> Provider:
     import torch
 
     from gluon_survey.registry import Launch
-    from gluon_survey.timing import WallClock
+    from gluon_survey.driver.timing import WallClock
 
     torch.set_num_threads(1)  # steadier wall-clock times on a shared CI machine
 
@@ -184,9 +184,9 @@ def measure(
     """Check, then time, one task; the row fields the worker knows (see `results.Row`)."""
     import torch
 
-    from gluon_survey.check import check, make_inputs, reference, rel_error
-    from gluon_survey.shapes import Shape
-    from gluon_survey.timing import copies_for_cold_l2, time_fn, time_paired
+    from gluon_survey.driver.check import check, make_inputs, reference, rel_error
+    from gluon_survey.driver.shapes import Shape
+    from gluon_survey.driver.timing import copies_for_cold_l2, time_fn, time_paired
 
     shape = Shape(task["M"], task["N"], task["K"])
     dtype, layout, seed = task["dtype"], task["b_layout"], settings["seed"]
@@ -342,7 +342,7 @@ def main() -> None:
             )
         send("row", task=index, row=row)
         if provider is not None and row["status"] == "ERROR" and not provider.healthy():
-            print("gluon_survey.worker: CUDA context lost; exiting for a fresh worker", file=sys.stderr)
+            print("gluon_survey.driver.worker: CUDA context lost; exiting for a fresh worker", file=sys.stderr)
             os._exit(4)  # the driver restarts the remaining tasks in a new process
     send("done")
 

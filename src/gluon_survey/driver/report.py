@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from gluon_survey.registry import BASELINE
-from gluon_survey.results import NOISY, Delta, Results, Row
-from gluon_survey.shapes import Shape
-from gluon_survey.timing import round_ratio
+from gluon_survey.driver.results import NOISY, Delta, Results, Row
+from gluon_survey.driver.shapes import Shape
+from gluon_survey.driver.timing import round_ratio
 
 FORMATS = ("table", "legacy", "csv", "json", "markdown")
 LEGACY_HEADER = "K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec"

@@ -22,11 +22,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gluon_survey import registry, shapes
+from gluon_survey import registry
+from gluon_survey.driver import shapes
 
 if TYPE_CHECKING:
-    from gluon_survey.results import Results
-    from gluon_survey.runner import Settings, Task
+    from gluon_survey.driver.results import Results
+    from gluon_survey.driver.runner import Settings, Task
 
 PROG = "gluon-survey"
 _DIMS = (("m", shapes.DEFAULT_M), ("n", shapes.DEFAULT_N), ("k", shapes.DEFAULT_K))
@@ -134,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_output_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    from gluon_survey.report import FORMATS
+    from gluon_survey.driver.report import FORMATS
 
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
     parser.add_argument("--output", type=Path, metavar="FILE", help="write the report here (default: stdout)")
@@ -144,8 +145,8 @@ def _add_output_options(parser: argparse.ArgumentParser | argparse._ArgumentGrou
 def run(argv: Sequence[str]) -> int:
     """The timing command (see `build_parser`)."""
     args = build_parser().parse_args(argv)
-    from gluon_survey import runner
-    from gluon_survey.check import B_LAYOUTS, DTYPES
+    from gluon_survey.driver import runner
+    from gluon_survey.driver.check import B_LAYOUTS, DTYPES
 
     try:
         modes = runner.resolve_modes(args.modes)
@@ -157,7 +158,7 @@ def run(argv: Sequence[str]) -> int:
     if args.results is not None and args.results.exists():
         return _usage_error(f"--results {args.results} exists; a results file holds one run")
     if runner.needs_cuda(modes) and not _cuda_available():
-        from gluon_survey.hardware import describe_torch_cuda
+        from gluon_survey.driver.hardware import describe_torch_cuda
 
         print(
             f"{PROG}: timing needs a CUDA GPU that torch can use (torch.cuda.is_available()); found "
@@ -170,7 +171,7 @@ def run(argv: Sequence[str]) -> int:
 
 
 def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], command: str) -> int:
-    from gluon_survey import hardware, results, runner
+    from gluon_survey.driver import hardware, results, runner
 
     settings = runner.Settings(
         seed=args.seed,
@@ -217,9 +218,9 @@ def _settings_record(
     peaks: dict[str, tuple[float | None, str]],
 ) -> dict[str, object]:
     """The header's `settings`: how this run measured, in the words the report prints."""
-    from gluon_survey import runner
-    from gluon_survey.check import TOLERANCE_RULE
-    from gluon_survey.timing import COPIES_BUDGET_BYTES, L2_FACTOR
+    from gluon_survey.driver import runner
+    from gluon_survey.driver.check import TOLERANCE_RULE
+    from gluon_survey.driver.timing import COPIES_BUDGET_BYTES, L2_FACTOR
 
     dims = " ".join(f"--{dim} {getattr(args, dim) or default}" for dim, default in _DIMS)
     budget_gib = COPIES_BUDGET_BYTES >> 30
@@ -238,7 +239,7 @@ def _settings_record(
 
 def _emit(measured: Results, args: argparse.Namespace) -> None:
     """Print or write the report, the plot when asked; for `legacy`, say on stderr what it omits."""
-    from gluon_survey import report
+    from gluon_survey.driver import report
 
     report.render(measured, args.format, args.output)
     if args.format == "legacy":
@@ -303,7 +304,7 @@ def list_modes(argv: Sequence[str]) -> int:
     from rich.text import Text
 
     from gluon_survey import api
-    from gluon_survey.hardware import describe_torch_cuda
+    from gluon_survey.driver.hardware import describe_torch_cuda
 
     cap = api.capability()
     here = describe_torch_cuda() + (f", sm_{cap[0]}{cap[1]}" if cap else "")
@@ -335,7 +336,7 @@ def compare_runs(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     from rich.console import Console
 
-    from gluon_survey import report, results
+    from gluon_survey.driver import report, results
 
     try:
         old, new = results.load(args.old), results.load(args.new)
@@ -359,7 +360,7 @@ def report_run(argv: Sequence[str]) -> int:
     parser.add_argument("results", type=Path, help="results file (.jsonl) written by a timing run")
     _add_output_options(parser)
     args = parser.parse_args(argv)
-    from gluon_survey import results
+    from gluon_survey.driver import results
 
     try:
         loaded = results.load(args.results)
@@ -370,8 +371,8 @@ def report_run(argv: Sequence[str]) -> int:
 
 
 def inspect_kernels(argv: Sequence[str]) -> int:
-    """`gluon-survey inspect ...`: see `gluon_survey.inspect`."""
-    from gluon_survey import inspect
+    """`gluon-survey inspect ...`: see `gluon_survey.driver.inspect`."""
+    from gluon_survey.driver import inspect
 
     return inspect.main(argv)
 

@@ -1,6 +1,6 @@
 """The sweep: modes x shapes x dtypes x B layouts, each mode in worker subprocesses.
 
-Each mode runs in a fresh `python -m gluon_survey.worker` that measures its tasks one after the
+Each mode runs in a fresh `python -m gluon_survey.driver.worker` that measures its tasks one after the
 other and reports each as a JSON line. The parent gives every task `timeout_s`, counted from the
 worker's "start" of it (a worker's start-up before its first task gets at least
 `STARTUP_TIMEOUT_S`), and appends each row to the results file the moment it arrives. When a
@@ -26,9 +26,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import IO, Any, Protocol
 
-from gluon_survey import registry, worker
-from gluon_survey.results import ResultsWriter, Row
-from gluon_survey.shapes import Shape
+from gluon_survey import registry
+from gluon_survey.driver import worker
+from gluon_survey.driver.results import ResultsWriter, Row
+from gluon_survey.driver.shapes import Shape
 
 STDERR_TAIL_LINES = 20
 STARTUP_TIMEOUT_S = 120.0  # a worker's start-up (imports, CUDA init) gets at least this long
@@ -141,7 +142,7 @@ class _Worker:
 
     def __init__(self, mode: str, tasks: Sequence[Task], settings: Settings) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gluon_survey.worker"],
+            [sys.executable, "-m", "gluon_survey.driver.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
