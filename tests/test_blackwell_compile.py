@@ -2,10 +2,11 @@
 
 1. Every rung compiles for sm_100a, with both B layouts, and its SASS is what the design says:
    tcgen05 MMAs (UTCHMMA), TMEM loads (LDTM), TMA loads and stores (UTMALDG / UTMASTG), no local
-   memory (LDL / STL, spills), shared memory within the 227 KB a block may use, tensor memory
-   within 512 columns, and register reallocation (USETMAXREG) in the warp-specialized kernel.
-   Blocked, Pipelined and persistent are the Hopper rung kernels with `MMAv5` and the sm_100
-   configs of `blackwell.BLACKWELL_CONFIGS`; warpspec is `blackwell.warpspec_tcgen05_kernel`.
+   memory (LDL / STL, spills), the shared memory its config computes, tensor memory within 512
+   columns, and register reallocation (USETMAXREG) in the warp-specialized kernel. Blocked,
+   Pipelined and persistent are the Hopper rung kernels with `MMAv5` and their sm_100 configs;
+   warpspec is `kernels/warpspec_tcgen05.py`, which the registry picks for sm_100. Compiled and
+   parsed through `gluon-survey inspect`'s engine (tests/kernel_reports.py).
 2. With the device faked as sm_100 (148 SMs) and the kernel launches recorded, `api.prepare` /
    `api.matmul` pick the Blackwell kernels, build their TMA descriptors with the right block shapes
    and launch the right grid; bad inputs get the same errors as on Hopper.
@@ -15,139 +16,111 @@ CPU only: `pytest -m compile tests/test_blackwell_compile.py`; passes with trito
 
 from __future__ import annotations
 
-import collections
-import functools
-import os
-import re
-import subprocess
-import tempfile
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 import torch
 import triton
 from torch._subclasses.fake_tensor import FakeTensorMode  # CUDA-device tensors without a GPU
-from triton.backends.compiler import GPUTarget
 
-from gluon_survey import api
-from gluon_survey.compat import GluonASTSource
-from gluon_survey.kernels import blackwell, blocked, common, persistent, pipelined, warpspec
+from gluon_survey import api, registry
+from gluon_survey.kernels import (
+    arch,
+    blackwell,
+    blocked,
+    common,
+    hopper,
+    persistent,
+    pipelined,
+    warpspec,
+    warpspec_tcgen05,
+)
+from gluon_survey.launch import Target
+from kernel_reports import compiled_report, specs
 
 pytestmark = pytest.mark.compile
 
-SM100 = GPUTarget("cuda", 100, 32)
 SM_COUNT = 148  # B200
 RUNG_MODULES = {"Blocked": blocked, "Pipelined": pipelined, "persistent": persistent}
 RUNGS = [*RUNG_MODULES, "warpspec"]
 LAYOUTS = ["row", "t"]  # B as a row-major [K, N] matrix, or the transpose view of a [N, K] weight
-# Columns of the fp32 accumulator(s): one BLOCK_N-wide tile, two of them in warpspec.
-TMEM_COLUMNS = {"Blocked": 128, "Pipelined": 256, "persistent": 256, "warpspec": 512}
+
+
+def _config(rung: str):
+    return warpspec_tcgen05.CONFIG if rung == "warpspec" else RUNG_MODULES[rung].CONFIGS[10]
+
+
+def _tmem_columns(rung: str) -> int:
+    """Columns of the fp32 accumulator(s): one BLOCK_N-wide tile; two of them in warpspec."""
+    return _config(rung).BLOCK_N * (2 if rung == "warpspec" else 1)
 
 
 # --------------------------------------------------------------------------------------------------
 # 1. Compiling for sm_100a.
 
 
-def _specs(rung: str):
-    """The rung's compile specs for sm_100 with its Blackwell config. Until each rung picks its
-    config by capability itself, its module-level CONFIG is swapped for the Blackwell one while the
-    specs are built (afterwards the swap changes nothing)."""
-    if rung == "warpspec":
-        return warpspec.compile_specs((10, 0), "float16")
-    module = RUNG_MODULES[rung]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(module, "CONFIG", blackwell.BLACKWELL_CONFIGS[rung])
-        return module.compile_specs((10, 0), "float16")
-
-
-@dataclass(frozen=True)
-class Compiled:
-    label: str
-    shared: int
-    tmem: int  # 32-bit TMEM columns allocated
-    ops: collections.Counter  # SASS opcode, up to its first '.', -> count
-    sass: str
-    resources: str  # cuobjdump --dump-resource-usage
-
-
-def _cuobjdump(flag: str, cubin: bytes) -> str:
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
-
-
-@functools.cache
-def _compiled(rung: str, layout: str) -> Compiled:
-    (spec,) = [s for s in _specs(rung) if s.constexprs["B_KMAJOR"] == (layout == "t")]
-    src = GluonASTSource(spec.fn, spec.signature, spec.constexprs)
-    kernel = triton.compile(src, target=SM100, options=spec.options)
-    sass = _cuobjdump("--dump-sass", kernel.asm["cubin"])
-    opcode = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", re.MULTILINE)
-    return Compiled(
-        label=spec.kernel,
-        shared=kernel.metadata.shared,
-        tmem=kernel.metadata.tmem_size,
-        ops=collections.Counter(m.group(1) for m in opcode.finditer(sass)),
-        sass=sass,
-        resources=_cuobjdump("--dump-resource-usage", kernel.asm["cubin"]),
-    )
+def _report(rung: str, layout: str):
+    index = next(i for i, s in enumerate(specs(rung, "sm_100a")) if s.kernel.endswith(f"B={layout}"))
+    return compiled_report(rung, "sm_100a", "float16", index)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rung", RUNGS)
 def test_rung_uses_tcgen05_tmem_and_tma(rung, layout):
-    c = _compiled(rung, layout)
-    assert any(op.startswith("UTC") and op.endswith("MMA") for op in c.ops), f"{c.label}: no tcgen05 MMA"
-    assert c.ops["UTCHMMA"] > 0, f"{c.label}: no UTCHMMA (fp16 tcgen05)"
-    assert c.ops["HGMMA"] == 0, f"{c.label}: Hopper wgmma in an sm_100a kernel"
-    assert c.ops["LDTM"] > 0, f"{c.label}: the accumulator never leaves tensor memory"
-    assert c.ops["UTMALDG"] > 0 and c.ops["UTMASTG"] > 0, f"{c.label}: no TMA load/store"
+    spec, r = _report(rung, layout)
+    assert r.error is None, r.error
+    assert r.count("UTCHMMA") > 0, f"{spec.kernel}: no UTCHMMA (fp16 tcgen05)"
+    assert r.count("HGMMA") == 0, f"{spec.kernel}: Hopper wgmma in an sm_100a kernel"
+    assert r.count("LDTM") > 0, f"{spec.kernel}: the accumulator never leaves tensor memory"
+    assert r.count("UTMALDG") > 0 and r.count("UTMASTG") > 0, f"{spec.kernel}: no TMA load/store"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rung", RUNGS)
 def test_rung_does_not_spill(rung, layout):
-    c = _compiled(rung, layout)
-    assert c.ops["LDL"] == 0 and c.ops["STL"] == 0, f"{c.label}: local memory traffic (spills)"
-    assert re.search(r"\bLOCAL:0\b", c.resources) and re.search(r"\bSTACK:0\b", c.resources), c.resources
+    spec, r = _report(rung, layout)
+    assert r.count("LDL") == 0 and r.count("STL") == 0, f"{spec.kernel}: local memory traffic (spills)"
+    assert r.spill_bytes == 0 and r.stack_bytes == 0 and r.local_bytes == 0
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rung", RUNGS)
 def test_rung_fits_shared_and_tensor_memory(rung, layout):
-    c = _compiled(rung, layout)
-    assert 0 < c.shared <= common.SMEM_LIMIT, f"{c.label}: {c.shared} B of shared memory"
-    assert c.tmem == TMEM_COLUMNS[rung] <= blackwell.TMEM_COLUMNS.value, f"{c.label}: {c.tmem} TMEM columns"
+    spec, r = _report(rung, layout)
+    assert 0 <= r.shared_bytes - spec.config.smem_bytes() < 512, f"{spec.kernel}: {r.shared_bytes} B"
+    assert r.shared_bytes <= common.SMEM_LIMIT
+    assert r.tmem_cols == _tmem_columns(rung) <= blackwell.TMEM_COLUMNS.value, spec.kernel
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_warpspec_reallocates_registers(layout):
     """The 1-warp TMA and MMA workers share one warpgroup, which gives registers away
     (setmaxnreg.dec); the epilogue warpgroup takes them (setmaxnreg.inc)."""
-    c = _compiled("warpspec", layout)
-    assert c.ops["USETMAXREG"] > 0, c.label
-    worker_regs = max(blackwell.LOAD_REGS, blackwell.MMA_REGS)
-    assert re.search(rf"USETMAXREG\.DEALLOC\S*\s+{worker_regs:#x}\b", c.sass), "worker warpgroup not shrunk"
-    assert "USETMAXREG.TRY_ALLOC" in c.sass, "epilogue warpgroup never grows"
+    spec, r = _report("warpspec", layout)
+    assert r.count("USETMAXREG") > 0, spec.kernel
+    worker_regs = max(warpspec_tcgen05.LOAD_REGS, warpspec_tcgen05.MMA_REGS)
+    assert r.setmaxnreg.get("dec") == [worker_regs], "worker warpgroup not shrunk"
+    assert r.setmaxnreg.get("inc"), "epilogue warpgroup never grows"
 
 
 @pytest.mark.parametrize("rung", RUNGS)
 def test_rung_compiles_the_blackwell_config(rung):
-    cfg = blackwell.BLACKWELL_CONFIGS[rung]
-    for spec in _specs(rung):
-        assert cfg.label in spec.kernel
-        assert spec.options["num_warps"] == cfg.num_warps
+    for spec in specs(rung, "sm_100a"):
+        assert spec.config == _config(rung) and spec.config.label in spec.kernel
+        assert spec.options["num_warps"] == spec.config.num_warps
         if rung != "warpspec":
             assert spec.constexprs["MMA"] is blackwell.MMAv5
 
 
-def test_select_mma_by_capability():
-    assert common.select_mma((10, 0)) is blackwell.MMAv5
-    assert common.select_mma((9, 0)) is common.WGMMA
+def test_architecture_is_chosen_once_on_the_host():
+    assert arch.select_mma((10, 0)) is blackwell.MMAv5
+    assert arch.select_mma((9, 0)) is hopper.WGMMA
     with pytest.raises(RuntimeError, match="sm_120"):
-        common.select_mma((12, 0))
+        arch.select_mma((12, 0))
+    mode = registry.get("warpspec")
+    assert mode.provider((10, 0)) is warpspec_tcgen05 and mode.provider((9, 0)) is warpspec
+    assert warpspec.unsupported_reason((10, 0)) and warpspec_tcgen05.unsupported_reason((9, 0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,17 +151,13 @@ def sm100(monkeypatch) -> list[Launched]:
     Tensors are FakeTensors on "cuda" (shapes, strides and dtypes, no storage); TMA descriptors
     are the real host-side ones, built from them."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (10, 0))
-    monkeypatch.setattr(api, "capability_of", lambda device: (10, 0))
-    monkeypatch.setattr(api, "sm_count", lambda device: SM_COUNT)
+    monkeypatch.setattr(api, "target_of", lambda device: Target((10, 0), SM_COUNT))
     log: list[Launched] = []
-    for module, name in [
-        (blocked, "blocked_kernel"),
-        (pipelined, "pipelined_kernel"),
-        (persistent, "persistent_kernel"),
-        (warpspec, "warpspec_kernel"),
-        (blackwell, "warpspec_tcgen05_kernel"),
-    ]:
-        monkeypatch.setattr(module, name, _Recorder(name, log))
+    for module in (blocked, pipelined, persistent, warpspec, warpspec_tcgen05):
+        rung = module.RUNG
+        monkeypatch.setattr(
+            module, "RUNG", dataclasses.replace(rung, kernel=_Recorder(rung.kernel.__name__, log))
+        )
     with FakeTensorMode():
         yield log
 
@@ -213,8 +182,6 @@ def _launch(rung: str, log: list[Launched], a, b, out):
 
 # Ragged (fewer tiles than SMs) and large (more tiles than SMs); K not a multiple of BLOCK_K.
 SHAPES = [(1000, 3000, 520), (8192, 8192, 1024)]
-# Blocked/Pipelined/persistent choose their config through the rung module; until the modules
-# pick it by capability they run their Hopper CONFIG on sm_100 too, which this marks.
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
@@ -224,7 +191,7 @@ def test_warpspec_prepare_on_sm100(sm100, shape, layout):
     M, N, K = shape
     a, b, out = _operands(M, N, K, layout)
     launch, launched = _launch("warpspec", sm100, a, b, out)
-    cfg = blackwell.WARPSPEC_CONFIG
+    cfg = warpspec_tcgen05.CONFIG
     assert launched.kernel == "warpspec_tcgen05_kernel"
     a_desc, b_desc, c_desc = launched.args
     assert a_desc.block_shape == [cfg.BLOCK_M, cfg.BLOCK_K]
@@ -233,13 +200,13 @@ def test_warpspec_prepare_on_sm100(sm100, shape, layout):
     else:
         assert list(b_desc.shape) == [K, N] and b_desc.block_shape == [cfg.BLOCK_K, cfg.BLOCK_N]
     assert c_desc.base is out
-    assert c_desc.block_shape == [cfg.BLOCK_M, blackwell.EPILOGUE_N]  # one epilogue slice, not the tile
+    assert c_desc.block_shape == [cfg.BLOCK_M, cfg.EPILOGUE_N]  # one epilogue slice, not the tile
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     assert launched.grid == (min(SM_COUNT, tiles),)
     assert launched.kwargs["num_warps"] == cfg.num_warps
     assert launched.kwargs["B_KMAJOR"] == (layout == "t")
     assert launched.kwargs["STAGES"] == cfg.STAGES
-    assert launch.config["BLOCK_N"] == cfg.BLOCK_N and launch.config["epilogue_n"] == blackwell.EPILOGUE_N
+    assert launch.config["BLOCK_N"] == cfg.BLOCK_N and launch.config["epilogue_n"] == cfg.EPILOGUE_N
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
@@ -253,8 +220,9 @@ def test_mma_rung_prepare_on_sm100(sm100, rung, shape, layout):
     a, b, out = _operands(M, N, K, layout)
     launch, launched = _launch(rung, sm100, a, b, out)
     BM, BN, BK = (launch.config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-    a_desc, b_desc, c_desc, mma, kmajor = launched.args[:5]
-    assert mma is blackwell.MMAv5
+    a_desc, b_desc, c_desc = launched.args
+    assert launched.kwargs["MMA"] is blackwell.MMAv5
+    kmajor = launched.kwargs["B_KMAJOR"]
     assert kmajor == (layout == "t")
     assert a_desc.block_shape == [BM, BK]
     assert b_desc.block_shape == ([BN, BK] if kmajor else [BK, BN])
@@ -265,11 +233,11 @@ def test_mma_rung_prepare_on_sm100(sm100, rung, shape, layout):
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
-@pytest.mark.parametrize("rung", [r for r in RUNG_MODULES])
+@pytest.mark.parametrize("rung", list(RUNG_MODULES))
 def test_mma_rung_runs_its_blackwell_config_on_sm100(sm100, rung):
     a, b, out = _operands(1000, 3000, 520, "row")
     launch, _ = _launch(rung, sm100, a, b, out)
-    cfg = blackwell.BLACKWELL_CONFIGS[rung]
+    cfg = RUNG_MODULES[rung].CONFIGS[10]
     assert {k: launch.config[k] for k in cfg.table()} == cfg.table()
 
 
@@ -334,7 +302,7 @@ def test_bad_out_unknown_kernel_and_consumer_blackwell_on_sm100(sm100, monkeypat
         api.matmul(a, a, kernel="Pipelined", out=torch.empty(8, 8, device="cuda"))
     with pytest.raises(KeyError, match="valid modes"):
         api.matmul(a, a, kernel="nope")
-    monkeypatch.setattr(api, "capability_of", lambda device: (12, 0))  # sm_120: no tcgen05, no TMEM
+    monkeypatch.setattr(api, "target_of", lambda device: Target((12, 0), 48))  # sm_120: no tcgen05, no TMEM
     for rung in RUNGS:
         with pytest.raises(RuntimeError, match="sm_120"):
             api.prepare(rung, a, a)

@@ -7,9 +7,9 @@ import types
 import pytest
 import torch
 
+import fakes
 from factories import results, row
 from gluon_survey import api, registry
-from gluon_survey.driver import worker
 from gluon_survey.driver.cli import main
 from gluon_survey.driver.results import ResultsWriter, load
 
@@ -54,7 +54,7 @@ def test_no_gpu_is_one_clear_message_and_exit_2(no_cuda, capsys):
         (["Blocked,nope"], "unknown mode 'nope'; valid modes: Blocked, Pipelined, persistent, warpspec"),
         (["--dtype", "fp32"], "--dtype: expected a comma list of fp16, bf16"),
         (["--b-layout", "col"], "--b-layout: expected a comma list of row, t"),
-        (["--k", "512:1024"], "--k '512:1024': expected a size or a start:stop:step range"),
+        (["--k", "1:2:3:4"], "--k '1:2:3:4': expected a size, a start:stop (doubling) or a start:stop:step"),
         (["--shapes", "llm", "--m", "1"], "use either --shapes or --m/--n/--k"),
     ],
 )
@@ -118,9 +118,14 @@ def test_report_subcommand_rerenders_a_results_file(tmp_path, capsys):
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
 
 
+@pytest.fixture
+def fake_modes(monkeypatch):
+    """The CLI in this process with the fake modes of `fakes.py` (CPU, crash, hang) installed."""
+    fakes.install(monkeypatch.setattr)
+
+
 @pytest.mark.timeout(120)
-def test_a_timing_run_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(worker.TEST_PROVIDERS_ENV, "1")
+def test_a_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     path, plot = tmp_path / "r.jsonl", tmp_path / "r.png"
     argv = shlex.split("_OK_CPU --m 32 --n 40 --k 64:128:64 --dtype bf16 --b-layout t --seed 3")
     argv += shlex.split("--warmup-ms 2 --min-ms 5 --format legacy --peak-tflops 1000")
@@ -128,15 +133,243 @@ def test_a_timing_run_end_to_end_on_cpu(tmp_path, monkeypatch, capsys):
     assert main(argv) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
-    assert lines[:2] == ["Mode: _ok_cpu", "K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec"]
+    assert lines[:2] == [
+        "Mode: _ok_cpu (bf16, B t, M=32, N=40)",
+        "K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec",
+    ]
     assert all(re.fullmatch(r"(64|128), 16, 32, 64, \d+\.\d{4}, \d+\.\d{2}", line) for line in lines[2:4])
     assert lines[4:] == [""]
-    assert f"results in {path}" in captured.err
+    assert captured.err.splitlines()[-1] == f"gluon-survey: results in {path}"
     saved = load(path)
     assert saved.settings["seed"] == 3
+    assert saved.settings["paired"] is True and saved.settings["timer"] == "host wall clock"
+    assert all(len(r.x_rounds) == saved.settings["rounds"] for r in saved.rows)  # paired by default
     assert saved.settings["peaks"]["bf16"] == {"tflops": 1000.0, "source": "--peak-tflops"}
     assert saved.env["command"] == shlex.join(["gluon-survey", *argv])
     assert saved.env["torch"] == torch.__version__
     assert [(r.K, r.status) for r in saved.rows] == [(64, "OK"), (128, "OK")]
     assert {(r.dtype, r.b_layout) for r in saved.rows} == {("bf16", "t")}
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_mode_exits_1_and_still_names_the_results_file(tmp_path, fake_modes, capsys):
+    path = tmp_path / "r.jsonl"
+    argv = ["_crash", "--m", "32", "--n", "40", "--k", "64", "--results", str(path), "--format", "csv"]
+    assert main(argv) == 1
+    (crashed,) = load(path).rows
+    assert crashed.status == "ERROR" and "SIGABRT" in crashed.error
+    assert capsys.readouterr().err.splitlines()[-1] == f"gluon-survey: results in {path}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 13: CLI defects (each of these failed before the fix)
+
+
+@pytest.fixture
+def sweeps(monkeypatch):
+    """The timing command on a machine with a GPU whose sweep is replaced: the calls, no worker."""
+    from gluon_survey.driver import cli, runner
+
+    calls = []
+    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(runner, "run_sweep", lambda *args, **kwargs: calls.append((args, kwargs)) or [])
+    return calls
+
+
+def test_the_readme_k_range_doubles(sweeps, tmp_path, capsys):
+    assert main(["torch", "--k", "512:16384", "--results", str(tmp_path / "r.jsonl")]) == 0
+    ((modes, tasks, *_), _) = sweeps[0]
+    assert modes == ["torch"]
+    assert [t.shape.K for t in tasks] == [512, 1024, 2048, 4096, 8192, 16384]
+    assert f"results in {tmp_path / 'r.jsonl'}" in capsys.readouterr().err
+
+
+def test_the_default_k_sweep_is_written_as_a_doubling_range(sweeps, tmp_path):
+    path = tmp_path / "r.jsonl"
+    assert main(["torch", "--results", str(path)]) == 0
+    ((_, tasks, *_), _) = sweeps[0]
+    assert [t.shape.K for t in tasks] == [512, 1024, 2048, 4096, 8192, 16384]
+    assert load(path).settings["shapes"] == "--m 8192 --n 8192 --k 512:16384"
+
+
+def test_a_doubling_range_must_end_on_a_power_of_two_multiple(no_cuda, capsys):
+    assert main(["--k", "512:1000"]) == 2
+    assert "--k '512:1000': 1000 is not 512 times a power of 2" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    import gluon_survey
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"gluon-survey {gluon_survey.__version__}\n"
+
+
+def test_no_gpu_message_says_which_gpus_run_which_modes(no_cuda, capsys):
+    assert main(["Blocked"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert registry.supported_summary() in line
+
+
+@pytest.mark.parametrize(
+    ("option", "name", "message"),
+    [
+        ("--plot", "plot.txt", "--plot {}: expected a .png, .svg or .pdf file"),
+        ("--plot", "missing/plot.png", "--plot {}: directory {} does not exist"),
+        ("--output", "missing/table.md", "--output {}: directory {} does not exist"),
+        ("--output", ".", "--output {}: is a directory"),
+    ],
+)
+def test_bad_output_paths_are_usage_errors_before_any_worker_runs(
+    sweeps, tmp_path, capsys, option, name, message
+):
+    path = tmp_path / name
+    argv = ["torch", option, str(path), "--results", str(tmp_path / "r.jsonl")]
+    assert main(argv) == 2
+    assert sweeps == [] and not (tmp_path / "r.jsonl").exists()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert message.format(path, path.parent) in line
+
+
+def _results_file(tmp_path, rows, name="r.jsonl"):
+    path = tmp_path / name
+    sample = results(rows)
+    with ResultsWriter(path, sample.header) as writer:
+        for r in sample.rows:
+            writer.append(r)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("option", "name"), [("--output", "missing/table.md"), ("--plot", "plot.jpeg"), ("--output", ".")]
+)
+def test_report_answers_a_bad_path_in_one_line(tmp_path, capsys, option, name):
+    path = _results_file(tmp_path, [row("Blocked", ms=0.1)])
+    assert main(["report", str(path), option, str(tmp_path / name)]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"gluon-survey: error: {option} ") and captured.out == ""
+
+
+def test_report_says_when_a_write_fails(tmp_path, monkeypatch, capsys):
+    from gluon_survey.driver import report
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "render", full_disk)
+    path = _results_file(tmp_path, [row("Blocked", ms=0.1)])
+    assert main(["report", str(path), "--output", str(tmp_path / "t.md")]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "cannot write the report" in line and "No space left on device" in line
+
+
+def test_a_timing_run_names_its_results_file_when_the_report_cannot_be_written(
+    sweeps, tmp_path, monkeypatch, capsys
+):
+    from gluon_survey.driver import report
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "render", full_disk)
+    path = tmp_path / "r.jsonl"
+    assert main(["torch", "--results", str(path), "--output", str(tmp_path / "t.md")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "gluon-survey: error: cannot write the report: [Errno 28] No space left on device" in err
+    assert err[-1] == f"gluon-survey: results in {path}"
+
+
+def test_a_timing_run_names_its_results_file_when_the_sweep_breaks(tmp_path, monkeypatch, capsys):
+    from gluon_survey.driver import cli, runner
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the driver")
+
+    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(runner, "run_sweep", broken)
+    path = tmp_path / "r.jsonl"
+    with pytest.raises(RuntimeError, match="a bug in the driver"):
+        main(["torch", "--results", str(path)])
+    assert capsys.readouterr().err.splitlines()[-1] == f"gluon-survey: results in {path}"
+
+
+def test_report_on_a_file_without_rows_says_so(tmp_path, capsys):
+    path = _results_file(tmp_path, [])
+    assert main(["report", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"gluon-survey: {path} has no rows" in captured.err
+
+
+def test_report_warns_about_a_truncated_last_line(tmp_path, capsys):
+    path = _results_file(tmp_path, [row("Blocked", ms=0.1)])
+    with path.open("a") as f:
+        f.write('{"record": "row", "mode": "Bl')  # the writer was killed mid-line
+    assert main(["report", str(path), "--format", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert f"gluon-survey: warning: {path}:3: skipped a truncated last line" in captured.err
+    assert "Blocked,8192,8192,512,fp16,row,OK" in captured.out
+
+
+def test_compare_fails_when_the_new_run_lacks_results_of_the_old(tmp_path, capsys):
+    old = _results_file(tmp_path, [row(ms=0.1), row(K=1024, ms=0.2)], "old.jsonl")
+    new = _results_file(tmp_path, [row(ms=0.1)], "new.jsonl")
+    empty = _results_file(tmp_path, [], "empty.jsonl")  # a run that crashed before its first row
+    assert main(["compare", str(old), str(new), "--fail-on-regression", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "regression: Blocked 8192x8192x1024 fp16 B=row: missing from NEW" in err
+    assert "8192x8192x512" not in err
+    assert main(["compare", str(old), str(empty), "--fail-on-regression", "5"]) == 1
+    assert capsys.readouterr().err.count("missing from NEW") == 2
+    assert main(["compare", str(old), str(new)]) == 0  # without the flag: reported, not failed
+    assert "missing from NEW" in capsys.readouterr().out
+
+
+def test_compare_rejects_a_negative_threshold(tmp_path, capsys):
+    old = _results_file(tmp_path, [row(ms=0.1)], "old.jsonl")
+    assert main(["compare", str(old), str(old), "--fail-on-regression", "-5"]) == 2
+    assert "expected a number >= 0" in capsys.readouterr().err
+
+
+def _wide_comparison():
+    old = [row("torch.compile", K=16384, ms=4.0), row("Pipelined", K=16384, status="FAILED", error="x")]
+    new = [row("torch.compile", K=16384, ms=4.4), row("Pipelined", K=16384, ms=4.0)]
+    old += [row("warpspec", K=16384, ms=4.0)]
+    new += [row("warpspec", K=16384, status="TIMEOUT", error="no result within 600 s")]
+    return results(old), results(new)
+
+
+def _assert_shapes_intact(text, n_rows):
+    lines = [line for line in text.splitlines() if "8192x" in line]
+    assert len(lines) == n_rows, text
+    assert all("8192x8192x16384" in line for line in lines), text
+    assert max(map(len, text.splitlines())) <= 80
+
+
+@pytest.mark.parametrize("width", [80, None], ids=["80-columns", "not-a-terminal"])
+def test_compare_keeps_the_shape_column_readable(monkeypatch, width):
+    import io
+
+    from rich.console import Console
+
+    from gluon_survey.driver import report
+    from gluon_survey.driver import results as results_module
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    old, new = _wide_comparison()
+    buf = io.StringIO()
+    console = Console(file=buf, width=width)
+    assert not console.is_terminal
+    report.print_comparison(old, new, results_module.compare(old.rows, new.rows), console)
+    _assert_shapes_intact(buf.getvalue(), 3)
+
+
+def test_compare_piped_keeps_the_shape_column_readable(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    old, new = _wide_comparison()
+    paths = []
+    for name, sample in (("old.jsonl", old), ("new.jsonl", new)):
+        paths.append(_results_file(tmp_path, sample.rows, name))
+    assert main(["compare", *map(str, paths)]) == 0
+    _assert_shapes_intact(capsys.readouterr().out, 3)

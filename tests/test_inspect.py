@@ -17,10 +17,11 @@ import triton
 import triton.language as tl
 
 from factories import INSPECT_JSON_KEYS as JSON_KEYS
-from gluon_survey.driver import inspect as gi
 from gluon_survey import registry
 from gluon_survey.baselines import triton_gemm
-from gluon_survey.registry import CompileSpec, Mode
+from gluon_survey.driver import inspect as gi
+from gluon_survey.launch import CompileSpec
+from gluon_survey.registry import Mode
 
 
 @triton.jit
@@ -246,3 +247,65 @@ def test_ptx_register_hints() -> None:
 """
     assert gi.ptx_register_hints(ptx) == (168, {"dec": [24], "inc": [240]}, 384)
     assert gi.ptx_register_hints(".reqntid 256\n") == (None, {}, 256)
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line (no compilation: `inspect_spec` is replaced where a kernel would be compiled)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_compiling(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """`inspect_spec` that compiles nothing: a row per spec, (kernel, arch) recorded."""
+    seen: list[tuple[str, str]] = []
+
+    def fake(spec: CompileSpec, arch: str, dump_dir=None) -> gi.KernelReport:
+        seen.append((spec.kernel, arch))
+        return gi.KernelReport(spec.mode, arch, spec.kernel, num_warps=8, registers=168, spill_bytes=0)
+
+    monkeypatch.setattr(gi, "inspect_spec", fake)
+    return seen
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "", "sm_90a,sm_75"])
+def test_an_arch_no_survey_kernel_targets_is_a_usage_error(
+    no_compiling: list, capsys: pytest.CaptureFixture[str], arch: str
+) -> None:
+    assert gi.main(["--arch", arch]) == 2
+    assert no_compiling == []
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("gluon-survey inspect: --arch")
+    assert "the survey's kernels target sm_90a, sm_100a (Blocked, Pipelined, persistent, warpspec" in line
+    if arch:
+        assert f"no survey kernel targets {'sm_80a' if arch == 'sm_80' else 'sm_75a'};" in line
+    else:
+        assert "no architecture given" in line
+
+
+@pytest.mark.parametrize("kind", ["a file", "no parent"])
+def test_dump_path_is_checked_before_compiling(
+    no_compiling: list, tmp_path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    if kind == "a file":
+        path = tmp_path / "asm"
+        path.write_text("")
+    else:
+        path = tmp_path / "missing" / "asm"
+    assert gi.main(["triton", "--arch", "sm_90a", "--dump", str(path)]) == 2
+    assert no_compiling == []
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"gluon-survey inspect: --dump {path}: ")
+
+
+def test_inspect_shows_progress_and_where_it_dumped(
+    no_compiling: list, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    specs = triton_gemm.compile_specs((9, 0), "float16")
+    assert gi.main(["triton", "--arch", "sm_90a", "--format", "json", "--dump", str(tmp_path / "asm")]) == 0
+    captured = capsys.readouterr()
+    assert [r["kernel"] for r in json.loads(captured.out)] == [s.kernel for s in specs]
+    err = captured.err.splitlines()
+    for i, spec in enumerate(specs, start=1):
+        assert f"gluon-survey inspect: [{i}/{len(specs)}] compiling triton sm_90a {spec.kernel}" in err
+    where = tmp_path / "asm"
+    assert err[-1] == f"gluon-survey inspect: ttgir, ptx and sass of {len(specs)} kernels in {where}"

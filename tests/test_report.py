@@ -31,18 +31,18 @@ def sample():
 
 
 LEGACY = """\
-Mode: Blocked
+Mode: Blocked (fp16, B row, M=8192, N=8192)
 K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec
 512, 128, 256, 64, 0.1000, 687.19
 1024, 128, 256, 64, 0.2000, 687.19
 
-Mode: torch
+Mode: torch (fp16, B row, M=8192, N=8192)
 K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec
 512, 0, 0, 0, 0.0800, 858.99
 1024, 0, 0, 0, 0.1600, 858.99
 2048, 0, 0, 0, 0.5000, 549.76
 
-Mode: persistent
+Mode: persistent (fp16, B row, M=8192, N=8192)
 K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec
 
 """
@@ -50,6 +50,17 @@ K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec
 
 def test_legacy_lines_byte_for_byte(sample):
     assert report.format_legacy(sample.rows) == LEGACY
+
+
+def test_legacy_headers_tell_dtypes_layouts_and_sizes_apart():
+    rows = [row("Blocked", ms=0.1), replace(row("Blocked", ms=0.1), dtype="bf16")]
+    rows += [replace(row("Blocked", M=4096, ms=0.05), b_layout="t")]
+    headers = [line for line in report.format_legacy(rows).splitlines() if line.startswith("Mode: ")]
+    assert headers == [
+        "Mode: Blocked (fp16, B row, M=8192, N=8192)",
+        "Mode: Blocked (bf16, B row, M=8192, N=8192)",
+        "Mode: Blocked (fp16, B t, M=4096, N=8192)",
+    ]
 
 
 def test_legacy_on_stdout_is_nothing_but_the_lines(sample, tmp_path, capsys):
@@ -158,23 +169,39 @@ def test_plot_writes_a_png(sample, tmp_path):
     assert not (tmp_path / "none.png").exists()
 
 
-def test_a_paired_cublas_time_is_preferred_and_named_in_the_legend(sample):
+def test_paired_rounds_are_preferred_and_named_in_the_legend(sample):
     paired = results(
         [
-            row("Blocked", K=512, ms=0.1, cublas_ms=0.09, config=BLOCKS),
-            row("Blocked", K=1024, ms=0.2, config=BLOCKS),  # no paired time: the torch row
+            row("Blocked", K=512, ms=0.1, cublas_ms=0.09, x_rounds=[1.3, 0.9, 1.1], config=BLOCKS),
+            row("Blocked", K=1024, ms=0.2, config=BLOCKS),  # no rounds: the torch row
+            row("Blocked", K=2048, ms=0.4, cublas_ms=0.3, config=BLOCKS),  # cuBLAS's median alone
             row("torch", K=512, ms=0.08),
             row("torch", K=1024, ms=0.16),
+            row("torch", K=2048, ms=0.32),
         ]
     )
     rows = {(r.mode, r.K): r for r in report.attach_x_cublas(paired.rows)}
-    assert rows["Blocked", 512].x_cublas == pytest.approx(0.9)
+    # the median of the per-round ratios, whatever the pooled medians (0.09 / 0.1) say
+    assert rows["Blocked", 512].x_cublas == pytest.approx(1.1)
     assert rows["Blocked", 1024].x_cublas == pytest.approx(0.8)
-    assert "just before and after each cell" in report.legend(paired.rows)
-    assert "just before and after" in report.format_markdown(paired)
-    # Alternating windows: the median of the per-round ratios, whatever the pooled medians say.
-    interleaved = [replace(r, x_rounds=[1.3, 0.9, 1.1]) if r.cublas_ms else r for r in paired.rows]
-    assert "in windows alternating with each cell's, median over 3 rounds" in report.legend(interleaved)
-    by_key = {(r.mode, r.K): r for r in report.attach_x_cublas(interleaved)}
-    assert by_key[("Blocked", 512)].x_cublas == pytest.approx(1.1)
+    assert rows["Blocked", 2048].x_cublas == pytest.approx(0.8)  # not 0.3 / 0.4: no rounds, no pairing
+    assert rows["Blocked", 2048].cublas_ms == 0.3  # kept as recorded
+    legend = "in windows alternating with each cell's, median over 3 rounds"
+    assert legend in report.legend(paired.rows) and legend in report.format_markdown(paired)
     assert "the torch row of the same shape" in report.legend(sample.rows)
+    unpaired = [replace(r, x_rounds=None) for r in paired.rows]  # cublas_ms alone does not pair a run
+    assert "the torch row of the same shape" in report.legend(unpaired)
+
+
+@pytest.mark.parametrize("run", ["h100-ladder", "h100-ladder-run2", "h100-baselines"])
+def test_committed_tables_regenerate_identically(run):
+    """The committed results render to the committed markdown tables: the paths removed from
+    `attach_x_cublas` and `legend` served none of them."""
+    from pathlib import Path
+
+    from gluon_survey.driver.results import load
+
+    folder = Path(__file__).resolve().parent.parent / "results" / run
+    if not (folder / "results.jsonl").exists():
+        pytest.skip(f"no results/{run} in this checkout")
+    assert report.format_markdown(load(folder / "results.jsonl")) == (folder / "table.md").read_text()

@@ -12,6 +12,7 @@ from gluon_survey.driver.results import (
     compare,
     load,
     make_header,
+    missing,
     regressions,
 )
 
@@ -61,12 +62,15 @@ def test_a_results_file_holds_one_run(tmp_path):
         load(path)
 
 
-def test_load_ignores_a_cut_last_line_and_rejects_other_damage(tmp_path):
+def test_load_skips_a_cut_last_line_saying_so_and_rejects_other_damage(tmp_path):
     path = tmp_path / "r.jsonl"
     _write(path, [row(ms=0.1)])
+    assert load(path).warnings == []
     with path.open("a") as f:
         f.write('{"record": "row", "mode": "Bl')  # killed mid-write
-    assert len(load(path).rows) == 1
+    loaded = load(path)
+    assert len(loaded.rows) == 1
+    assert loaded.warnings == [f"{path}:3: skipped a truncated last line (its writer was stopped)"]
     path.write_text('{"record": "row"}\n')
     with pytest.raises(ValueError, match="not a gluon-survey results file"):
         load(path)
@@ -94,6 +98,13 @@ def test_compare_status_changes_and_unmatched_rows():
     new = [row(status="TIMEOUT"), row(K=1024, ms=0.2), row(K=4096, ms=0.4)]
     deltas = compare(old, new)
     assert [(d.new.K, d.verdict, d.ratio) for d in deltas] == [(512, "broken", None), (1024, "fixed", None)]
+
+
+def test_missing_lists_old_rows_the_new_run_lacks():
+    old = [row(ms=0.1), row(K=1024, ms=0.2), row(mode="torch", K=1024, ms=0.2)]
+    new = [row(K=1024, status="TIMEOUT"), row(K=4096, ms=0.4)]
+    assert [(r.mode, r.K) for r in missing(old, new)] == [("Blocked", 512), ("torch", 1024)]
+    assert missing(old, []) == old and missing([], new) == []
 
 
 def test_regressions_beyond_threshold():

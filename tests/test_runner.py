@@ -1,4 +1,5 @@
-"""Failure isolation of the sweep, on CPU: the hidden test modes crash, hang, or multiply on the CPU."""
+"""Failure isolation of the sweep, on CPU: the fake modes of `fakes.py` crash, hang, or multiply on
+the CPU, in the real runner and the real worker loop (`fake_worker.py`)."""
 
 import json
 import os
@@ -13,29 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from gluon_survey import registry
-from gluon_survey.driver import runner, worker
+import fakes
+from gluon_survey.driver import runner
 from gluon_survey.driver.results import ResultsWriter, load, make_header
+from gluon_survey.driver.settings import Settings
 from gluon_survey.driver.shapes import Shape
 
-FAST = runner.Settings(warmup_ms=2.0, min_ms=5.0, timeout_s=60.0)
+FAST = Settings(warmup_ms=2.0, min_ms=5.0, timeout_s=60.0, paired=False)
 SHAPES = [Shape(32, 48, 64), Shape(17, 33, 65)]  # the second is ragged on purpose
 
 
-@pytest.fixture
-def test_modes(monkeypatch):
-    monkeypatch.setenv(worker.TEST_PROVIDERS_ENV, "1")
+def test_production_code_knows_no_test_modes():
+    import gluon_survey
 
-
-def test_resolve_modes(monkeypatch):
-    monkeypatch.delenv(worker.TEST_PROVIDERS_ENV, raising=False)
-    assert runner.resolve_modes("blocked,TORCH, Blocked") == ["Blocked", "torch"]
-    assert runner.resolve_modes(None) == registry.names()
-    with pytest.raises(KeyError, match="valid modes: Blocked"):
-        runner.resolve_modes("_ok_cpu")  # hidden unless the test switch is on
-    monkeypatch.setenv(worker.TEST_PROVIDERS_ENV, "1")
-    assert runner.resolve_modes("torch,_crash,_crash") == ["torch", "_crash"]
-    assert runner.needs_cuda(["_ok_cpu", "torch"]) and not runner.needs_cuda(["_ok_cpu", "_hang"])
+    src = Path(gluon_survey.__file__).parent
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        for word in ("_ok_cpu", "GLUON_SURVEY_TEST", "TEST_MODES", "fake_provider"):
+            assert word not in text, f"{path} mentions {word}"
+    assert (sys.executable, "-m", "gluon_survey.driver.worker") == runner.WORKER_COMMAND
 
 
 def test_make_tasks_groups_by_dtype_then_layout():
@@ -49,16 +46,17 @@ def test_make_tasks_groups_by_dtype_then_layout():
     assert tasks[0].to_json() == {"M": 32, "N": 48, "K": 64, "dtype": "fp16", "b_layout": "row"}
 
 
-def _sweep(tmp_path, modes, tasks, settings=FAST):
+def _sweep(tmp_path, modes, tasks, settings=FAST, worker_command=fakes.WORKER_COMMAND):
     path = tmp_path / "results.jsonl"
     with ResultsWriter(path, make_header("run", {}, {})) as writer:
-        rows = runner.run_sweep(modes, tasks, settings, writer, {"fp16": None, "bf16": None})
+        peaks = {"fp16": None, "bf16": None}
+        rows = runner.run_sweep(modes, tasks, settings, writer, peaks, worker_command=worker_command)
     assert load(path).rows == rows  # everything returned is on disk
     return rows
 
 
 @pytest.mark.timeout(180)
-def test_crash_and_hang_cost_one_row_each_and_the_sweep_goes_on(tmp_path, test_modes):
+def test_crash_and_hang_cost_one_row_each_and_the_sweep_goes_on(tmp_path):
     tasks = runner.make_tasks(SHAPES, ["fp16"], ["row"])
     rows = _sweep(tmp_path, ["_crash", "_hang", "_ok_cpu"], tasks, replace(FAST, timeout_s=3.0))
     by_mode = {m: [r for r in rows if r.mode == m] for m in ("_crash", "_hang", "_ok_cpu")}
@@ -79,12 +77,12 @@ def _assert_correct_cpu_rows(rows, shapes):
         assert r.rel_err <= r.tol and r.cublas_err is not None
         assert r.timer == "wall-clock" and r.n_iters >= 20 and r.l2_copies == 1
         assert r.ms_p20 <= r.ms_median <= r.ms_p80 and r.tflops > 0
-        assert r.config == {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}
+        assert r.config == fakes.CONFIG
         assert r.compile_s >= 0
 
 
 @pytest.mark.timeout(120)
-def test_cpu_rows_cover_dtypes_and_layouts(tmp_path, test_modes):
+def test_cpu_rows_cover_dtypes_and_layouts(tmp_path):
     tasks = runner.make_tasks(SHAPES[1:], ["fp16", "bf16"], ["row", "t"])
     rows = _sweep(tmp_path, ["_ok_cpu"], tasks)
     assert [(r.dtype, r.b_layout) for r in rows] == [
@@ -94,13 +92,14 @@ def test_cpu_rows_cover_dtypes_and_layouts(tmp_path, test_modes):
 
 
 @pytest.mark.timeout(120)
-def test_paired_settings_reach_the_worker(tmp_path, test_modes):
+def test_paired_settings_reach_the_worker(tmp_path):
     tasks = runner.make_tasks(SHAPES[:1], ["fp16"], ["row"])
-    (paired,) = _sweep(tmp_path, ["_ok_cpu"], tasks, replace(FAST, paired=True))
-    assert paired.cublas_ms > 0 and paired.cublas_drift is not None
+    (paired,) = _sweep(tmp_path, ["_ok_cpu"], tasks, replace(FAST, paired=True, rounds=2))
+    assert paired.status == "OK", paired.error
+    assert paired.cublas_ms > 0 and paired.cublas_drift is not None and len(paired.x_rounds) == 2
     (tmp_path / "plain").mkdir()
     (plain,) = _sweep(tmp_path / "plain", ["_ok_cpu"], tasks)
-    assert plain.cublas_ms is None
+    assert plain.cublas_ms is None and plain.x_rounds is None
 
 
 @pytest.mark.timeout(120)
@@ -109,7 +108,8 @@ def test_real_modes_without_cuda_are_skipped_with_the_reason(tmp_path, monkeypat
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    rows = _sweep(tmp_path, ["torch"], runner.make_tasks(SHAPES[:1], ["fp16"], ["row"]))
+    tasks = runner.make_tasks(SHAPES[:1], ["fp16"], ["row"])
+    rows = _sweep(tmp_path, ["torch"], tasks, worker_command=None)  # the real worker
     assert [(r.status, r.error) for r in rows] == [("SKIPPED", "no CUDA GPU")]
 
 
@@ -118,7 +118,7 @@ def test_real_modes_without_cuda_are_skipped_with_the_reason(tmp_path, monkeypat
 
 
 def _workers_tagged(tag):
-    """Live `gluon_survey.driver.worker` processes whose environment carries `tag`."""
+    """Live worker processes (`fake_worker.py`) whose environment carries `tag`."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -128,7 +128,7 @@ def _workers_tagged(tag):
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if f"GLUON_SURVEY_TEST_TAG={tag}".encode() in environ and b"gluon_survey.driver.worker" in cmdline:
+        if f"TEST_TAG={tag}".encode() in environ and b"fake_worker.py" in cmdline:
             pids.append(int(proc.name))
     return pids
 
@@ -154,8 +154,8 @@ def _ok_rows(path):
 def test_killing_the_driver_keeps_finished_rows_and_ends_its_worker(tmp_path, sig):
     tag = uuid.uuid4().hex
     path = tmp_path / "results.jsonl"
-    env = dict(os.environ, GLUON_SURVEY_TEST_PROVIDERS="1", GLUON_SURVEY_TEST_TAG=tag)
-    cmd = [sys.executable, "-m", "gluon_survey", "_ok_cpu,_hang", "--results", str(path)]
+    env = dict(os.environ, TEST_TAG=tag)
+    cmd = [*fakes.CLI_COMMAND, "_ok_cpu,_hang", "--results", str(path), "--no-paired"]
     cmd += shlex.split("--m 32 --n 48 --k 64,65 --warmup-ms 2 --min-ms 5 --timeout 300 --format legacy")
     driver = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -166,8 +166,10 @@ def test_killing_the_driver_keeps_finished_rows_and_ends_its_worker(tmp_path, si
         driver.kill()
     if sig == signal.SIGINT:
         assert driver.returncode == 130, err
-        assert out.startswith("Mode: _ok_cpu\nK, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec\n64, 16, 32, 64, ")
+        header = "Mode: _ok_cpu (fp16, B row, M=32, N=48)\nK, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec\n"
+        assert out.startswith(header + "64, 16, 32, 64, ")
         assert "interrupted" in err
+        assert err.splitlines()[-1] == f"gluon-survey: results in {path}"
     _assert_correct_cpu_rows(_ok_rows(path), [Shape(32, 48, 64), Shape(32, 48, 65)])
     assert all(json.loads(line) for line in path.read_text().splitlines())  # no torn line
     _wait_for(lambda: not _workers_tagged(tag), 30, "the orphaned worker to exit")

@@ -24,8 +24,7 @@ def test_parse_dim(spec, sizes):
         ("abc", "'abc' is not an integer"),
         ("0", "must be at least 1"),
         ("-4", "must be at least 1"),
-        ("512:1024", "start:stop:step"),
-        ("1:2:3:4", "start:stop:step"),
+        ("1:2:3:4", "a size, a start:stop (doubling) or a start:stop:step range"),
         ("2048:512:512", "stops (512) before it starts (2048)"),
         ("512:1024:0", "must be at least 1"),
         (",", "no sizes"),
@@ -107,3 +106,33 @@ def test_resolve(tmp_path):
         resolve("llm", "64", None, None)
     with pytest.raises(ValueError, match="expected 'llm' or a CSV file"):
         resolve("square", None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("spec", "sizes"),
+    [
+        ("512:16384", [512, 1024, 2048, 4096, 8192, 16384]),  # start:stop doubles
+        ("1:8", [1, 2, 4, 8]),
+        ("64:64", [64]),
+        ("16,512:2048", [16, 512, 1024, 2048]),
+    ],
+)
+def test_two_field_ranges_double(spec, sizes):
+    assert parse_dim(spec, "k") == sizes
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("512:1000", "1000 is not 512 times a power of 2"), ("512:256", "stops (256) before it starts (512)")],
+)
+def test_a_doubling_range_ends_on_start_times_a_power_of_two(spec, message):
+    with pytest.raises(ValueError, match="--k") as err:
+        parse_dim(spec, "k")
+    assert message in str(err.value)
+
+
+def test_the_default_k_is_a_doubling_range():
+    from gluon_survey.driver import shapes
+
+    assert shapes.DEFAULT_K == "512:16384"
+    assert parse_dim(shapes.DEFAULT_K) == [512, 1024, 2048, 4096, 8192, 16384]

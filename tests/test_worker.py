@@ -1,16 +1,19 @@
 """The worker's check-then-time sequence, in process, with CPU providers that misbehave on purpose."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from gluon_survey.registry import Launch
+from gluon_survey.driver.settings import Settings
 from gluon_survey.driver.timing import WallClock
 from gluon_survey.driver.worker import Provider, measure, run_task
+from gluon_survey.launch import Launch
 
 TASK = {"M": 48, "N": 40, "K": 72, "dtype": "fp16", "b_layout": "t"}
-SETTINGS = {"seed": 0, "warmup_ms": 1.0, "min_ms": 2.0, "min_iters": 5, "max_iters": 50}
+SETTINGS = Settings(warmup_ms=1.0, min_ms=2.0, min_iters=5, max_iters=50, paired=False)
+PAIRED = replace(SETTINGS, paired=True)
 
 
 def cpu(prepare, unsupported=None, l2_bytes=0, **fields):
@@ -118,7 +121,7 @@ def test_paired_baseline_is_timed_around_the_mode_on_the_same_inputs():
         return Launch(lambda: torch.matmul(a, b, out=out))
 
     provider = cpu(prepare, baseline=baseline)
-    row = measure(provider, TASK, SETTINGS | {"paired": True}, lambda _: None)
+    row = measure(provider, TASK, PAIRED, lambda _: None)
     assert row["status"] == "OK" and row["cublas_ms"] > 0 and math.isfinite(row["cublas_drift"])
     # the same A and B as the mode's timed sets, but outputs of its own: the mode's stay poisoned
     assert [(a, b) for a, b, _ in seen] == [(a, b) for a, b, _ in launches]
@@ -136,7 +139,7 @@ def test_paired_baseline_cannot_hide_an_unwritten_output():
 
     # a large L2 makes the worker rotate several input sets
     provider = cpu(prepare, l2_bytes=10 << 20, baseline=matmul)
-    row = measure(provider, TASK, SETTINGS | {"paired": True}, lambda _: None)
+    row = measure(provider, TASK, PAIRED, lambda _: None)
     assert row["status"] == "FAILED" and "NaN/inf values in rotated outputs" in row["error"]
 
 
@@ -168,8 +171,26 @@ def test_paired_timing_gets_the_long_warm_up_once_and_the_rounds_asked_for(monke
 
     monkeypatch.setattr(timing, "time_paired", spy)
     provider = cpu(matmul, baseline=matmul)
-    settings = SETTINGS | {"warmup_ms": 1000.0, "rewarm_ms": 200.0, "paired": True, "rounds": 3}
+    settings = replace(PAIRED, warmup_ms=1000.0, rewarm_ms=200.0, rounds=3)
     row = measure(provider, TASK, settings, lambda _: None)
     assert row["status"] == "OK"
     assert calls == [(1000.0, 200.0, 3)]  # cuBLAS's warm-up, then the mode's short one
     assert len(row["x_rounds"]) == 3 and all(r > 0 for r in row["x_rounds"])
+
+
+def test_settings_may_come_as_json_with_the_defaults_for_what_is_missing(monkeypatch):
+    from gluon_survey.driver import timing
+
+    seen = {}
+    real = timing.time_paired
+
+    def spy(make_run, make_baseline, n_copies, **kw):
+        seen.update(kw)
+        return real(make_run, make_baseline, n_copies, **kw | {"warmup_ms": 0, "rewarm_ms": 0, "min_ms": 1})
+
+    monkeypatch.setattr(timing, "time_paired", spy)
+    row = measure(cpu(matmul, baseline=matmul), TASK, {"seed": 1, "max_iters": 50}, lambda _: None)
+    defaults = Settings()
+    assert row["status"] == "OK" and len(row["x_rounds"]) == defaults.rounds  # paired by default
+    assert (seen["warmup_ms"], seen["rewarm_ms"]) == (defaults.warmup_ms, defaults.rewarm_ms)
+    assert seen["max_iters"] == 50

@@ -17,7 +17,7 @@ import functools
 import torch
 
 from . import registry
-from .registry import Launch
+from .launch import Launch, Target, b_layout
 
 DTYPES = (torch.float16, torch.bfloat16)
 _ALIGN = 16  # bytes: TMA base and stride alignment
@@ -32,7 +32,7 @@ def _capability(index: int) -> tuple[int, int]:
 
 
 def capability_of(device: torch.device) -> tuple[int, int]:
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+    return target_of(device).capability
 
 
 def capability() -> tuple[int, int] | None:
@@ -43,12 +43,13 @@ def capability() -> tuple[int, int] | None:
 
 
 @functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _target(index: int) -> Target:
+    return Target(_capability(index), torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def sm_count(device: torch.device) -> int:
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+def target_of(device: torch.device) -> Target:
+    """The GPU a launch on `device` is prepared for: capability and SM count, read once per device."""
+    return _target(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -112,7 +113,7 @@ def _aligned(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 def _aligned_b(b: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """B as row-major [K, N] or as the transpose view of a [N, K] weight, whichever it is."""
-    if b.stride(1) != 1 and b.stride(0) == 1:  # w.t(): describe the [N, K] weight instead
+    if b_layout(b) == "t":  # w.t(): describe the [N, K] weight instead
         w, copied = _aligned(b.t())
         return w.t(), copied
     return _aligned(b)
@@ -126,7 +127,8 @@ def prepare(mode: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | Non
     """
     _check_operands(a, b, out)
     m = registry.get(mode)
-    reason = m.unsupported_reason(capability_of(a.device))
+    target = target_of(a.device)
+    reason = m.unsupported_reason(target.capability)
     if reason:
         raise RuntimeError(f"mode {m.name!r} cannot run on this GPU: {reason}")
     M, N = a.shape[0], b.shape[1]
@@ -138,7 +140,7 @@ def prepare(mode: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | Non
     a2, copied_a = _aligned(a)
     b2, copied_b = _aligned_b(b)
     c2 = out if _tma_ok(out) else _aligned_empty(M, N, out)
-    launch = m.load().prepare(a2, b2, c2)
+    launch = m.provider(target.capability).prepare(a2, b2, c2, target)
     config = launch.config  # the provider's own dict: autotuned modes fill it in on the first call
     copies = [n for n, c in (("a", copied_a), ("b", copied_b), ("out", c2 is not out)) if c]
     if copies:
@@ -190,7 +192,7 @@ def explain(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> str:
     reason = mode.unsupported_reason(cap)
     if reason:
         return f"{mode.name}: cannot run here ({reason})"
-    layout = "t (transpose view of a [N,K] weight)" if (b.stride(1) != 1 and b.stride(0) == 1) else "row"
+    layout = {"t": "t (transpose view of a [N,K] weight)", "row": "row"}[b_layout(b)]
     lines = [
         f"mode: {mode.name} - {mode.summary}",
         f"why: {why}",

@@ -1,38 +1,31 @@
 """The one list of modes: the Gluon rungs and the baselines. The CLI, `matmul`, the tests and the
 benchmarks all read it.
 
-A mode names a *provider module*. Every provider module defines two functions:
+A mode names a *provider module* per GPU architecture (most modes have one module for every GPU
+they run on; `warpspec` has a Hopper module and a Blackwell one). Every provider module defines:
 
     unsupported_reason(capability: tuple[int, int]) -> str | None
         None when a GPU of this compute capability can run the mode, else why not (one line).
 
-    prepare(a, b, out) -> Launch
-        Everything a launch needs that is not the launch itself (descriptors, config choice, grid),
-        done once. `a` is [M, K], `b` is [K, N] (row-major, or the transpose view of a contiguous
-        [N, K] weight), `out` is [M, N]; all three are CUDA tensors of one dtype (fp16/bf16) that
-        `gluon_survey.api` has already validated and made TMA-compatible. `Launch.fn()` writes
-        a @ b into `out` (or, for torch.compile only, returns it as a new tensor, because
-        writing into `out` would add a copy kernel to every timed call: callers check the
-        returned tensor when there is one); its first call may JIT-compile or autotune.
+    prepare(a, b, out, target: launch.Target) -> launch.Launch
+        Everything a launch needs that is not the launch itself (config choice, descriptors,
+        grid), done once. `a` is [M, K], `b` is [K, N] (B layout "row"), or the transpose view of
+        a [N, K] weight ("t"), `out` is [M, N]; all three are CUDA tensors of one dtype that
+        `gluon_survey.api` has already validated and made TMA-compatible; `target` says which GPU
+        (capability, SM count). `Launch.fn()` writes a @ b into `out` (or, for torch.compile
+        only, returns it as a new tensor, because writing into `out` would add a copy kernel to
+        every timed call); its first call may JIT-compile or autotune.
 
-Importing a provider module must not need a GPU, so that `gluon-survey list` and `inspect` work
-anywhere.
+and, where it owns kernels, `compile_specs(capability, dtype) -> list[launch.CompileSpec]` for
+`gluon-survey inspect`. Importing a provider module must not need a GPU, so that `gluon-survey
+list` and `inspect` work anywhere.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A ready-to-run GEMM: `fn()` computes out = a @ b; `config` is what the tables show."""
-
-    fn: Callable[[], object]
-    config: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -42,14 +35,25 @@ class Mode:
     kind: str  # "gluon" (a rung of the ladder) or "baseline"
     archs: tuple[str, ...]  # GPU architectures it supports, for humans: ("sm_90", "sm_100")
     module: str  # provider module, imported lazily
+    # Provider modules for particular architectures, by compute-capability major: (10, "...").
+    arch_modules: tuple[tuple[int, str], ...] = ()
 
-    def load(self) -> ModuleType:
-        return importlib.import_module(self.module)
+    def module_for(self, capability: tuple[int, int] | None) -> str:
+        """The provider module's name for a GPU of this capability (the default one without a GPU)."""
+        if capability is not None:
+            for major, module in self.arch_modules:
+                if major == capability[0]:
+                    return module
+        return self.module
+
+    def provider(self, capability: tuple[int, int] | None = None) -> ModuleType:
+        """The provider module for a GPU of this capability."""
+        return importlib.import_module(self.module_for(capability))
 
     def unsupported_reason(self, capability: tuple[int, int] | None) -> str | None:
         if capability is None:
             return "no CUDA GPU"
-        return self.load().unsupported_reason(capability)
+        return self.provider(capability).unsupported_reason(capability)
 
 
 MODES: tuple[Mode, ...] = (
@@ -69,7 +73,8 @@ MODES: tuple[Mode, ...] = (
     ),
     Mode(
         "persistent",
-        "Pipelined + one program per SM over tiles in grouped order; tile i's store overlaps tile i+1",
+        "Pipelined + one program per SM over its tiles: each tile's prologue and C store overlap "
+        "its neighbours' main loops",
         "gluon",
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.persistent",
@@ -80,6 +85,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.warpspec",
+        arch_modules=((10, "gluon_survey.kernels.warpspec_tcgen05"),),
     ),
     Mode(
         "triton",
@@ -105,7 +111,6 @@ MODES: tuple[Mode, ...] = (
 )
 
 BASELINE = "torch"
-_BY_KEY = {m.name.lower(): m for m in MODES}
 
 
 def names() -> list[str]:
@@ -114,10 +119,11 @@ def names() -> list[str]:
 
 def get(name: str) -> Mode:
     """The mode called `name` (case-insensitive); KeyError listing the valid names otherwise."""
-    try:
-        return _BY_KEY[name.strip().lower()]
-    except KeyError:
-        raise KeyError(f"unknown mode {name!r}; valid modes: {', '.join(names())}") from None
+    key = name.strip().lower()
+    for mode in MODES:
+        if mode.name.lower() == key:
+            return mode
+    raise KeyError(f"unknown mode {name!r}; valid modes: {', '.join(names())}")
 
 
 def parse_modes(spec: str | None) -> list[Mode]:
@@ -133,20 +139,9 @@ def parse_modes(spec: str | None) -> list[Mode]:
     return out
 
 
-@dataclass(frozen=True)
-class CompileSpec:
-    """One kernel + config, as `gluon-survey inspect` compiles it for a GPU it may not have.
-
-    `signature` maps each kernel argument to a Triton type string ("*fp16", "i32", "constexpr",
-    "tensordesc<fp16[128, 64],NVMMASharedLayout(...)>"); `constexprs` gives the constexpr values;
-    `options` the compile options (num_warps, maxnreg, ...). Provider modules that own kernels
-    define `compile_specs(capability: tuple[int, int], dtype: str) -> list[CompileSpec]`.
-    """
-
-    mode: str
-    kernel: str  # label shown by inspect, e.g. "pipelined_kernel 128x256x64 s3 w8"
-    fn: object  # the @gluon.jit or @triton.jit function
-    signature: dict[str, str]
-    constexprs: dict[str, object]
-    options: dict[str, object]
-    gluon: bool = True
+def supported_summary() -> str:
+    """Which GPUs run which modes, in one line (for errors on a machine that runs none)."""
+    by_archs: dict[tuple[str, ...], list[str]] = {}
+    for mode in MODES:
+        by_archs.setdefault(mode.archs, []).append(mode.name)
+    return "; ".join(f"{', '.join(ms)} on {' / '.join(archs)}" for archs, ms in by_archs.items())

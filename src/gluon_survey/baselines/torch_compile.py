@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from gluon_survey.registry import Launch
+from gluon_survey.launch import Launch, Target
 
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 
@@ -73,7 +73,7 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return None
 
 
-def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
+def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, target: Target | None = None) -> Launch:
     """A launch whose `fn()` returns `a @ b` as a new tensor and leaves `out` untouched (see above)."""
     fn = compiled_matmul(a, b)
     return Launch(lambda: fn(a, b), {"impl": f"torch.compile({COMPILE_MODE})", "result": "returned"})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gluon_survey.registry import Launch
+from gluon_survey.launch import Launch, Target
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
@@ -18,6 +18,6 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return None
 
 
-def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
+def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, target: Target | None = None) -> Launch:
     """out = a @ b through `torch.matmul(..., out=out)`; the call allocates nothing."""
     return Launch(lambda: torch.matmul(a, b, out=out), {"impl": "cuBLAS"})

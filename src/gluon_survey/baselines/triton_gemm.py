@@ -1,8 +1,8 @@
 """The `triton` mode: a persistent, TMA-based GEMM in plain Triton (`@triton.jit`, `tl`), autotuned.
 
 This is the baseline that answers "what does the ordinary Triton compiler get for the same algorithm
-the Gluon ladder writes by hand?". It follows the design of upstream `09-persistent-matmul.py`
-(gluon-notes §5.8), written for this project:
+the Gluon ladder writes by hand?". It follows the design of Triton's tutorial
+`09-persistent-matmul.py`, written for this project:
 
 * **Persistent.** The grid is `min(#SMs, #tiles)`; program `p` walks tiles `p, p + #SMs, ...` in one
   `tl.range(..., flatten=True)` loop, so the compiler can pipeline across tile boundaries (the next
@@ -14,7 +14,7 @@ the Gluon ladder writes by hand?". It follows the design of upstream `09-persist
   TMA copies and software-pipelines the K loop over `num_stages` shared-memory buffers.
 * **fp32 accumulation**, output in the input dtype (fp16/bf16).
 * **Both B layouts**, a constexpr switch `B_KMAJOR`: row-major `[K, N]` B is described as is with
-  block `[BLOCK_K, BLOCK_N]`; the transpose view of a contiguous `[N, K]` weight (`b.stride(0) == 1`)
+  block `[BLOCK_K, BLOCK_N]`; the transpose view of a contiguous `[N, K]` weight (B layout "t")
   is described through `b.T` (contiguous `[N, K]`) with block `[BLOCK_N, BLOCK_K]` and fed to
   `tl.dot` as `tile.T`, which wgmma/tcgen05 read K-major from shared memory without a copy.
 
@@ -22,12 +22,12 @@ Autotuning space (8 configs before pruning; `_autotune_configs`):
 
     BLOCK_M = 128, BLOCK_N in {128, 256}, BLOCK_K = 64, num_stages in {3, 4}, num_warps in {4, 8}
 
-Why this small space: 128x256x64 / 3 stages / 8 warps is the Hopper sweet spot of the tutorials
-(gluon-notes §1, §5.4) and the tile of most Gluon rungs, 128x128x64 / 4 warps the best occupancy-2
+Why this small space: 128x256x64 / 3 stages / 8 warps is the Hopper sweet spot of Triton's
+tutorials and the tile of most Gluon rungs, 128x128x64 / 4 warps the best occupancy-2
 point of 05-wgmma. Left out, each of which would double the tuning time: BLOCK_K = 128 (with 2
-stages it lost clearly on Hopper, §8 item 13), `warp_specialize` (plain Triton honours it only on
-Blackwell, §5.8) and EPILOGUE_SUBTILE (it frees shared memory for a 4th stage, and a 4th stage
-did not help on Hopper, §5.4). `_prune_configs` then drops, before anything compiles:
+stages it lost clearly on Hopper in Triton's tutorials), `warp_specialize` (plain Triton honours it
+only on Blackwell) and EPILOGUE_SUBTILE (it frees shared memory for a 4th stage, and a 4th stage
+did not help on Hopper, perf-notes entry 2). `_prune_configs` then drops, before anything compiles:
 
 * configs whose shared memory (`stages * (A tile + B tile) + C tile`) exceeds the GPU's opt-in
   limit, e.g. 128x256x64 with 4 stages (192 KB + 64 KB > 227 KB);
@@ -42,8 +42,8 @@ of shared memory) the prune falls back to 128x128x64 / 4 warps with as many stag
 The tuning key is `(M, N, K, B_KMAJOR)`; Triton's autotuner adds no dtype because the kernel takes
 descriptors, so fp16 and bf16 of one shape share the choice (they run at the same tensor-core rate).
 
-`prepare(a, b, out)` does not launch anything. Its `Launch.config` dict first holds only the static
-facts (`b_layout`, `GROUP_M`); the **first call** of `Launch.fn` runs the autotuner (benchmarking the
+`prepare(a, b, out, target)` does not launch anything. Its `Launch.config` dict first holds only the static
+facts (`GROUP_M`); the **first call** of `Launch.fn` runs the autotuner (benchmarking the
 pruned configs, then running the winner) and then fills in `BLOCK_M`, `BLOCK_N`, `BLOCK_K`, `stages`,
 `warps` and `grid` of the chosen config. Later calls launch that config directly through the JIT
 function, skipping the autotuner's per-call bookkeeping, so timed calls pay the same dispatch cost as
@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from gluon_survey.registry import CompileSpec, Launch
+from gluon_survey.launch import CompileSpec, Launch, Target, b_layout, is_kmajor
 
 GROUP_M = 8
 ACC_REGS_MAX = 128  # fp32 accumulator registers per thread above which a config is pruned
@@ -202,12 +202,6 @@ def _smem_limit(device_index: int | None) -> int:
     return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
 
 
-@functools.cache
-def _num_sms(device_index: int | None) -> int:
-    index = torch.cuda.current_device() if device_index is None else device_index
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 _autotuned_matmul = triton.autotune(
     configs=_autotune_configs(),
     key=["M", "N", "K", "B_KMAJOR"],
@@ -227,20 +221,6 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return None
 
 
-def b_is_kmajor(b: torch.Tensor) -> bool:
-    """True when `b` ([K, N]) must be described as the transpose view of a contiguous [N, K] weight.
-
-    Row-major is used whenever it is expressible: unit stride along N (or N == 1) and a TMA-legal
-    (16-byte multiple) row stride (or K == 1, where the row stride is never used). Otherwise `b` is
-    the K-major view, `b.stride(0) == 1`. Size-1 dimensions have arbitrary strides in PyTorch, hence
-    the special cases: a contiguous [K, 1] column is only describable K-major.
-    """
-    k, n = b.shape
-    unit_n = b.stride(1) == 1 or n == 1
-    legal_row_stride = k == 1 or (b.stride(0) * b.element_size()) % 16 == 0
-    return not (unit_n and legal_row_stride)
-
-
 def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     """A 2-D descriptor over `t` (unit inner stride). The outer stride of a single-row tensor is never
     used, so it is replaced by a 16-byte-aligned value the descriptor check accepts."""
@@ -252,12 +232,12 @@ def _descriptor(t: torch.Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor(t, [rows, cols], [row_stride, 1], block)
 
 
-def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
+def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, target: Target) -> Launch:
     """Descriptors and grid for out = a @ b; no launch (see the module docstring for `config`)."""
     m, k = a.shape
     n = b.shape[1]
-    kmajor = b_is_kmajor(b)
-    config: dict[str, object] = {"b_layout": "NK (transposed weight)" if kmajor else "KN", "GROUP_M": GROUP_M}
+    kmajor = is_kmajor(b_layout(b))
+    config: dict[str, object] = {"GROUP_M": GROUP_M}
     if m == 0 or n == 0:
         return Launch(lambda: None, {**config, "impl": "empty output, nothing to do"})
     if k == 0:
@@ -267,7 +247,7 @@ def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
     a_desc = _descriptor(a, [128, 64])
     b_desc = _descriptor(b.T, [128, 64]) if kmajor else _descriptor(b, [64, 128])
     c_desc = _descriptor(out, [128, 128])
-    num_sms = _num_sms(a.device.index)
+    num_sms = target.sm_count
 
     def grid_size(meta: dict) -> int:
         return min(num_sms, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]))
@@ -339,11 +319,11 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
             "B_KMAJOR": kmajor,
         }
         signature.update(dict.fromkeys(constexprs, "constexpr"))
-        layout = "nk" if kmajor else "kn"
+        layout = "t" if kmajor else "row"
         specs.append(
             CompileSpec(
                 mode="triton",
-                kernel=f"persistent_matmul_kernel {bm}x{block_n}x{bk} s{stages} w{warps} {layout}",
+                kernel=f"persistent_matmul_kernel {bm}x{block_n}x{bk} s{stages} w{warps} B={layout}",
                 fn=persistent_matmul_kernel,
                 signature=signature,
                 constexprs=constexprs,

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from gluon_survey.driver.shapes import Shape
+from gluon_survey.launch import B_LAYOUTS
 
 DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
-B_LAYOUTS = ("row", "t")
 
 # Unit roundoff u = 2**-(mantissa bits + 1): the largest relative error of rounding to the dtype.
 UNIT_ROUNDOFF: dict[torch.dtype, float] = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
@@ -43,9 +43,10 @@ def make_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """a [M, K] and b [K, N]: standard normal values rounded to `dtype`, reproducible from `seed`.
 
-    b_layout "row" gives a contiguous [K, N] b; "t" gives the transpose view of a contiguous [N, K]
-    weight, as `x @ w.t()` in a linear layer. Values are drawn in fp32 by a generator on `device`
-    and then rounded, so the same (seed, device type) always yields the same tensors.
+    b_layout (`gluon_survey.launch.B_LAYOUTS`) "row" gives a contiguous [K, N] b; "t" gives the
+    transpose view of a contiguous [N, K] weight, as `x @ w.t()` in a linear layer. Values are
+    drawn in fp32 by a generator on `device` and then rounded, so the same (seed, device type)
+    always yields the same tensors.
     """
     if b_layout not in B_LAYOUTS:
         raise ValueError(f"unknown B layout {b_layout!r}; use one of {', '.join(B_LAYOUTS)}")

@@ -7,14 +7,19 @@
     gluon-survey inspect ...            compile the kernels for sm_90a / sm_100a, no GPU needed
 
 The timing command writes every row to a JSON Lines results file as it is measured (default
-out/results-<run id>.jsonl), then prints the report. Exit status: 0 when every row is OK or
-SKIPPED, 1 when any is FAILED, ERROR or TIMEOUT, 2 for a usage error or a machine without a
-CUDA GPU, 130 when interrupted (the rows measured so far are kept and reported).
+out/results-<run id>.jsonl), then prints the report, and ends by naming the results file (also
+when interrupted or when the report cannot be written). Exit status: 0 when every row is OK or
+SKIPPED, 1 when any is FAILED, ERROR or TIMEOUT or the report cannot be written, 2 for a usage
+error (checked before anything is measured: modes, sizes, --output and --plot paths) or a machine
+without a CUDA GPU, 130 when interrupted (the rows measured so far are kept and reported).
+`report` exits 1 for a results file without rows, `compare --fail-on-regression` 1 for a
+regression or a result missing from NEW.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -22,17 +27,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gluon_survey import registry
+from gluon_survey import __version__, registry
 from gluon_survey.driver import shapes
+from gluon_survey.driver.settings import DEFAULTS, Settings
+from gluon_survey.launch import B_LAYOUTS
 
 if TYPE_CHECKING:
-    from gluon_survey.driver.results import Results
-    from gluon_survey.driver.runner import Settings, Task
+    from gluon_survey.driver.results import Results, Row
+    from gluon_survey.driver.runner import Task
 
 PROG = "gluon-survey"
 _DIMS = (("m", shapes.DEFAULT_M), ("n", shapes.DEFAULT_N), ("k", shapes.DEFAULT_K))
 BAD_STATUSES = ("FAILED", "ERROR", "TIMEOUT")
 EXIT_INTERRUPTED = 130
+TIMER = "CUDA events around each iteration"  # how the workers time, for the results header
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument(
         "modes",
         nargs="?",
@@ -69,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     for dim, default in _DIMS:
         what.add_argument(
             f"--{dim}",
-            help=f"{dim.upper()} sizes: a comma list of sizes and inclusive start:stop:step ranges "
-            f"(default: {default})",
+            help=f"{dim.upper()} sizes: a comma list of sizes, start:stop ranges (doubling: start, "
+            f"2*start, ..., stop) and start:stop:step ranges, stops inclusive (default: {default})"
+            if dim == "k"
+            else f"{dim.upper()} sizes, written as for --k (default: {default})",
         )
     what.add_argument(
         "--shapes",
@@ -86,34 +97,35 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument(
         "--warmup-ms",
         type=float,
-        default=2000.0,
+        default=DEFAULTS.warmup_ms,
         help="warm-up before each cell, to the GPU's power-limited clock (default: %(default)g)",
     )
     how.add_argument(
         "--min-ms",
         type=_positive,
-        default=1000.0,
+        default=DEFAULTS.min_ms,
         help="timed GPU time per window; a paired cell has --rounds of them (default: %(default)g)",
     )
     how.add_argument(
         "--timeout",
         type=_positive,
-        default=600.0,
+        default=DEFAULTS.timeout_s,
         metavar="S",
         help="seconds per shape, compilation and autotuning included (default: %(default)g)",
     )
-    how.add_argument("--seed", type=int, default=0, help="input seed (default: %(default)s)")
+    how.add_argument("--seed", type=int, default=DEFAULTS.seed, help="input seed (default: %(default)s)")
     how.add_argument(
         "--paired",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=DEFAULTS.paired,
         help="time cuBLAS on the same inputs in windows alternating with every cell's and divide by "
-        "that, so that the ratios do not move with the GPU's clock over the run (default: on)",
+        "that, so that the ratios do not move with the GPU's clock over the run "
+        f"(default: {'on' if DEFAULTS.paired else 'off'})",
     )
     how.add_argument(
         "--rounds",
         type=_positive_int,
-        default=3,
+        default=DEFAULTS.rounds,
         help="paired timing: timed windows of min-ms of the cell, each between two of cuBLAS's "
         "(default: %(default)s)",
     )
@@ -135,34 +147,66 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_output_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    from gluon_survey.driver.report import FORMATS
+    from gluon_survey.driver.report import FORMATS, PLOT_SUFFIXES
 
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
-    parser.add_argument("--output", type=Path, metavar="FILE", help="write the report here (default: stdout)")
-    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="also plot TFLOP/s vs K per mode")
+    parser.add_argument(
+        "--output", type=Path, metavar="FILE", help="write the report to FILE, in an existing directory"
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help=f"also plot TFLOP/s vs K per mode into FILE ({_plot_suffixes(PLOT_SUFFIXES)})",
+    )
+
+
+def _plot_suffixes(suffixes: Sequence[str]) -> str:
+    return f"{', '.join(suffixes[:-1])} or {suffixes[-1]}"
+
+
+def _output_path_error(args: argparse.Namespace) -> str | None:
+    """Why --output or --plot cannot be written (None when both can), so that a bad path is a
+    usage error before anything runs, not an exception after the sweep."""
+    from gluon_survey.driver.report import PLOT_SUFFIXES
+
+    for option, path in (("--output", args.output), ("--plot", args.plot)):
+        if path is None:
+            continue
+        if path.is_dir():
+            return f"{option} {path}: is a directory"
+        if not path.parent.is_dir():
+            return f"{option} {path}: directory {path.parent} does not exist"
+        if option == "--plot" and path.suffix.lower() not in PLOT_SUFFIXES:
+            return f"{option} {path}: expected a {_plot_suffixes(PLOT_SUFFIXES)} file"
+    return None
 
 
 def run(argv: Sequence[str]) -> int:
     """The timing command (see `build_parser`)."""
     args = build_parser().parse_args(argv)
     from gluon_survey.driver import runner
-    from gluon_survey.driver.check import B_LAYOUTS, DTYPES
+    from gluon_survey.driver.check import DTYPES
 
     try:
-        modes = runner.resolve_modes(args.modes)
+        modes = [mode.name for mode in registry.parse_modes(args.modes)]
         dtypes = _pick(args.dtype, DTYPES, "--dtype")
         layouts = _pick(args.b_layout, B_LAYOUTS, "--b-layout")
         sweep = shapes.resolve(args.shapes, args.m, args.n, args.k)
     except (KeyError, ValueError) as exc:
         return _usage_error(exc.args[0] if exc.args else str(exc))
+    bad_path = _output_path_error(args)
+    if bad_path:
+        return _usage_error(bad_path)
     if args.results is not None and args.results.exists():
         return _usage_error(f"--results {args.results} exists; a results file holds one run")
-    if runner.needs_cuda(modes) and not _cuda_available():
+    if not _cuda_available():
         from gluon_survey.driver.hardware import describe_torch_cuda
 
         print(
             f"{PROG}: timing needs a CUDA GPU that torch can use (torch.cuda.is_available()); found "
-            f"{describe_torch_cuda()}. `{PROG} list` and `{PROG} inspect` work without a GPU.",
+            f"{describe_torch_cuda()}. The modes run on: {registry.supported_summary()}. "
+            f"`{PROG} list` and `{PROG} inspect` work without a GPU.",
             file=sys.stderr,
         )
         return 2
@@ -173,7 +217,7 @@ def run(argv: Sequence[str]) -> int:
 def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], command: str) -> int:
     from gluon_survey.driver import hardware, results, runner
 
-    settings = runner.Settings(
+    settings = Settings(
         seed=args.seed,
         warmup_ms=args.warmup_ms,
         min_ms=args.min_ms,
@@ -192,22 +236,33 @@ def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], comman
     run_id = results.new_run_id()
     path = args.results or Path("out") / f"results-{run_id}.jsonl"
     header = results.make_header(run_id, env, _settings_record(settings, modes, tasks, args, peaks))
-    interrupted = False
-    with (
-        results.ResultsWriter(path, header) as writer,
-        runner.RichProgress(len(modes) * len(tasks)) as progress,
-    ):
+    try:
+        writer = results.ResultsWriter(path, header)
+    except OSError as exc:
+        return _usage_error(f"--results {path}: {exc.strerror or exc}")
+    interrupted = unwritten = False
+    try:  # from here on, whatever happens, the last line names the results file
+        with writer:
+            try:
+                with runner.RichProgress(len(modes) * len(tasks)) as progress:
+                    dtype_peaks = {d: p for d, (p, _) in peaks.items()}
+                    runner.run_sweep(modes, tasks, settings, writer, dtype_peaks, progress)
+            except KeyboardInterrupt:
+                interrupted = True
+        measured = _load(path)
         try:
-            runner.run_sweep(modes, tasks, settings, writer, {d: p for d, (p, _) in peaks.items()}, progress)
+            _emit(measured, args)
+        except OSError as exc:
+            print(f"{PROG}: error: cannot write the report: {exc}", file=sys.stderr)
+            unwritten = True
         except KeyboardInterrupt:
             interrupted = True
-    measured = results.load(path)
-    _emit(measured, args)
-    print(f"{PROG}: results in {path}", file=sys.stderr)
-    if interrupted:
-        print(f"{PROG}: interrupted; the report covers the rows measured so far", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return 1 if any(r.status in BAD_STATUSES for r in measured.rows) else 0
+        if interrupted:
+            print(f"{PROG}: interrupted; the report covers the rows measured so far", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return 1 if unwritten or any(r.status in BAD_STATUSES for r in measured.rows) else 0
+    finally:
+        print(f"{PROG}: results in {path}", file=sys.stderr)
 
 
 def _settings_record(
@@ -218,7 +273,6 @@ def _settings_record(
     peaks: dict[str, tuple[float | None, str]],
 ) -> dict[str, object]:
     """The header's `settings`: how this run measured, in the words the report prints."""
-    from gluon_survey.driver import runner
     from gluon_survey.driver.check import TOLERANCE_RULE
     from gluon_survey.driver.timing import COPIES_BUDGET_BYTES, L2_FACTOR
 
@@ -226,7 +280,7 @@ def _settings_record(
     budget_gib = COPIES_BUDGET_BYTES >> 30
     return {
         **asdict(settings),
-        "timer": "CUDA events around each iteration" if runner.needs_cuda(modes) else "host wall clock",
+        "timer": TIMER,
         "l2": f"cold, rotating input sets spanning >= {L2_FACTOR}x L2 (at most {budget_gib} GiB)",
         "tolerance": TOLERANCE_RULE,
         "modes": modes,
@@ -237,8 +291,19 @@ def _settings_record(
     }
 
 
+def _load(path: Path) -> Results:
+    """`results.load`, with what it skipped (a truncated last line) said on stderr."""
+    from gluon_survey.driver import results
+
+    loaded = results.load(path)
+    for warning in loaded.warnings:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    return loaded
+
+
 def _emit(measured: Results, args: argparse.Namespace) -> None:
-    """Print or write the report, the plot when asked; for `legacy`, say on stderr what it omits."""
+    """Print or write the report, the plot when asked; for `legacy`, say on stderr what it omits.
+    OSError when a file cannot be written."""
     from gluon_survey.driver import report
 
     report.render(measured, args.format, args.output)
@@ -258,6 +323,17 @@ def _positive(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    """argparse type: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
 
 
@@ -315,7 +391,7 @@ def list_modes(argv: Sequence[str]) -> int:
         try:
             reason = mode.unsupported_reason(cap)
         except Exception as exc:  # a provider that cannot even be imported
-            reason = f"cannot load {mode.module}: {type(exc).__name__}: {exc}"
+            reason = f"cannot load {mode.module_for(cap)}: {type(exc).__name__}: {exc}"
         verdict = Text("yes", style="green") if reason is None else Text(f"no: {reason}", style="red")
         table.add_row(mode.name, mode.kind, mode.summary, ", ".join(mode.archs), verdict)
     Console().print(table)
@@ -329,9 +405,10 @@ def compare_runs(argv: Sequence[str]) -> int:
     parser.add_argument("new", type=Path, help="results file (.jsonl) of the run to judge")
     parser.add_argument(
         "--fail-on-regression",
-        type=float,
+        type=_non_negative,
         metavar="PCT",
-        help="exit 1 when a result got more than PCT %% slower beyond the noise, or stopped being measured",
+        help="exit 1 when a result got more than PCT %% slower beyond the noise, stopped being measured, "
+        "or is missing from NEW (PCT >= 0)",
     )
     args = parser.parse_args(argv)
     from rich.console import Console
@@ -339,34 +416,50 @@ def compare_runs(argv: Sequence[str]) -> int:
     from gluon_survey.driver import report, results
 
     try:
-        old, new = results.load(args.old), results.load(args.new)
+        old, new = _load(args.old), _load(args.new)
     except (OSError, ValueError) as exc:
         return _usage_error(str(exc))
     deltas = results.compare(old.rows, new.rows)
-    report.print_comparison(old, new, deltas, Console())
+    gone = results.missing(old.rows, new.rows)
+    report.print_comparison(old, new, deltas, Console(), gone)
     if args.fail_on_regression is None:
         return 0
     bad = results.regressions(deltas, args.fail_on_regression)
     for d in bad:
         change = f"{d.regression_pct():.1f} % slower" if d.verdict == "slower" else f"now {d.new.outcome}"
-        where = f"{d.new.mode} {d.new.shape.label} {d.new.dtype} B={d.new.b_layout}"
-        print(f"{PROG}: regression: {where}: {change}", file=sys.stderr)
-    return 1 if bad else 0
+        print(f"{PROG}: regression: {_where(d.new)}: {change}", file=sys.stderr)
+    for row in gone:
+        print(f"{PROG}: regression: {_where(row)}: missing from NEW", file=sys.stderr)
+    return 1 if bad or gone else 0
+
+
+def _where(row: Row) -> str:
+    return f"{row.mode} {row.shape.label} {row.dtype} B={row.b_layout}"
 
 
 def report_run(argv: Sequence[str]) -> int:
-    """`gluon-survey report RESULTS.jsonl`: render a finished (or interrupted) run again."""
+    """`gluon-survey report RESULTS.jsonl`: render a finished (or interrupted) run again. Exit
+    status 0, or 1 when the file has no rows or the report cannot be written, 2 for a usage error
+    (a bad path, a file that is not a results file)."""
     parser = argparse.ArgumentParser(prog=f"{PROG} report", description=report_run.__doc__)
     parser.add_argument("results", type=Path, help="results file (.jsonl) written by a timing run")
     _add_output_options(parser)
     args = parser.parse_args(argv)
-    from gluon_survey.driver import results
-
+    bad_path = _output_path_error(args)
+    if bad_path:
+        return _usage_error(bad_path)
     try:
-        loaded = results.load(args.results)
+        loaded = _load(args.results)
     except (OSError, ValueError) as exc:
         return _usage_error(str(exc))
-    _emit(loaded, args)
+    if not loaded.rows:
+        print(f"{PROG}: {args.results} has no rows: its run measured nothing to report", file=sys.stderr)
+        return 1
+    try:
+        _emit(loaded, args)
+    except OSError as exc:
+        print(f"{PROG}: error: cannot write the report: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

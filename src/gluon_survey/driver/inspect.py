@@ -8,11 +8,13 @@ reallocation, barriers).
     gluon-survey inspect --dump out/asm           # also write <mode>-<arch>-<kernel>.{ttgir,ptx,sass}
 
 Each provider module that owns kernels defines `compile_specs(capability, dtype)` returning
-`registry.CompileSpec`s (an empty list for an arch it does not support); modes without kernels of
+`launch.CompileSpec`s (an empty list for an arch it does not support); modes without kernels of
 ours (`torch`, `torch.compile`) are skipped, or noted when named explicitly. Every spec is compiled
-with `triton.compile(ASTSource | GluonASTSource, target=GPUTarget("cuda", cc, 32))`, then the cubin is
-read with the `cuobjdump` shipped in the triton wheel (gluon-notes §9). A kernel that fails to compile
-becomes a row with `error` set; the exit status is then 1.
+with `triton.compile(ASTSource | GluonASTSource, target=GPUTarget("cuda", cc, 32))`, then the cubin
+is read with the `cuobjdump` shipped in the triton wheel. Progress (one kernel at a time) goes to
+stderr. A kernel that fails to compile becomes a row with `error` set; the exit status is then 1.
+An architecture that no mode's kernels target (`targeted_archs`, from the registry) and a `--dump`
+path that cannot be a directory are usage errors (exit status 2), found before anything compiles.
 
 The engine is reusable (the CPU tests use it): `compile_spec(spec, arch) -> Compiled`,
 `disassemble(cubin)`, `sass_counts(cubin) -> Counter` (over `count_opcodes(sass_text)`),
@@ -43,15 +45,21 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import triton
 
 from gluon_survey import registry
-from gluon_survey.registry import CompileSpec, Mode
+from gluon_survey.launch import CompileSpec
+from gluon_survey.registry import Mode
 
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+PROG = "gluon-survey inspect"
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
 # --dtype spelling -> the spelling `compile_specs` receives (torch dtype names, as the kernels expect).
 DTYPES = {
@@ -167,6 +175,25 @@ def parse_arch(arch: str) -> tuple[str, tuple[int, int]]:
         raise ValueError(f"unknown arch {arch!r}; expected e.g. sm_90a or sm_100a")
     cc = int(m.group(1))
     return f"sm_{cc}a", (cc // 10, cc % 10)
+
+
+def targeted_archs(modes: Iterable[Mode] | None = None) -> dict[str, list[str]]:
+    """Architecture ("sm_90a") -> the modes (default: all) whose kernels target it, from the
+    registry's `Mode.archs` (modes that run on "any CUDA GPU" own no kernel and target none)."""
+    targeted: dict[str, list[str]] = {}
+    for mode in registry.MODES if modes is None else modes:
+        for arch in mode.archs:
+            if re.fullmatch(r"sm_\d{2,3}a?", arch):
+                targeted.setdefault(parse_arch(arch)[0], []).append(mode.name)
+    return targeted
+
+
+def describe_targets(targeted: dict[str, list[str]]) -> str:
+    """'sm_90a, sm_100a (Blocked, ..., triton); sm_120a (triton)': archs with the same modes together."""
+    by_modes: dict[tuple[str, ...], list[str]] = {}
+    for arch, names in targeted.items():
+        by_modes.setdefault(tuple(names), []).append(arch)
+    return "; ".join(f"{', '.join(archs)} ({', '.join(names)})" for names, archs in by_modes.items())
 
 
 def cuobjdump_path() -> str:
@@ -377,36 +404,49 @@ def collect(
     *,
     explicit: bool = False,
     dump_dir: Path | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> tuple[list[KernelReport], list[str]]:
     """Compile every spec of every mode for every arch: (rows, notes for humans).
 
     With `explicit` (the user named the modes), a mode without kernels of ours yields a note;
     otherwise it is skipped quietly. A provider module that fails to import or whose
-    `compile_specs` raises yields an error row.
+    `compile_specs` raises yields an error row. `progress(done, total, "mode arch kernel")` is
+    called before each kernel compiles.
     """
-    rows: list[KernelReport] = []
+    jobs: list[KernelReport | tuple[CompileSpec, str]] = []  # rows as they are, or specs to compile
     notes: list[str] = []
     for mode in modes:
-        try:
-            module = mode.load()
-        except Exception as exc:
-            for arch in archs:
-                rows.append(KernelReport(mode.name, _arch_label(arch), "(import)", error=_describe(exc)))
-            continue
-        if not hasattr(module, "compile_specs"):
-            if explicit:
-                notes.append(f"{mode.name}: no kernel of ours to compile ({mode.summary})")
-            continue
         for arch in archs:
             label, capability = parse_arch(arch)
             try:
+                module = mode.provider(capability)
+            except Exception as exc:
+                jobs.append(KernelReport(mode.name, label, "(import)", error=_describe(exc)))
+                continue
+            if not hasattr(module, "compile_specs"):
+                note = f"{mode.name}: no kernel of ours to compile ({mode.summary})"
+                if explicit and note not in notes:
+                    notes.append(note)
+                continue
+            try:
                 specs = module.compile_specs(capability, dtype)
             except Exception as exc:
-                rows.append(KernelReport(mode.name, label, "(compile_specs)", error=_describe(exc)))
+                jobs.append(KernelReport(mode.name, label, "(compile_specs)", error=_describe(exc)))
                 continue
             if not specs:
                 notes.append(f"{mode.name}: nothing to compile for {label}")
-            rows.extend(inspect_spec(spec, label, dump_dir) for spec in specs)
+            jobs.extend((spec, label) for spec in specs)
+    total, done = sum(not isinstance(job, KernelReport) for job in jobs), 0
+    rows: list[KernelReport] = []
+    for job in jobs:
+        if isinstance(job, KernelReport):
+            rows.append(job)
+            continue
+        spec, label = job
+        if progress is not None:
+            progress(done, total, f"{spec.mode} {label} {spec.kernel}")
+        rows.append(inspect_spec(spec, label, dump_dir))
+        done += 1
     return rows, notes
 
 
@@ -536,23 +576,89 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Progress:
+    """Which kernel compiles now, on stderr: a rich progress bar in a terminal (gone when done),
+    else one line per kernel (a log keeps them all)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self._console = Console(stderr=True)
+        self._bar: tuple[Progress, TaskID] | None = None
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        if not self._console.is_terminal:
+            print(f"{PROG}: [{done + 1}/{total}] compiling {what}", file=sys.stderr, flush=True)
+            return
+        if self._bar is None:
+            from rich import progress
+
+            bar = progress.Progress(
+                progress.TextColumn("{task.description}"),
+                progress.BarColumn(),
+                progress.MofNCompleteColumn(),
+                progress.TimeElapsedColumn(),
+                console=self._console,
+                transient=True,
+            )
+            bar.start()
+            self._bar = (bar, bar.add_task(f"compiling {what}", total=total))
+        bar, task = self._bar
+        bar.update(task, completed=done, description=f"compiling {what}")
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar[0].stop()
+
+
+def _usage_error(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
+
+
+def _dump_error(path: Path) -> str | None:
+    """Why `--dump path` cannot be the directory the files go to (None when it can)."""
+    if path.exists() and not path.is_dir():
+        return f"--dump {path}: exists and is not a directory"
+    if not path.exists() and not path.parent.is_dir():
+        return f"--dump {path}: directory {path.parent} does not exist"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `gluon-survey inspect`: 0 if every kernel compiled, 1 if any row has an
-    error, 2 for a bad mode or arch name."""
+    error, 2 for a bad mode, an arch no survey kernel targets, or a bad --dump path."""
     args = build_parser().parse_args(argv)
     try:
         modes = registry.parse_modes(args.modes)
-        archs = [parse_arch(a)[0] for a in args.arch.split(",") if a.strip()]
+        archs = list(dict.fromkeys(parse_arch(a)[0] for a in args.arch.split(",") if a.strip()))
     except (KeyError, ValueError) as exc:
-        print(f"gluon-survey inspect: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
-    rows, notes = collect(modes, archs, DTYPES[args.dtype], explicit=bool(args.modes), dump_dir=args.dump)
+        return _usage_error(exc.args[0] if exc.args else str(exc))
+    targeted = targeted_archs()
+    targets = f"the survey's kernels target {describe_targets(targeted)}"
+    if not archs:
+        return _usage_error(f"--arch {args.arch!r}: no architecture given; {targets}")
+    untargeted = [a for a in archs if a not in targeted]
+    if untargeted:
+        return _usage_error(f"--arch: no survey kernel targets {', '.join(untargeted)}; {targets}")
+    if args.dump is not None and (problem := _dump_error(args.dump)):
+        return _usage_error(problem)
+    with _Progress() as progress:
+        rows, notes = collect(
+            modes, archs, DTYPES[args.dtype], explicit=bool(args.modes), dump_dir=args.dump, progress=progress
+        )
     if args.format == "json":
         print(to_json(rows))
         for note in notes:
             print(note, file=sys.stderr)
     else:
         render_table(rows, notes)
+    if args.dump is not None:
+        dumped = sum(r.error is None for r in rows)
+        print(f"{PROG}: ttgir, ptx and sass of {dumped} kernels in {args.dump}", file=sys.stderr)
     return 1 if any(r.error for r in rows) else 0
 
 

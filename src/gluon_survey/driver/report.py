@@ -7,8 +7,10 @@ lines of the original survey script), `csv` (one row per result, `#` environment
 
 A row counts as a measurement only when it is correct, timed and not above the dense peak (a
 TFLOP/s figure above the datasheet peak is a measurement error, shown as such, never as a record);
-geometric means and x cuBLAS use measurements only. x cuBLAS divides by the `torch` row of the same
-shape, dtype and layout.
+geometric means and x cuBLAS use measurements only. x cuBLAS is the median of the row's paired
+rounds (`x_rounds`: cuBLAS timed on the same inputs in windows alternating with the row's), or,
+for a run without pairing (`--no-paired`), the ratio to the `torch` row of the same shape, dtype
+and layout.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from gluon_survey.registry import BASELINE
 from gluon_survey.driver.results import NOISY, Delta, Results, Row
 from gluon_survey.driver.shapes import Shape
 from gluon_survey.driver.timing import round_ratio
+from gluon_survey.registry import BASELINE
 
 FORMATS = ("table", "legacy", "csv", "json", "markdown")
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # the plot formats `--plot` accepts (all matplotlib's)
 LEGACY_HEADER = "K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec"
 REASON_CHARS = 28  # how much of a failure reason fits in a table cell; the notes below give it all
 
@@ -35,9 +38,8 @@ REASON_CHARS = 28  # how much of a failure reason fits in a table cell; the note
 def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
     """The rows with `x_cublas`, the speed relative to cuBLAS: the median of the row's per-round
     ratios (`x_rounds`: cuBLAS's windows either side / the row's window, timed on the same inputs
-    in alternating windows) when it has them; against its paired cuBLAS time (`cublas_ms`, timed
-    just before and after it) in results written before the rounds; else
-    against the cuBLAS (`torch`) row of the same shape, dtype and layout, where both are measurements."""
+    in alternating windows) when it has them; else against the cuBLAS (`torch`) row of the same
+    shape, dtype and layout, where both are measurements."""
     rows = list(rows)
     base = {r.key[1:]: r.tflops for r in rows if r.mode == BASELINE and r.measured}
 
@@ -46,15 +48,9 @@ def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
             return None
         if r.x_rounds:
             return round_ratio(r.x_rounds)
-        if r.cublas_ms:
-            return r.cublas_ms / r.ms_median  # type: ignore[operator]
         return r.tflops / base[r.key[1:]] if r.key[1:] in base else None  # type: ignore[operator]
 
     return [replace(r, x_cublas=ratio(r)) for r in rows]
-
-
-def is_paired(rows: Iterable[Row]) -> bool:
-    return any(r.cublas_ms for r in rows)
 
 
 def geomean(values: Iterable[float]) -> float | None:
@@ -245,17 +241,13 @@ def pivots(results: Results) -> list[Pivot]:
 
 
 def legend(rows: Iterable[Row]) -> str:
-    """The line under each table; it says which cuBLAS time the ratios divide (results written
-    before the alternating windows had cuBLAS timed once before and once after each cell)."""
-    rows = list(rows)
+    """The line under each table; it says which cuBLAS time the ratios divide."""
     rounds = max((len(r.x_rounds or ()) for r in rows), default=0)
     if rounds:
         baseline = (
             f"against cuBLAS timed on the same inputs in windows alternating with each cell's, "
             f"median over {rounds} rounds"
         )
-    elif is_paired(rows):
-        baseline = "against cuBLAS timed on the same inputs just before and after each cell, mean of the two"
     else:
         baseline = "the torch row of the same shape"
     return (
@@ -318,16 +310,17 @@ def _markdown(cell: Cell) -> str:
 
 
 def format_legacy(rows: Iterable[Row]) -> str:
-    """The original survey's lines: `Mode: X`, the header, `K, BM, BN, BK, ms, TFLOP/s` per
-    measured row (blocks 0 when the provider reports none, as the original printed for torch), and
-    a blank line. The original swept K only; a sweep over more (M, N, dtype, layout) gets one such
-    block per mode and combination. Rows that are not measurements are left out."""
+    """The original survey's lines: `Mode: X (DTYPE, B LAYOUT, M=.., N=..)`, the header,
+    `K, BM, BN, BK, ms, TFLOP/s` per measured row (blocks 0 when the provider reports none, as the
+    original printed for torch), and a blank line. The original swept K only, in one dtype; a
+    sweep over more (dtype, layout, M, N) gets one such block per mode and combination, and the
+    `Mode:` line names which. Rows that are not measurements are left out."""
     blocks: dict[tuple[str, int, int, str, str], list[Row]] = {}
     for row in rows:
         blocks.setdefault((row.mode, row.M, row.N, row.dtype, row.b_layout), []).append(row)
     out = []
-    for (mode, *_), block in blocks.items():
-        out += [f"Mode: {mode}", LEGACY_HEADER]
+    for (mode, m, n, dtype, layout), block in blocks.items():
+        out += [f"Mode: {mode} ({dtype}, B {layout}, M={m}, N={n})", LEGACY_HEADER]
         for r in block:
             if r.measured:
                 bm, bn, bk = (r.config.get(k, 0) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
@@ -440,8 +433,12 @@ def plot(results: Results, path: str | Path) -> int:
 _VERDICT_STYLE = {"faster": "green", "slower": "red", "broken": "bold red", "fixed": "green"}
 
 
-def print_comparison(old: Results, new: Results, deltas: Sequence[Delta], console: Any) -> None:
-    """Both runs' machines, a row per compared result, and the geomean new/old ratio per mode."""
+def print_comparison(
+    old: Results, new: Results, deltas: Sequence[Delta], console: Any, missing: Sequence[Row] = ()
+) -> None:
+    """Both runs' machines; per (dtype, layout) a table, a row per compared result; the results of
+    the old run that the new one lacks (`missing`); the geomean new/old ratio per mode. The shape
+    column never wraps: the tables fit 80 columns with it whole."""
     from rich.table import Table
     from rich.text import Text
 
@@ -454,21 +451,29 @@ def print_comparison(old: Results, new: Results, deltas: Sequence[Delta], consol
                 style="dim",
             )
         )
-    table = Table(title="new vs old (same = p20-p80 intervals overlap)")
-    for name in ("mode", "M x N x K", "dtype", "B", "old TFLOP/s", "new TFLOP/s", "new/old", "verdict"):
-        table.add_column(name, justify="right" if "TFLOP" in name or name == "new/old" else "left")
-    for d in deltas:
-        table.add_row(
-            d.new.mode,
-            d.new.shape.label,
-            d.new.dtype,
-            d.new.b_layout,
-            _tflops_or_status(d.old),
-            _tflops_or_status(d.new),
-            f"{d.ratio:.3f}" if d.ratio is not None else "-",
-            Text(d.verdict, style=_VERDICT_STYLE.get(d.verdict, "")),
+    for dtype, layout in dict.fromkeys((d.new.dtype, d.new.b_layout) for d in deltas):
+        table = Table(title=f"new vs old, {dtype}, B {layout} (same = p20-p80 intervals overlap)")
+        table.add_column("mode", no_wrap=True)
+        table.add_column("M x N x K", no_wrap=True)
+        for name in ("old TFLOP/s", "new TFLOP/s", "new/old"):
+            table.add_column(name, justify="right")
+        table.add_column("verdict")
+        for d in deltas:
+            if (d.new.dtype, d.new.b_layout) != (dtype, layout):
+                continue
+            table.add_row(
+                d.new.mode,
+                d.new.shape.label,
+                _tflops_or_status(d.old),
+                _tflops_or_status(d.new),
+                f"{d.ratio:.3f}" if d.ratio is not None else "-",
+                Text(d.verdict, style=_VERDICT_STYLE.get(d.verdict, "")),
+            )
+        console.print(table)
+    for r in missing:
+        console.print(
+            Text(f"missing from NEW: {r.mode} {r.shape.label} {r.dtype} B={r.b_layout}", style="bold red")
         )
-    console.print(table)
     for mode in dict.fromkeys(d.new.mode for d in deltas):
         gm = geomean(d.ratio for d in deltas if d.new.mode == mode and d.ratio is not None)
         if gm is not None:

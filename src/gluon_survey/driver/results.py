@@ -9,7 +9,8 @@ null so that any JSON reader can load the file.
 `compare(old, new)` matches rows by (mode, M, N, K, dtype, B layout). Two measurements are
 "same" when their p20-p80 time intervals overlap, i.e. the difference is inside the measured
 noise; otherwise "faster" or "slower". A row that was measured and now is not (FAILED, ERROR,
-TIMEOUT, or flagged above peak) is "broken", the reverse "fixed".
+TIMEOUT, or flagged above peak) is "broken", the reverse "fixed". `missing(old, new)` lists the
+rows of the old run that the new one lacks (a run that crashed or was stopped early).
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ class ResultsWriter:
 class Results:
     header: dict[str, Any]
     rows: list[Row]
+    # What `load` skipped, one line each ("FILE:LINE: ..."), for the CLI to warn about.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, Any]:
@@ -175,11 +178,13 @@ class Results:
 
 def load(path: str | Path) -> Results:
     """A results file's header and rows. A last line cut short (the writer was killed while
-    writing it) is ignored; anything else malformed raises ValueError."""
+    writing it) is skipped and named in `Results.warnings`; anything else malformed raises
+    ValueError."""
     path = Path(path)
     lines = path.read_text().splitlines()
     header: dict[str, Any] | None = None
     rows: list[Row] = []
+    warnings: list[str] = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -187,6 +192,7 @@ def load(path: str | Path) -> Results:
             record = json.loads(line)
         except json.JSONDecodeError:
             if lineno == len(lines):
+                warnings.append(f"{path}:{lineno}: skipped a truncated last line (its writer was stopped)")
                 break
             raise ValueError(f"{path}:{lineno}: not a JSON line") from None
         kind = record.get("record")
@@ -205,7 +211,7 @@ def load(path: str | Path) -> Results:
             raise ValueError(f"{path}:{lineno}: unknown record {kind!r}")
     if header is None:
         raise ValueError(f"{path}: no header line; not a gluon-survey results file")
-    return Results(header, rows)
+    return Results(header, rows, warnings)
 
 
 @dataclass(frozen=True)
@@ -248,6 +254,12 @@ def compare(old: Iterable[Row], new: Iterable[Row]) -> list[Delta]:
         for row in new
         if row.key in old_by_key
     ]
+
+
+def missing(old: Iterable[Row], new: Iterable[Row]) -> list[Row]:
+    """The rows of the old run whose key the new run has no row for, in the old run's order."""
+    new_keys = {row.key for row in new}
+    return [row for row in old if row.key not in new_keys]
 
 
 def regressions(deltas: Iterable[Delta], pct: float) -> list[Delta]:

@@ -1,9 +1,11 @@
 """The sweep: modes x shapes x dtypes x B layouts, each mode in worker subprocesses.
 
-Each mode runs in a fresh `python -m gluon_survey.driver.worker` that measures its tasks one after the
-other and reports each as a JSON line. The parent gives every task `timeout_s`, counted from the
-worker's "start" of it (a worker's start-up before its first task gets at least
-`STARTUP_TIMEOUT_S`), and appends each row to the results file the moment it arrives. When a
+Each mode runs in a fresh worker process (`WORKER_COMMAND`: `python -m gluon_survey.driver.worker`;
+`run_sweep` takes another command, e.g. the tests' worker with CPU providers) that measures its
+tasks one after the other and reports each as a JSON line. The parent gives every task
+`timeout_s`, counted from the worker's "start" of it (a worker's start-up before its first task
+gets at least `STARTUP_TIMEOUT_S`), and appends each row to the results file the moment it
+arrives. When a
 worker crashes or runs out of time, the parent records an ERROR or TIMEOUT row for the task in
 flight, with the tail of the worker's stderr, kills the worker's whole process group (autotuners
 and torch.compile start processes of their own) and starts a fresh worker for the tasks that
@@ -26,13 +28,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import IO, Any, Protocol
 
-from gluon_survey import registry
-from gluon_survey.driver import worker
 from gluon_survey.driver.results import ResultsWriter, Row
+from gluon_survey.driver.settings import Settings
 from gluon_survey.driver.shapes import Shape
 
 STDERR_TAIL_LINES = 20
 STARTUP_TIMEOUT_S = 120.0  # a worker's start-up (imports, CUDA init) gets at least this long
+# The worker process `run_sweep` starts per mode unless it is given another command.
+WORKER_COMMAND = (sys.executable, "-m", "gluon_survey.driver.worker")
 
 
 @dataclass(frozen=True)
@@ -53,41 +56,6 @@ def make_tasks(shapes: Iterable[Shape], dtypes: Iterable[str], b_layouts: Iterab
     shapes = list(shapes)
     b_layouts = list(b_layouts)
     return [Task(s, d, lay) for d in dtypes for lay in b_layouts for s in shapes]
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How each task is measured; recorded in the results header."""
-
-    seed: int = 0
-    warmup_ms: float = 2000.0  # before a cell's first timing: long enough to reach the power limit
-    min_ms: float = 1000.0
-    min_iters: int = 20
-    max_iters: int = 20000
-    rewarm_ms: float = 200.0  # paired: the cell's own warm-up, after cuBLAS's, the GPU already hot
-    timeout_s: float = 600.0
-    paired: bool = False  # time cuBLAS alongside every task of the other modes (worker.measure)
-    rounds: int = 3  # paired: the task's timed windows of min_ms, alternating with cuBLAS's
-
-    def worker_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "timeout_s"}
-
-
-def resolve_modes(spec: str | None) -> list[str]:
-    """Mode names from 'Blocked,triton,torch' (case-insensitive; None or '' = every mode).
-
-    KeyError naming the valid modes for an unknown name. The hidden test modes are accepted
-    only when GLUON_SURVEY_TEST_PROVIDERS=1.
-    """
-    parts = [p.strip() for p in (spec or "").split(",") if p.strip()]
-    hidden = [p.lower() for p in parts if p.lower() in worker.TEST_MODES and worker.hidden_modes_enabled()]
-    real = [p for p in parts if p.lower() not in hidden]
-    modes = [m.name for m in registry.parse_modes(",".join(real))] if real or not parts else []
-    return modes + list(dict.fromkeys(hidden))
-
-
-def needs_cuda(modes: Iterable[str]) -> bool:
-    return any(m not in worker.TEST_MODES for m in modes)
 
 
 class Progress(Protocol):
@@ -140,9 +108,9 @@ class RichProgress:
 class _Worker:
     """One worker subprocess: its event stream (a queue fed by a reader thread) and stderr tail."""
 
-    def __init__(self, mode: str, tasks: Sequence[Task], settings: Settings) -> None:
+    def __init__(self, command: Sequence[str], mode: str, tasks: Sequence[Task], settings: Settings) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gluon_survey.driver.worker"],
+            list(command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -216,14 +184,17 @@ def run_sweep(
     writer: ResultsWriter,
     peaks: dict[str, float | None],
     progress: Progress | None = None,
+    worker_command: Sequence[str] | None = None,
 ) -> list[Row]:
     """Measure every task of every mode; each row is appended to `writer` as it arrives.
 
     `peaks` maps dtype -> dense peak TFLOP/s (None: unknown), for % of peak and the ABOVE_PEAK
-    flag. On KeyboardInterrupt the worker is killed and the interrupt propagates; rows already
-    written stay in the file.
+    flag. `worker_command` starts a worker (default `WORKER_COMMAND`); it must speak the protocol
+    of `gluon_survey.driver.worker`. On KeyboardInterrupt the worker is killed and the interrupt
+    propagates; rows already written stay in the file.
     """
     progress = progress or _Silent()
+    command = tuple(worker_command or WORKER_COMMAND)
     rows: list[Row] = []
 
     def record(mode: str, task: Task, fields: dict[str, Any]) -> None:
@@ -236,12 +207,13 @@ def run_sweep(
     for mode in modes:
         pending = list(tasks)
         while pending:
-            done = _run_worker(mode, pending, settings, record, progress)
+            done = _run_worker(command, mode, pending, settings, record, progress)
             pending = pending[done:]
     return rows
 
 
 def _run_worker(
+    command: Sequence[str],
     mode: str,
     tasks: Sequence[Task],
     settings: Settings,
@@ -253,7 +225,7 @@ def _run_worker(
     A worker that dies or hangs during a task costs that task an ERROR or TIMEOUT row. One that
     stops between tasks (after a lost CUDA context) costs nothing: the rest go to a new worker.
     """
-    proc = _Worker(mode, tasks, settings)
+    proc = _Worker(command, mode, tasks, settings)
     current, phase, in_flight = 0, "starting", False
     limit = max(settings.timeout_s, STARTUP_TIMEOUT_S)  # until the first task starts: imports, CUDA init
     deadline = time.monotonic() + limit

@@ -1,8 +1,13 @@
 """GEMM problem sizes: command-line lists and ranges, the LLM preset and CSV files.
 
-`--m/--n/--k` each take a comma list whose items are integers or CUTLASS-style inclusive ranges
-`start:stop:step` (`--k 512:16384:512`, `--m 1,16,128:1024:128`); the sweep is their cartesian
-product. The default is the original survey's: M = N = 8192, K doubling from 512 to 16384.
+`--m/--n/--k` each take a comma list whose items are integers and inclusive ranges:
+
+    start:stop        doubling: start, 2*start, 4*start, ..., stop (stop must be start * 2**n)
+    start:stop:step   arithmetic, CUTLASS-style: start, start+step, ..., up to stop
+
+(`--k 512:16384` is 512, 1024, ..., 16384; `--k 512:16384:512` is 512, 1024, 1536, ...;
+`--m 1,16,128:1024:128`). The sweep is their cartesian product. The default is the original
+survey's: M = N = 8192, K doubling from 512 to 16384 (`--k 512:16384`).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from pathlib import Path
 
 DEFAULT_M = "8192"
 DEFAULT_N = "8192"
-DEFAULT_K = "512,1024,2048,4096,8192,16384"
+DEFAULT_K = "512:16384"
 
 
 @dataclass(frozen=True, order=True)
@@ -39,7 +44,8 @@ class Shape:
 
 
 def parse_dim(spec: str, name: str = "k") -> list[int]:
-    """'512,1024' or '512:2048:512' (inclusive stop) or a mix of both -> sizes, duplicates dropped.
+    """'512,1024', '512:4096' (doubling), '512:2048:512' (inclusive stop) or a mix -> sizes, in order,
+    duplicates dropped.
 
     `name` is the option the spec came from, for error messages ("m" -> "--m: ...").
     """
@@ -61,12 +67,20 @@ def _parse_item(item: str, where: str) -> range | list[int]:
     parts = item.split(":")
     if len(parts) == 1:
         return [_positive(item, where)]
-    if len(parts) != 3:
-        raise ValueError(f"{where}: expected a size or a start:stop:step range")
-    start, stop, step = (_positive(p, where) for p in parts)
+    if len(parts) not in (2, 3):
+        raise ValueError(f"{where}: expected a size, a start:stop (doubling) or a start:stop:step range")
+    start, stop, *step = (_positive(p, where) for p in parts)
     if stop < start:
         raise ValueError(f"{where}: the range stops ({stop}) before it starts ({start})")
-    return range(start, stop + 1, step)
+    if step:
+        return range(start, stop + 1, step[0])
+    ratio = stop // start
+    if stop % start or ratio & (ratio - 1):
+        raise ValueError(
+            f"{where}: {stop} is not {start} times a power of 2; a start:stop range doubles "
+            f"(use start:stop:step for equal steps)"
+        )
+    return [start << i for i in range(ratio.bit_length())]
 
 
 def _positive(text: str, where: str) -> int:

@@ -10,31 +10,34 @@ Method
 * **Warm-up to the power-limited steady state, by measured time.** One untimed call per set
   absorbs first-call costs (a library's handle and workspace set-up can take longer than the
   whole warm-up); then calls run in timed chunks of whole passes over the sets until `warmup_ms`
-  of GPU time (2 s by default) has passed, and the last chunk's mean, taken at the steady clock,
-  sizes the timed loop. (Sizing from the first calls instead once cut a 6 s warm-up to a few
-  milliseconds and timed the boost clock.) A large GEMM drives an
-  H100 SXM to its 700 W limit: its SM clock falls from the idle boost (1980 MHz) to about
-  1500 MHz within 0.3 s of starting and keeps sinking to 1300-1450 MHz over the next seconds as
-  the chip warms, so a short warm-up measures the boost transient and favours whatever ran after
-  an idle gap: with 100 ms, cuBLAS timed right before and right after another kernel differed by
-  up to 20 %; with 1 s, still by up to 20 % after a ten-second idle gap (a compile). JIT
-  compilation and autotuning happened even earlier, in the first call, reported as `compile_s`.
+  of GPU time has passed, and the last chunk's mean, taken at the steady clock, sizes the timed
+  loop. (Sizing from the first calls instead once cut a 6 s warm-up to a few milliseconds and
+  timed the boost clock.) A large GEMM drives an H100 SXM to its 700 W limit: its SM clock falls
+  from the idle boost (1980 MHz) to about 1500 MHz within 0.3 s of starting and keeps sinking to
+  1300-1450 MHz over the next seconds as the chip warms, so a short warm-up measures the boost
+  transient and favours whatever ran after an idle gap: with 100 ms, cuBLAS timed right before
+  and right after another kernel differed by up to 20 %; with 1 s, still by up to 20 % after a
+  ten-second idle gap (a compile). JIT compilation and autotuning happened even earlier, in the
+  first call, reported as `compile_s`.
 * **Per-iteration CUDA events.** Each timed iteration records a start event, launches, records an
   end event; there is no synchronisation inside the loop, one at the end. The iteration count
-  covers at least `min_ms` (1 s) of GPU time, between `min_iters` (20) and `max_iters` (20000),
-  and at least one pass over the sets. Host launch overhead counts only when the GPU waits for it,
-  i.e. for kernels of a few microseconds.
+  covers at least `min_ms` of GPU time, between `min_iters` and `max_iters`, and at least one
+  pass over the sets. Host launch overhead counts only when the GPU waits for it, i.e. for
+  kernels of a few microseconds.
 * **A distribution, not one number.** The median is the reported time; p20, p80 and the minimum
   are kept; spread = (p80 - p20) / median, and a measurement whose spread exceeds 5 % is flagged
   NOISY. TFLOP/s are computed from the median.
 * **A baseline timed alongside, in alternating windows** (`time_paired`): after the baseline's
   warm-up and a short one of the kernel's, baseline and kernel take turns in windows of min_ms
-  each, the baseline first and last (3 rounds: 3 s of the kernel, 4 s of the baseline). Each
-  round's ratio divides the mean of the baseline's window medians either side by the kernel's
+  each, the baseline first and last (`rounds` windows of the kernel, rounds + 1 of the baseline).
+  Each round's ratio divides the mean of the baseline's window medians either side by the kernel's
   window median, which cancels the clock's slow drift; the reported ratio is the median over the
   rounds, and their range shows how much is left. (A ratio of medians pooled over all windows
   can fall outside the rounds' range: the samples sit at a few discrete clock levels, and a
   pooled median jumps between them.)
+
+The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `min_iters` and `max_iters` are those
+of `gluon_survey.driver.settings.Settings`, the one place they are written.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+from gluon_survey.driver.settings import DEFAULTS
 
 NOISY_SPREAD = 0.05
 L2_FACTOR = 3
@@ -185,10 +190,10 @@ def _timed_window(runs: list[Callable[[], object]], clock: Clock, n_iters: int) 
 def time_fn(
     make_run: Callable[[int], Callable[[], object]],
     n_copies: int,
-    warmup_ms: float = 2000.0,
-    min_ms: float = 1000.0,
-    min_iters: int = 20,
-    max_iters: int = 20000,
+    warmup_ms: float = DEFAULTS.warmup_ms,
+    min_ms: float = DEFAULTS.min_ms,
+    min_iters: int = DEFAULTS.min_iters,
+    max_iters: int = DEFAULTS.max_iters,
     clock: Clock | None = None,
 ) -> Timing:
     """Time `make_run(i)()` for input sets i = 0..n_copies-1 in rotation (see the module docstring).
@@ -230,12 +235,12 @@ def time_paired(
     make_run: Callable[[int], Callable[[], object]],
     make_baseline: Callable[[int], Callable[[], object]],
     n_copies: int,
-    warmup_ms: float = 2000.0,
-    rewarm_ms: float = 200.0,
-    min_ms: float = 1000.0,
-    rounds: int = 3,
-    min_iters: int = 20,
-    max_iters: int = 20000,
+    warmup_ms: float = DEFAULTS.warmup_ms,
+    rewarm_ms: float = DEFAULTS.rewarm_ms,
+    min_ms: float = DEFAULTS.min_ms,
+    rounds: int = DEFAULTS.rounds,
+    min_iters: int = DEFAULTS.min_iters,
+    max_iters: int = DEFAULTS.max_iters,
     clock: Clock | None = None,
 ) -> PairedTiming:
     """Time a kernel against a baseline in alternating windows: baseline, kernel, baseline, ...,

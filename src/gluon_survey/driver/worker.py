@@ -1,7 +1,7 @@
 """One mode, measured over a list of (shape, dtype, B layout) tasks, in a process of its own.
 
-Started by `gluon_survey.driver.runner` as `python -m gluon_survey.driver.worker`, so that a kernel that crashes
-the process, corrupts the CUDA context or never returns costs one row, not the survey.
+Started by `gluon_survey.driver.runner` as `python -m gluon_survey.driver.worker`, so that a kernel
+that crashes the process, corrupts the CUDA context or never returns costs one row, not the survey.
 
 Protocol: the parent writes one JSON line, the job (`mode`, `tasks`, timing settings), to stdin and
 keeps stdin open; when stdin closes the parent is gone and the worker exits. The worker writes JSON
@@ -27,9 +27,10 @@ power over the timed windows go into the row too. A
 launch whose `fn()` returns its product instead of writing `out` (the torch.compile baseline) is
 judged on the tensor it returns.
 
-With GLUON_SURVEY_TEST_PROVIDERS=1 the hidden modes `_crash` (aborts the process), `_hang` (never
-returns) and `_ok_cpu` (torch.matmul on CPU tensors, wall-clock timer) exist, so the isolation
-machinery can be tested on a machine without a GPU. Real modes always run on CUDA.
+How a mode is run is a `Provider`, made once per worker by the factory `main` is given:
+`cuda_provider` (the default: a registered mode through `gluon_survey.api` on the current CUDA
+device). The tests hand `main` providers of their own (CPU tensors, a wall-clock timer, launches
+that crash or hang) to test the isolation machinery on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -46,20 +47,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from gluon_survey.driver.settings import Settings
+
 if TYPE_CHECKING:
     import torch
 
-    from gluon_survey.registry import Launch
     from gluon_survey.driver.timing import Clock
+    from gluon_survey.launch import Launch
 
-TEST_PROVIDERS_ENV = "GLUON_SURVEY_TEST_PROVIDERS"
-TEST_MODES = ("_crash", "_hang", "_ok_cpu")
 ERROR_CHARS = 2000  # longest error message a row carries
-
-
-def hidden_modes_enabled() -> bool:
-    """Whether GLUON_SURVEY_TEST_PROVIDERS=1 switches the hidden test modes on."""
-    return os.environ.get(TEST_PROVIDERS_ENV) == "1"
 
 
 @dataclass(frozen=True)
@@ -74,7 +70,7 @@ class Provider:
     memory_budget: Callable[[], int]  # bytes the rotated input copies may take now
     healthy: Callable[[], bool] = lambda: True  # False once the device is unusable for later tasks
     # The paired baseline: cuBLAS's launch on the same inputs (None for the baseline mode itself),
-    # timed just before and just after this mode on every task (see `measure`).
+    # timed in windows alternating with this mode's on every task (see `measure`).
     baseline: Callable[..., Launch] | None = None
     telemetry: Callable[[], Any] = contextlib.nullcontext  # a context manager with .result()
 
@@ -116,37 +112,9 @@ def _cublas_launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launc
     """The paired baseline's launch: what the `torch` mode times, cuBLAS through torch.matmul."""
     import torch
 
-    from gluon_survey.registry import Launch
+    from gluon_survey.launch import Launch
 
     return Launch(lambda: torch.matmul(a, b, out=out))
-
-
-def fake_provider(mode_name: str) -> Provider:
-    """The hidden test modes: CPU tensors, a wall-clock timer, no L2 rotation."""
-    import torch
-
-    from gluon_survey.registry import Launch
-    from gluon_survey.driver.timing import WallClock
-
-    torch.set_num_threads(1)  # steadier wall-clock times on a shared CI machine
-
-    def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
-        if mode_name == "_crash":
-            return Launch(os.abort)
-        if mode_name == "_hang":
-            return Launch(threading.Event().wait)
-        return Launch(lambda: torch.matmul(a, b, out=out), {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64})
-
-    def baseline(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
-        return Launch(lambda: torch.matmul(a, b, out=out))
-
-    return Provider("cpu", prepare, WallClock(), None, 0, lambda: 1 << 30, baseline=baseline)
-
-
-def provider_for(mode_name: str) -> Provider:
-    if mode_name in TEST_MODES and hidden_modes_enabled():
-        return fake_provider(mode_name)
-    return cuda_provider(mode_name)
 
 
 @dataclass
@@ -179,17 +147,23 @@ class _Target:
 
 
 def measure(
-    provider: Provider, task: dict[str, Any], settings: dict[str, Any], phase: Callable[[str], None]
+    provider: Provider,
+    task: dict[str, Any],
+    settings: Settings | dict[str, Any],
+    phase: Callable[[str], None],
 ) -> dict:
-    """Check, then time, one task; the row fields the worker knows (see `results.Row`)."""
+    """Check, then time, one task; the row fields the worker knows (see `results.Row`). `settings`
+    is a `Settings`, or its JSON (fields it lacks take the defaults)."""
     import torch
 
     from gluon_survey.driver.check import check, make_inputs, reference, rel_error
     from gluon_survey.driver.shapes import Shape
     from gluon_survey.driver.timing import copies_for_cold_l2, time_fn, time_paired
 
+    if not isinstance(settings, Settings):
+        settings = Settings.from_json(settings)
     shape = Shape(task["M"], task["N"], task["K"])
-    dtype, layout, seed = task["dtype"], task["b_layout"], settings["seed"]
+    dtype, layout, seed = task["dtype"], task["b_layout"], settings.seed
 
     def input_set(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         a, b = make_inputs(shape, dtype, layout, seed + i, provider.device)
@@ -215,7 +189,7 @@ def measure(
         return row | {"status": "FAILED", "error": verdict.describe()}
 
     phase("timing")
-    paired = provider.baseline is not None and settings.get("paired", False)
+    paired = provider.baseline is not None and settings.paired
     bytes_per_set = sum(t.numel() * t.element_size() for t in inputs)
     bytes_per_set += first.out.numel() * first.out.element_size() if paired else 0
     n_copies = copies_for_cold_l2(bytes_per_set, provider.l2_bytes, provider.memory_budget())
@@ -223,7 +197,7 @@ def measure(
     for target in targets:
         target.out.fill_(math.nan)
 
-    bounds = {k: settings[k] for k in ("min_ms", "min_iters", "max_iters")}
+    bounds = {"min_ms": settings.min_ms, "min_iters": settings.min_iters, "max_iters": settings.max_iters}
     launches = [t.timed_call for t in targets]
     if paired:  # cuBLAS on the same inputs, into outputs of its own (ours stay NaN-poisoned)
         cublas = [provider.baseline(t.a, t.b, torch.empty_like(t.out)).fn for t in targets]  # type: ignore[misc]
@@ -232,9 +206,9 @@ def measure(
                 lambda i: launches[i],
                 lambda i: cublas[i],
                 n_copies,
-                warmup_ms=settings["warmup_ms"],
-                rewarm_ms=settings.get("rewarm_ms", settings["warmup_ms"]),
-                rounds=settings.get("rounds", 3),
+                warmup_ms=settings.warmup_ms,
+                rewarm_ms=settings.rewarm_ms,
+                rounds=settings.rounds,
                 clock=provider.clock,
                 **bounds,
             )
@@ -245,7 +219,7 @@ def measure(
             timing = time_fn(
                 lambda i: launches[i],
                 n_copies,
-                warmup_ms=settings["warmup_ms"],
+                warmup_ms=settings.warmup_ms,
                 clock=provider.clock,
                 **bounds,
             )
@@ -269,7 +243,10 @@ def measure(
 
 
 def run_task(
-    provider: Provider, task: dict[str, Any], settings: dict[str, Any], phase: Callable[[str], None]
+    provider: Provider,
+    task: dict[str, Any],
+    settings: Settings | dict[str, Any],
+    phase: Callable[[str], None],
 ) -> dict:
     """`measure`, with an unsupported mode SKIPPED and an exception turned into an ERROR row."""
     if provider.unsupported:
@@ -317,9 +294,11 @@ def _exit_when_parent_dies() -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def main() -> None:
+def main(make_provider: Callable[[str], Provider] = cuda_provider) -> None:
+    """Read the job from stdin, measure its tasks with `make_provider(mode)`, write the events."""
     protocol = _protocol_stream()
     job = json.loads(sys.stdin.readline())
+    settings = Settings.from_json(job["settings"])
     _exit_when_parent_dies()
 
     def send(event: str, **fields: object) -> None:
@@ -327,7 +306,7 @@ def main() -> None:
         protocol.flush()
 
     try:
-        provider: Provider | None = provider_for(job["mode"])
+        provider: Provider | None = make_provider(job["mode"])
         broken: dict | None = None
     except Exception as exc:  # the provider cannot even be set up: every task gets the error
         traceback.print_exc()
@@ -337,12 +316,10 @@ def main() -> None:
         if provider is None:
             row = broken
         else:
-            row = run_task(
-                provider, task, job["settings"], lambda name, i=index: send("phase", task=i, phase=name)
-            )
+            row = run_task(provider, task, settings, lambda name, i=index: send("phase", task=i, phase=name))
         send("row", task=index, row=row)
         if provider is not None and row["status"] == "ERROR" and not provider.healthy():
-            print("gluon_survey.driver.worker: CUDA context lost; exiting for a fresh worker", file=sys.stderr)
+            print("gluon_survey worker: CUDA context lost; exiting for a fresh worker", file=sys.stderr)
             os._exit(4)  # the driver restarts the remaining tasks in a new process
     send("done")
 

@@ -5,40 +5,37 @@ one BLOCK_M x BLOCK_N tile of C; per K step it TMA-loads an A and a B tile into 
 waits on an mbarrier for both, runs the MMA synchronously, and only then asks for the next step.
 The copy engine and the tensor cores never work at the same time inside a program; the only
 overlap comes from a second program on the same SM (occupancy 2), which is why the tile is small.
-
-Measured on H100 80GB HBM3 (results/h100-ladder/ and -run2/, commit c63b779, steady-state clocks,
-x cuBLAS timed alongside in alternating windows, fp16 / bf16): 0.81-0.83 / 0.81 at K = 512
-falling to 0.63-0.64 / 0.62-0.64 at K = 16384, 421-489 TFLOP/s at every K; geomean 0.73-0.74 /
-0.72-0.73 over two runs.
+Its speed, flat in K, is the baseline every later rung is measured against (perf-notes entry 1).
 """
 
 from __future__ import annotations
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..registry import CompileSpec, Launch
+from ..launch import CompileSpec, Launch, Target, is_kmajor
+from .arch import select_mma, unsupported_reason
 from .common import (
     GemmConfig,
+    Rung,
     b_operand,
-    gemm_signature,
     grouped_tile,
     load_step,
-    make_descriptors,
     mbarrier,
-    rung_config,
-    select_mma,
     store_tile,
     tma,
-    unsupported_reason,
 )
 
-# 64x256x128 with 4 warps and two programs per SM was the best blocked kernel of Triton's wgmma
-# tutorial on Hopper; 2 x (64 + 256) x 128 x 2 B of operands + a 32 KB C tile = 112 KB per program.
-CONFIG = GemmConfig(BLOCK_M=64, BLOCK_N=256, BLOCK_K=128, STAGES=1, num_warps=4, GROUP_M=8)
+CONFIGS = {
+    # Hopper: the best blocked kernel of Triton's wgmma tutorial, 64x256x128 with 4 warps and two
+    # programs per SM (80 KB of operands each; C reuses them).
+    9: GemmConfig(BLOCK_M=64, BLOCK_N=256, BLOCK_K=128, STAGES=1, num_warps=4, GROUP_M=8),
+    # Blackwell: Triton's tcgen05 tutorial found 128x128x128 with 4 warps fastest for the
+    # synchronous kernel; 64 KB of operands and 128 TMEM columns, so two programs fit on an SM.
+    10: GemmConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, STAGES=1, num_warps=4, GROUP_M=8),
+}
 
-__all__ = ["CONFIG", "blocked_kernel", "compile_specs", "prepare", "unsupported_reason"]
+__all__ = ["CONFIGS", "blocked_kernel", "compile_specs", "config_for", "prepare", "unsupported_reason"]
 
 
 @gluon.jit
@@ -76,36 +73,22 @@ def blocked_kernel(a_desc, b_desc, c_desc, MMA: gl.constexpr, B_KMAJOR: gl.const
     tma.store_wait(0)
 
 
-def prepare(a, b, out, cfg: GemmConfig | None = None) -> Launch:
-    from ..api import capability_of
+def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
+    return CONFIGS[capability[0]]
 
-    cap = capability_of(a.device)
-    mma = select_mma(cap)
-    cfg = cfg or rung_config("Blocked", cap, CONFIG)
-    a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
-    M, N = out.shape
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
 
-    def fn():
-        blocked_kernel[grid](a_desc, b_desc, c_desc, mma, kmajor, cfg.GROUP_M, num_warps=cfg.num_warps)
+def _constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
+    return {"MMA": select_mma(capability), "B_KMAJOR": is_kmajor(layout), "GROUP_M": cfg.GROUP_M}
 
-    return Launch(fn, cfg.table())
+
+RUNG = Rung("Blocked", blocked_kernel, _constexprs)
+
+
+def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
+    return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     if unsupported_reason(capability):
         return []
-    mma = select_mma(capability)
-    cfg = rung_config("Blocked", capability, CONFIG)
-    return [
-        CompileSpec(
-            "Blocked",
-            f"blocked_kernel {cfg.label} B{'t' if kmajor else 'row'}",
-            blocked_kernel,
-            gemm_signature(cfg, dtype, kmajor)
-            | {"MMA": "constexpr", "B_KMAJOR": "constexpr", "GROUP_M": "constexpr"},
-            {"MMA": mma, "B_KMAJOR": kmajor, "GROUP_M": cfg.GROUP_M},
-            {"num_warps": cfg.num_warps},
-        )
-        for kmajor in (False, True)
-    ]
+    return RUNG.compile_specs(capability, dtype, [CONFIGS[capability[0]]])

@@ -1,43 +1,34 @@
-"""What every rung shares: the config dataclass, host-side descriptors and grid, and the small
-device functions (TMA loads of an A/B step, the grouped tile order, the epilogue store).
-
-The architecture is chosen once, on the host, by `select_mma(capability)`: it returns the MMA
-aggregate class (Hopper `WGMMA` here, Blackwell `MMAv5` in `kernels/blackwell.py`) that the rung
-kernels receive as a constexpr and call through one interface:
-
-    mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, num_warps)   # fresh accumulator, use_acc=False
-    mma = mma.issue(a_smem, b_smem)                             # async C += A @ B
-    mma = mma.wait(num_outstanding)                              # at most that many MMAs in flight
-    acc, mma = mma.take_result()                                 # fp32 registers; accumulator reset
-
-so the rest of a rung (TMA, barriers, loop structure, epilogue) is the same code on both.
+"""What every rung shares: the config dataclass, the ring bookkeeping, the small device functions
+(TMA loads of an A/B step, the grouped tile order, the producer partition, the epilogue stores)
+and the host side (descriptors, compile specs). Nothing here depends on the GPU architecture: the
+MMA is a constexpr argument of every rung kernel (`kernels/arch.py` picks it on the host).
 (No `from __future__ import annotations` here: aggregates check field types at run time.)
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_accumulator,
-    warpgroup_mma_init,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ..compat import aggregate, tma_load, tma_store
+from ..launch import B_LAYOUTS, CompileSpec, Launch, Target, b_layout, is_kmajor
 
 GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16}
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory per block on Hopper and B200
 
+# How a rung's C tile leaves: "after" (staged whole once the ring is dead, so the compiler gives
+# it the ring's memory), "sliced" (slices through EPILOGUE_BUFFERS small buffers that live beside
+# the ring), "deferred" (staged whole beside the ring and stored during the next tile's K loop).
+EPILOGUES = ("after", "sliced", "deferred")
+
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Tile shape and launch shape of one rung. Every rung reads only the fields it needs."""
+    """Tile shape and launch shape of one rung on one architecture; each rung reads the fields it
+    needs. Building one that does not fit in shared memory raises ValueError."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 256
@@ -45,137 +36,119 @@ class GemmConfig:
     STAGES: int = 3  # shared-memory ring depth (Blocked: 1)
     num_warps: int = 8
     GROUP_M: int = 8  # grouped tile order: GROUP_M tile rows sweep N together (L2 reuse)
-    # Epilogue staging: C leaves through shared memory in [BLOCK_M, EPILOGUE_N] column slices
-    # (0: the whole tile at once), cycling through EPILOGUE_BUFFERS buffers of that size.
-    EPILOGUE_N: int = 0
-    EPILOGUE_BUFFERS: int = 1
-    # Deferred epilogue (persistent kernels): the whole C tile is staged in shared memory, one buffer
-    # per slice, and its slices' TMA stores are issued during the next tile's first K steps.
-    DEFER_STORE: bool = False
+    EPILOGUE: str = "after"
+    EPILOGUE_N: int = 0  # columns of a C slice (0: the whole BLOCK_N)
+    EPILOGUE_BUFFERS: int = 1  # "sliced": buffers the slices cycle through
 
     def __post_init__(self):
-        if self.DEFER_STORE and self.EPILOGUE_BUFFERS * self.epilogue_n != self.BLOCK_N:
-            raise ValueError("DEFER_STORE stages whole tiles: EPILOGUE_BUFFERS * EPILOGUE_N must be BLOCK_N")
+        if self.EPILOGUE not in EPILOGUES:
+            raise ValueError(f"EPILOGUE is one of {', '.join(EPILOGUES)}, got {self.EPILOGUE!r}")
+        if self.BLOCK_N % self.epilogue_n:
+            raise ValueError(f"EPILOGUE_N ({self.EPILOGUE_N}) must divide BLOCK_N ({self.BLOCK_N})")
+        if self.smem_bytes() > SMEM_LIMIT:
+            raise ValueError(
+                f"{self.label} needs {self.smem_bytes()} B of shared memory; a block has {SMEM_LIMIT}"
+            )
 
     @property
     def epilogue_n(self) -> int:
         return self.EPILOGUE_N or self.BLOCK_N
 
     @property
+    def c_buffers(self) -> int:
+        """[BLOCK_M, epilogue_n] staging buffers for C: a deferred tile is staged whole."""
+        return self.BLOCK_N // self.epilogue_n if self.EPILOGUE == "deferred" else self.EPILOGUE_BUFFERS
+
+    def smem_bytes(self, elem_bytes: int = 2) -> int:
+        """Shared memory of the operand ring and the C staging (the barriers' few bytes aside)."""
+        ring = self.STAGES * (self.a_rows * self.BLOCK_K + self.BLOCK_N * self.BLOCK_K) * elem_bytes
+        staging = self.c_copies * self.c_buffers * self.BLOCK_M * self.epilogue_n * elem_bytes
+        return max(ring, staging) if self.EPILOGUE == "after" else ring + staging
+
+    @property
+    def a_rows(self) -> int:
+        """Rows of A a stage holds (a tile's height)."""
+        return self.BLOCK_M
+
+    @property
+    def c_copies(self) -> int:
+        """Independent sets of C staging buffers (one per MMA consumer)."""
+        return 1
+
+    @property
     def label(self) -> str:
-        sliced = f" C{self.BLOCK_M}x{self.epilogue_n}x{self.EPILOGUE_BUFFERS}" if self.EPILOGUE_N else ""
-        sliced += " deferred" if self.DEFER_STORE else ""
-        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps}{sliced}"
+        epilogue = {
+            "after": "",
+            "sliced": f" C{self.BLOCK_M}x{self.epilogue_n}x{self.c_buffers}",
+            "deferred": f" C{self.BLOCK_M}x{self.epilogue_n}x{self.c_buffers} deferred",
+        }[self.EPILOGUE]
+        return f"{self.a_rows}x{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps}{epilogue}"
 
     def table(self) -> dict[str, object]:
+        """What a results row records of the config."""
         table: dict[str, object] = {
-            "BLOCK_M": self.BLOCK_M,
+            "BLOCK_M": self.a_rows,
             "BLOCK_N": self.BLOCK_N,
             "BLOCK_K": self.BLOCK_K,
             "stages": self.STAGES,
             "warps": self.num_warps,
             "group_m": self.GROUP_M,
         }
-        if self.EPILOGUE_N:
-            table["epilogue_n"] = self.EPILOGUE_N
-        if self.DEFER_STORE:
-            table["epilogue"] = "deferred"
+        if self.EPILOGUE != "after":
+            table["epilogue"] = self.EPILOGUE
+            table["epilogue_n"] = self.epilogue_n
         return table
 
 
 # --------------------------------------------------------------------------------------------------
-# Hopper MMA: wgmma with the fp32 accumulator in registers.
-
-
-@gluon.constexpr_function
-def wgmma_layout(BLOCK_M, BLOCK_N, num_warps):
-    """The wgmma accumulator layout: warps tile M in steps of 16 rows (a warpgroup covers 64), the
-    rest go along N; the instruction's n is the largest multiple of 8 (<= 256) that divides the
-    per-warp N extent, because a wider wgmma does more work per instruction issued."""
-    warps_m, warps_n = 4, 1
-    while warps_m * warps_n < num_warps:
-        if 16 * warps_m < BLOCK_M:
-            warps_m *= 2
-        else:
-            warps_n *= 2
-    n_per_warp = BLOCK_N // warps_n
-    instr_n = max(n for n in range(8, min(256, n_per_warp) + 1, 8) if n_per_warp % n == 0)
-    return gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[warps_m, warps_n], instr_shape=[16, instr_n, 16]
-    )
+# Device building blocks shared by the rungs.
 
 
 @aggregate
-class WGMMA:
-    """Hopper's asynchronous warpgroup MMA. `use_acc=False` on the first issue zeroes the
-    accumulator for free, so a tile never spends instructions clearing 128 registers."""
+class Ring:
+    """A position in a ring of STAGES shared-memory stages, counted over every fill (or use) of the
+    ring: fill c goes to stage c % STAGES, and its mbarrier completes phase (c // STAGES) & 1. A
+    fresh mbarrier is in phase 0 and reads as if phase 1 had just completed, so the producer's
+    first wait on a never-used stage (`wait_free`) passes at once."""
 
-    acc: warpgroup_mma_accumulator
-    use_acc: gl.tensor
+    count: gl.tensor
+    STAGES: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, acc, use_acc):
-        self.acc = acc
-        self.use_acc = use_acc
+    def __init__(self, count, STAGES):
+        self.count = count
+        self.STAGES = gl.constexpr(STAGES)
 
     @gluon.jit
-    def initialize(
-        dtype: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr
-    ):
-        layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps)
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
-        return WGMMA(warpgroup_mma_init(acc), gl.to_tensor(False))
+    def start(STAGES: gl.constexpr):
+        return Ring(gl.to_tensor(0), STAGES)
 
     @gluon.jit
-    def issue(self, a, b):
-        acc = warpgroup_mma(a, b, self.acc, use_acc=self.use_acc, is_async=True)
-        return WGMMA(acc, gl.to_tensor(True))
+    def slot(self):
+        return self.count % self.STAGES
 
     @gluon.jit
-    def wait(self, num_outstanding: gl.constexpr):
-        acc = warpgroup_mma_wait(num_outstanding, deps=(self.acc,))
-        return WGMMA(warpgroup_mma_init(acc), self.use_acc)
+    def phase(self):
+        return (self.count // self.STAGES) & 1
 
     @gluon.jit
-    def take_result(self):
-        acc = warpgroup_mma_wait(0, deps=(self.acc,))
-        return acc, WGMMA(warpgroup_mma_init(acc), gl.to_tensor(False))
+    def next(self):
+        return Ring(self.count + 1, self.STAGES)
 
+    @gluon.jit
+    def previous_slot(self):
+        """The stage of the fill before this one ((count - 1) mod STAGES, never of a negative)."""
+        return (self.count + self.STAGES - 1) % self.STAGES
 
-def select_mma(capability: tuple[int, int]):
-    """The MMA implementation for a GPU: the one place where Hopper and Blackwell part ways."""
-    if capability[0] == 9:
-        return WGMMA
-    if capability[0] == 10:
-        from .blackwell import MMAv5
+    @gluon.jit
+    def wait_filled(self, bars):
+        """Wait until this fill has landed in its stage (`bars`: one per stage)."""
+        mbarrier.wait(bars.index(self.slot()), self.phase())
 
-        return MMAv5
-    raise RuntimeError(
-        f"the Gluon rungs need a Hopper (sm_90) or datacenter Blackwell (sm_100) GPU; "
-        f"this one is sm_{capability[0]}{capability[1]}"
-    )
-
-
-def rung_config(rung: str, capability: tuple[int, int], default: GemmConfig) -> GemmConfig:
-    """A rung's config for this GPU: its own (Hopper) `default`, or the sm_100 one from blackwell.py."""
-    if capability[0] == 10:
-        from .blackwell import BLACKWELL_CONFIGS
-
-        return BLACKWELL_CONFIGS.get(rung, default)
-    return default
-
-
-def unsupported_reason(capability: tuple[int, int]) -> str | None:
-    """Shared by the rung modules: wgmma needs sm_90a, tcgen05 needs sm_100a (not sm_120)."""
-    if capability[0] in (9, 10):
-        return None
-    if capability[0] == 12:
-        return "sm_120 (consumer Blackwell) has no tcgen05/tensor memory and no wgmma"
-    return f"needs sm_90 (wgmma) or sm_100 (tcgen05); this GPU is sm_{capability[0]}{capability[1]}"
-
-
-# --------------------------------------------------------------------------------------------------
-# Device building blocks shared by the rungs.
+    @gluon.jit
+    def wait_free(self, bars):
+        """Wait until whoever read this stage's previous fill has released it."""
+        mbarrier.wait(bars.index(self.slot()), self.phase() ^ 1)
 
 
 @gluon.jit
@@ -185,6 +158,11 @@ def load_step(a_desc, b_desc, off_m, off_n, off_k, bar, a_buf, b_buf, B_KMAJOR: 
     weight. Out-of-bounds rows/columns (ragged M, N and the K tail) arrive as zeros."""
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred)
     tma_load(a_desc, [off_m, off_k], bar, a_buf, pred)
+    load_b(b_desc, off_n, off_k, bar, b_buf, B_KMAJOR, pred)
+
+
+@gluon.jit
+def load_b(b_desc, off_n, off_k, bar, b_buf, B_KMAJOR: gl.constexpr, pred=True):
     if B_KMAJOR:
         tma_load(b_desc, [off_n, off_k], bar, b_buf, pred)
     else:
@@ -216,14 +194,7 @@ def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 @gluon.jit
 def load_partition(
-    a_desc,
-    b_desc,
-    a_bufs,
-    b_bufs,
-    ready,
-    empty,
-    B_KMAJOR: gl.constexpr,
-    GROUP_M: gl.constexpr,
+    a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr
 ):
     """The TMA-load partition of the warp-specialized kernels (Hopper and Blackwell): fill the ring
     for every (tile, K step) of this program in grouped order, each fill once whoever read the
@@ -231,42 +202,26 @@ def load_partition(
     BOXES buffers per stage of b_bufs), and stage s holds them in a_bufs[s * BOXES + i]."""
     STAGES: gl.constexpr = b_bufs.shape[0]
     BOXES: gl.constexpr = a_bufs.shape[0] // STAGES
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0] * BOXES
+    BOX_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
-    num_pid_m = gl.cdiv(a_desc.shape[0], BLOCK_M)
+    num_pid_m = gl.cdiv(a_desc.shape[0], BOX_M * BOXES)
     num_pid_n = gl.cdiv(b_desc.shape[0] if B_KMAJOR else b_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
-    it = 0
+    ring = Ring.start(STAGES)
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         for k in range(k_steps):
-            slot = it % STAGES
-            # Fill f of a slot needs fill f-1 consumed; a fresh barrier passes the parity-1 wait.
-            mbarrier.wait(empty.index(slot), ((it // STAGES) & 1) ^ 1)
-            if BOXES == 1:
-                load_step(
-                    a_desc,
-                    b_desc,
-                    pid_m * BLOCK_M,
-                    pid_n * BLOCK_N,
-                    k * BLOCK_K,
-                    ready.index(slot),
-                    a_bufs.index(slot),
-                    b_bufs.index(slot),
-                    B_KMAJOR,
+            ring.wait_free(empty)
+            slot = ring.slot()
+            bar = ready.index(slot)
+            mbarrier.expect(bar, BOXES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            for i in gl.static_range(BOXES):
+                tma_load(
+                    a_desc, [(pid_m * BOXES + i) * BOX_M, k * BLOCK_K], bar, a_bufs.index(slot * BOXES + i)
                 )
-            else:
-                bar = ready.index(slot)
-                mbarrier.expect(bar, BOXES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-                for i in gl.static_range(BOXES):
-                    off_m = pid_m * BLOCK_M + i * a_desc.block_type.shape[0]
-                    tma_load(a_desc, [off_m, k * BLOCK_K], bar, a_bufs.index(slot * BOXES + i))
-                if B_KMAJOR:
-                    tma_load(b_desc, [pid_n * BLOCK_N, k * BLOCK_K], bar, b_bufs.index(slot))
-                else:
-                    tma_load(b_desc, [k * BLOCK_K, pid_n * BLOCK_N], bar, b_bufs.index(slot))
-            it += 1
+            load_b(b_desc, pid_n * BLOCK_N, k * BLOCK_K, bar, b_bufs.index(slot), B_KMAJOR)
+            ring = ring.next()
 
 
 @gluon.jit
@@ -294,9 +249,9 @@ def store_tile_sliced(
     c_desc, c_bufs, c, off_m, off_n, BUFFERS: gl.constexpr, BASE: gl.constexpr = 0, FIRST: gl.constexpr = 0
 ):
     """Epilogue in column slices: c [BM, BN] leaves as BN / SN slices of [BM, SN] (SN = the C
-    descriptor's block width), slice i through buffer BASE + i % BUFFERS of `c_bufs`. A buffer is
-    rewritten only once its previous TMA store has read it (`store_wait` leaves the other buffers'
-    stores in flight). Halving c along N is a register renaming, no data moves; recursion ends at SN."""
+    descriptor's block width), slice i through buffer BASE + (FIRST + i) % BUFFERS of `c_bufs`. A
+    buffer is rewritten only once its previous TMA store has read it (`store_wait` leaves the other
+    buffers' stores in flight). Halving c along N is a register renaming, no data moves."""
     BLOCK_M: gl.constexpr = c.shape[0]
     WIDTH: gl.constexpr = c.shape[1]
     SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -309,11 +264,10 @@ def store_tile_sliced(
         store_tile_sliced(c_desc, c_bufs, right, off_m, off_n + HALF, BUFFERS, BASE, FIRST + HALF // SLICE_N)
 
 
-# Deferred epilogue. A synchronous C store costs a persistent program ~2000 clocks per 128x256 tile on
-# H100 (64 KB leave the SM at ~32 B/clock) with the tensor cores idle; one 64 KB TMA store issued at
-# the start of the next tile instead stretches that tile's first K steps as much, because it competes
-# with the ring's loads. Staged whole and stored one 16 KB slice every few K steps, it overlaps the
-# MMAs (docs/perf-notes.md, entry 15).
+# Deferred epilogue (persistent, and warpspec's cooperative design): tile i's C is staged whole in
+# shared memory when its K loop ends and leaves in slices during tile i+1's first K steps, one TMA
+# store every 2**spacing steps, so the store overlaps MMAs instead of delaying them
+# (docs/perf-notes.md, entry 15).
 
 
 @gluon.jit
@@ -345,7 +299,7 @@ def stage_tile(c_desc, c_bufs, c, prev_m, prev_n, k_steps, spacing, pending):
 @gluon.jit
 def deferred_store_spacing(k_steps):
     """log2 of the K steps between two deferred slice stores: 4 steps apart when a tile has 16 or
-    more (measured best on H100 at K = 4096: 1 step apart stretches the loop more), 2 or 1 below."""
+    more, 2 or 1 below (perf-notes entry 15: one step apart stretches the loop more)."""
     return (k_steps >= 16).to(gl.int32) + (k_steps >= 8).to(gl.int32)
 
 
@@ -384,31 +338,32 @@ def invalidate_barriers(bars, COUNT: gl.constexpr):
 
 
 # --------------------------------------------------------------------------------------------------
-# Host side: descriptors, for launches and for GPU-less compiles.
-
-
-def b_is_kmajor(b) -> bool:
-    """True when b is the transpose view of a contiguous [N, K] weight (the nn.Linear case)."""
-    return b.stride(1) != 1
+# Host side: descriptors and grids for launches, signatures for GPU-less compiles.
 
 
 def smem_layout(block_shape, gl_dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
-def make_descriptors(a, b, c, cfg: GemmConfig):
-    """Host TMA descriptors for A [M,K], B ([K,N] or the view of [N,K]) and C [M,N]."""
+def block_shapes(cfg: GemmConfig, layout: str) -> tuple[list[int], list[int], list[int]]:
+    """TMA block shapes of A, B and C: A one box of BLOCK_M rows, B K-major for layout "t", C one
+    epilogue slice (the whole tile where the epilogue is not sliced)."""
+    BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    return [BM, BK], ([BN, BK] if is_kmajor(layout) else [BK, BN]), [BM, cfg.epilogue_n]
+
+
+def make_descriptors(a, b, c, cfg: GemmConfig, layout: str):
+    """Host TMA descriptors for A [M,K], B ([K,N], or the [N,K] weight behind a "t" view) and C [M,N]."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     gdt = GL_DTYPES[str(a.dtype).removeprefix("torch.")]
-    BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
-    kmajor = b_is_kmajor(b)
-    b_src, b_block = (b.t(), [BN, BK]) if kmajor else (b, [BK, BN])
-    a_desc = TensorDescriptor.from_tensor(a, [BM, BK], smem_layout([BM, BK], gdt))
-    b_desc = TensorDescriptor.from_tensor(b_src, b_block, smem_layout(b_block, gdt))
-    c_block = [BM, cfg.epilogue_n]
-    c_desc = TensorDescriptor.from_tensor(c, c_block, smem_layout(c_block, gdt))
-    return a_desc, b_desc, c_desc, kmajor
+    a_block, b_block, c_block = block_shapes(cfg, layout)
+    b_src = b.t() if is_kmajor(layout) else b
+    return (
+        TensorDescriptor.from_tensor(a, a_block, smem_layout(a_block, gdt)),
+        TensorDescriptor.from_tensor(b_src, b_block, smem_layout(b_block, gdt)),
+        TensorDescriptor.from_tensor(c, c_block, smem_layout(c_block, gdt)),
+    )
 
 
 def desc_signature(block_shape, dtype: str) -> str:
@@ -418,45 +373,57 @@ def desc_signature(block_shape, dtype: str) -> str:
     return f"tensordesc<{ty}[{block_shape[0]}, {block_shape[1]}],{smem_layout(block_shape, gdt)!r}>"
 
 
-def gemm_signature(cfg: GemmConfig, dtype: str, kmajor: bool) -> dict[str, str]:
-    BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
-    return {
-        "a_desc": desc_signature([BM, BK], dtype),
-        "b_desc": desc_signature([BN, BK] if kmajor else [BK, BN], dtype),
-        "c_desc": desc_signature([BM, cfg.epilogue_n], dtype),
-    }
+DESC_ARGS = ("a_desc", "b_desc", "c_desc")
+
+
+@dataclass(frozen=True)
+class Rung:
+    """The host side of a rung kernel that takes (a_desc, b_desc, c_desc, **constexprs): its
+    launch and its compile specs, built from the same `constexprs(cfg, capability, layout)`, so
+    that what `inspect` compiles is what `prepare` launches. Persistent kernels get one program
+    per SM (or per tile, when there are fewer tiles), the others one per tile."""
+
+    mode: str
+    kernel: object
+    constexprs: Callable[[GemmConfig, tuple[int, int], str], dict[str, object]]
+    persistent: bool = False
+
+    def launch(self, a, b, out, target: Target, cfg: GemmConfig) -> Launch:
+        layout = b_layout(b)
+        descs = make_descriptors(a, b, out, cfg, layout)
+        tiles = num_tiles(*out.shape, cfg)
+        grid = (min(target.sm_count, tiles) if self.persistent else tiles,)
+        kw = self.constexprs(cfg, target.capability, layout)
+        kernel, warps = self.kernel, cfg.num_warps
+
+        def fn():
+            kernel[grid](*descs, **kw, num_warps=warps)
+
+        return Launch(fn, cfg.table())
+
+    def compile_specs(self, capability: tuple[int, int], dtype: str, configs) -> list[CompileSpec]:
+        """One spec per config and B layout, for `gluon-survey inspect`."""
+        specs = []
+        for cfg in configs:
+            for layout in B_LAYOUTS:
+                values = self.constexprs(cfg, capability, layout)
+                blocks = block_shapes(cfg, layout)
+                signature = {
+                    arg: desc_signature(block, dtype) for arg, block in zip(DESC_ARGS, blocks, strict=True)
+                }
+                specs.append(
+                    CompileSpec(
+                        self.mode,
+                        f"{self.kernel.__name__} {cfg.label} B={layout}",
+                        self.kernel,
+                        signature | dict.fromkeys(values, "constexpr"),
+                        values,
+                        {"num_warps": cfg.num_warps},
+                        config=cfg,
+                    )
+                )
+        return specs
 
 
 def num_tiles(M: int, N: int, cfg: GemmConfig) -> int:
-    return triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-
-
-__all__ = [
-    "SMEM_LIMIT",
-    "WGMMA",
-    "GemmConfig",
-    "b_is_kmajor",
-    "b_operand",
-    "deferred_store_spacing",
-    "desc_signature",
-    "fence_async_shared",
-    "gemm_signature",
-    "grouped_tile",
-    "init_barriers",
-    "invalidate_barriers",
-    "load_partition",
-    "load_step",
-    "make_descriptors",
-    "mbarrier",
-    "num_tiles",
-    "rung_config",
-    "select_mma",
-    "stage_tile",
-    "store_slice",
-    "store_staged_rest",
-    "store_staged_slice",
-    "store_tile",
-    "store_tile_sliced",
-    "tma",
-    "unsupported_reason",
-]
+    return triton.cdiv(M, cfg.a_rows) * triton.cdiv(N, cfg.BLOCK_N)

@@ -4,48 +4,50 @@ The idea: never let the tensor cores wait for memory. A ring of STAGES A/B buffe
 per stage ("this stage's data has landed"). The prologue starts the TMA loads of the first
 STAGES-1 K steps; in the steady state the MMA of step k is issued asynchronously, the MMA of step
 k-1 is retired (`wait(1)`: exactly one MMA in flight), and the freed stage is refilled with step
-k+STAGES-1. So STAGES-1 loads are in flight behind every MMA.
-
-Slot and phase come from one counter: slot = k % STAGES, phase = (k // STAGES) & 1 (a fresh
-mbarrier is in phase 0, and each completed fill flips it).
-
-Measured on H100 80GB HBM3 (results/h100-ladder/ and -run2/, commit c63b779, steady-state clocks,
-x cuBLAS timed alongside in alternating windows, fp16 / bf16): 0.85-0.86 / 0.83-0.84 at K = 512,
-0.91 at 1024, 0.97-1.03 from K = 2048; geomean 0.96 / 0.95 in both of two runs.
+k+STAGES-1. So STAGES-1 loads are in flight behind every MMA. Stage and phase of K step k come
+from `Ring(k, STAGES)`. What is left is per tile: each program fills the ring from empty and
+stores its C while the tensor cores wait (perf-notes entry 2), which the next rung removes.
 """
 
 from __future__ import annotations
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..registry import CompileSpec, Launch
+from ..launch import CompileSpec, Launch, Target, is_kmajor
+from .arch import select_mma, unsupported_reason
 from .common import (
     GemmConfig,
+    Ring,
+    Rung,
     b_operand,
-    gemm_signature,
     grouped_tile,
     init_barriers,
     invalidate_barriers,
     load_step,
-    make_descriptors,
     mbarrier,
-    rung_config,
-    select_mma,
     store_tile,
     tma,
-    unsupported_reason,
 )
 
-# Triton's Hopper tutorials: 128x256x64, 8 warps (two warpgroups, 128 fp32 accumulator registers
-# per thread), 3 stages of 48 KB + a 64 KB C tile = 208 KB; a 4th stage did not help there.
-# GROUP_M = 16: the 132 programs resident at once cover 16 x 8.25 tiles (2048 rows x 2112 columns)
-# instead of 8 x 16.5; steady-state pairs on H100 gave +1-3 % over 8 at K = 1024 and 4096
-# (docs/perf-notes.md, entry 13).
-CONFIG = GemmConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=16)
+CONFIGS = {
+    # Hopper: the tutorials' 128x256x64 with 8 warps (two warpgroups, 128 accumulator registers per
+    # thread), 3 stages of 48 KB; C reuses the ring's memory. GROUP_M 16: perf-notes entry 13.
+    9: GemmConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=16),
+    # Blackwell: the accumulator is in TMEM, so 4 warps suffice, and Triton's tutorial found 4
+    # stages better than 3 there.
+    10: GemmConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=8),
+}
 
-__all__ = ["CONFIG", "compile_specs", "pipelined_kernel", "prepare", "unsupported_reason"]
+__all__ = [
+    "CONFIGS",
+    "compile_specs",
+    "config_for",
+    "constexprs",
+    "pipelined_kernel",
+    "prepare",
+    "unsupported_reason",
+]
 
 
 @gluon.jit
@@ -92,20 +94,22 @@ def pipelined_kernel(
 
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
     for k in range(k_steps):
-        slot = k % STAGES
-        mbarrier.wait(ready.index(slot), (k // STAGES) & 1)
+        ring = Ring(k, STAGES)
+        ring.wait_filled(ready)
+        slot = ring.slot()
         mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
         mma = mma.wait(1)  # retires MMA k-1, whose stage is the one refilled next
         nxt = k + STAGES - 1
+        refill = Ring(nxt, STAGES).slot()
         load_step(
             a_desc,
             b_desc,
             off_m,
             off_n,
             nxt * BLOCK_K,
-            ready.index(nxt % STAGES),
-            a_bufs.index(nxt % STAGES),
-            b_bufs.index(nxt % STAGES),
+            ready.index(refill),
+            a_bufs.index(refill),
+            b_bufs.index(refill),
             B_KMAJOR,
             pred=nxt < k_steps,
         )
@@ -117,38 +121,28 @@ def pipelined_kernel(
     tma.store_wait(0)
 
 
-def prepare(a, b, out, cfg: GemmConfig | None = None) -> Launch:
-    from ..api import capability_of
+def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
+    return CONFIGS[capability[0]]
 
-    cap = capability_of(a.device)
-    mma = select_mma(cap)
-    cfg = cfg or rung_config("Pipelined", cap, CONFIG)
-    a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
-    M, N = out.shape
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N),)
 
-    def fn():
-        pipelined_kernel[grid](
-            a_desc, b_desc, c_desc, mma, kmajor, cfg.GROUP_M, cfg.STAGES, num_warps=cfg.num_warps
-        )
+def constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
+    """The kernel's constexprs, for its launch and its compile specs alike (persistent's too)."""
+    return {
+        "MMA": select_mma(capability),
+        "B_KMAJOR": is_kmajor(layout),
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+    }
 
-    return Launch(fn, cfg.table())
+
+RUNG = Rung("Pipelined", pipelined_kernel, constexprs)
+
+
+def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
+    return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     if unsupported_reason(capability):
         return []
-    mma = select_mma(capability)
-    cfg = rung_config("Pipelined", capability, CONFIG)
-    names = ("MMA", "B_KMAJOR", "GROUP_M", "STAGES")
-    return [
-        CompileSpec(
-            "Pipelined",
-            f"pipelined_kernel {cfg.label} B{'t' if kmajor else 'row'}",
-            pipelined_kernel,
-            gemm_signature(cfg, dtype, kmajor) | dict.fromkeys(names, "constexpr"),
-            dict(zip(names, (mma, kmajor, cfg.GROUP_M, cfg.STAGES), strict=True)),
-            {"num_warps": cfg.num_warps},
-        )
-        for kmajor in (False, True)
-    ]
+    return RUNG.compile_specs(capability, dtype, [CONFIGS[capability[0]]])

@@ -1,144 +1,109 @@
-"""Rung 4, warpspec: persistent + warp specialization, two MMA warpgroups in "ping-pong".
+"""Rung 4, warpspec (Hopper): persistent + warp specialization.
 
-The idea: in `persistent` the same warps issue the TMA loads, the MMAs and the epilogue, so the
-tensor cores sit idle while a finished tile is converted and written to shared memory, and that
-idle time is a large share of a tile when K is small. Here the roles are separate partitions of
-one program (`gl.warp_specialize`):
+The idea: in `persistent` the same warps issue the TMA loads, the MMAs and the epilogue, so every
+load waits behind an MMA wait and the tensor cores wait for every epilogue. Here the roles are
+separate partitions of one program (`gl.warp_specialize`):
 
-* a producer warp issues every TMA load into a ring of STAGES stages, waiting on each stage's
-  `empty` barrier before refilling it; it needs few registers, so it gives them away
-  (`worker_num_regs`, i.e. `setmaxnreg`), and the MMA warpgroups take them;
-* two consumer warpgroups each own a whole output tile (alternate tiles of the program) and
-  take turns on the tensor cores: consumer c issues its tile's MMAs, hands the tensor cores to
-  the other consumer (the `turn` barriers) and only then runs its epilogue. So one consumer's
-  epilogue overlaps the other's main loop, and the tensor cores are not left waiting for it.
-  Since that epilogue is off the critical path, each consumer stages its C in small slices
-  through one buffer, and the shared memory saved goes to the ring.
+* a producer warp issues every TMA load into a ring of STAGES stages (`load_partition`), waiting
+  on each stage's `empty` barrier before refilling it; it needs few registers, so it gives them
+  away (`worker_num_regs`, i.e. `setmaxnreg`) to the MMA warpgroups;
+* consumer warpgroups wait on `ready`, issue the MMAs, release each stage on `empty`, and store C.
 
-A consumer's tile is 192x128: three 64-row A boxes, each multiplied into an accumulator of its
-own (a Triton tensor's shape is a power of two; a tile need not be). At M = N = 8192 that makes
-2752 tiles, 20.85 per SM, where 128x128 tiles make 31.03 and the 4 left over cost a whole 32nd
-round (3 %); and a K step brings 40 KB into shared memory for 3.1 MFLOP, not 32 KB for 2.1.
+Two consumers in ping-pong (below K = 8192): each owns alternate tiles of the program and they
+take turns on the tensor cores (the `turns` barriers): consumer c issues its tile's MMAs, hands the
+tensor cores to the other, and only then runs its epilogue, so one consumer's epilogue overlaps the
+other's main loop. The turn hand-off also keeps the ring's phases safe: a consumer waits on
+`ready` barriers only once the other has waited on all of its own, so no barrier is ever two
+fills behind the phase a consumer waits for. A consumer's tile is three 64-row A boxes, each
+multiplied into an accumulator of its own (tensor shapes are powers of two, a tile need not be):
+192x128 tiles quantize better onto 132 SMs than 128x128 (perf-notes entry 17).
 
-From K = 8192 (`config_for`) one cooperative 8-warp consumer on 128x256 tiles replaces the pair:
-there the epilogue is a small share of a tile, and 128x256 tiles read the fewest bytes of shared
-memory per FLOP. What is left of its epilogue is hidden another way: the C tile is staged whole
-in shared memory and its four slices are stored during the next tile's first K steps
-(`DEFER_STORE`, shared with `persistent`), not all at once.
+One cooperative consumer (from K = 8192): both warpgroups work on one 128x256 tile, persistent's
+loop fed by the producer, with persistent's deferred C store; there the epilogue is a small share
+of a tile and 128x256 tiles read the fewest shared-memory bytes per FLOP (entries 6, 15 and 17).
 
-This design is Hopper's (accumulators in registers, one per consumer warpgroup), so the kernel
-uses `WGMMA` directly; on sm_100 `prepare` hands over to the Blackwell design in `blackwell.py`
-(a single-warp tcgen05 issuer and a double-buffered tensor-memory accumulator).
+This design keeps its accumulators in the consumers' registers, so it is Hopper's; the Blackwell
+warp-specialized rung is `warpspec_tcgen05.py` (the registry picks it on sm_100).
 
-The turn hand-off is also what makes the ring's phase bookkeeping safe: a consumer starts waiting
-on `ready` barriers only once the other one has waited on all of its own, so a barrier is never
-two fills behind the phase a consumer waits for.
-
-A third design, split, stays selectable (`SPLIT`): the two consumers own the two 128-row halves of
-one 256x128 tile and read the same B stage (cuBLAS's tile shape without its cluster multicast). It
-led at K = 2048-4096 until the cooperative design's deferred epilogue overtook it there, and
-192-row ping-pong overtook both (docs/perf-notes.md, entry 17).
-
-Measured on H100 80GB HBM3 (results/h100-ladder/ and -run2/, commit c63b779, steady-state clocks,
-x cuBLAS timed alongside in alternating windows, fp16 / bf16, two runs): 1.09-1.10 at K = 512
-(best of the ladder), 1.02-1.04 at 1024, 1.05-1.075 at 2048, 1.03-1.05 at 4096, 1.01-1.04 from
-8192; geomean 1.04-1.05. The 128x128 ping-pong it replaced: 1.04-1.05 at K = 512, 0.989-1.02 at
-1024 (docs/perf-notes.md, entry 17).
+(No `from __future__ import annotations` here: aggregates check field types at run time.)
 """
-
-from __future__ import annotations
 
 from dataclasses import dataclass
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..registry import CompileSpec, Launch
+from ..compat import aggregate
+from ..launch import CompileSpec, Launch, Target, is_kmajor
 from .common import (
-    WGMMA,
     GemmConfig,
+    Ring,
+    Rung,
     b_operand,
     deferred_store_spacing,
-    gemm_signature,
     grouped_tile,
     init_barriers,
     load_partition,
-    make_descriptors,
     mbarrier,
     stage_tile,
     store_staged_rest,
     store_staged_slice,
     store_tile_sliced,
     tma,
-    unsupported_reason,
 )
+from .hopper import WGMMA
 
 
 @dataclass(frozen=True)
 class WarpSpecConfig(GemmConfig):
-    CONSUMERS: int = 2  # 2: ping-pong (or split), 4 warps each; 1: cooperative, 8 warps per tile
-    # A tile is BOXES A boxes of BLOCK_M rows (a TMA load and a wgmma accumulator each), so it can be
-    # 192 rows tall although every tensor shape is a power of two.
-    BOXES: int = 1
-    # SPLIT (two consumers, two boxes): consumer c multiplies box c of every tile; they share every B
-    # stage and never wait for each other's turn.
-    SPLIT: bool = False
+    CONSUMERS: int = 2  # 2: ping-pong, 4 warps each; 1: cooperative, num_warps on one tile
+    BOXES: int = 1  # A boxes of BLOCK_M rows per tile, an accumulator each: a tile is BOXES * BLOCK_M tall
 
     def __post_init__(self):
+        if not 1 <= self.BOXES <= 3:
+            raise ValueError("BOXES is 1 to 3: a consumer holds at most three accumulators")
+        if (self.CONSUMERS, self.EPILOGUE) not in ((2, "sliced"), (1, "deferred")):
+            raise ValueError("ping-pong (CONSUMERS=2) stores C sliced, cooperative (1) deferred")
         super().__post_init__()
-        if not 1 <= self.BOXES <= 3 or (self.SPLIT and (self.BOXES, self.CONSUMERS) != (2, 2)):
-            raise ValueError(
-                "BOXES is 1 to 3 (a consumer has at most three accumulators); SPLIT needs two of each"
-            )
 
     @property
     def design(self) -> str:
-        return "split" if self.SPLIT else ("ping-pong" if self.CONSUMERS == 2 else "cooperative")
+        return "ping-pong" if self.CONSUMERS == 2 else "cooperative"
 
     @property
-    def tile_m(self) -> int:
+    def a_rows(self) -> int:
         return self.BLOCK_M * self.BOXES
 
     @property
+    def c_copies(self) -> int:
+        return self.CONSUMERS
+
+    @property
     def label(self) -> str:
-        rest = super().label.split(" ", 1)[1]
-        return f"{self.tile_m}x{self.BLOCK_N}x{self.BLOCK_K} {rest} {self.design}"
+        return f"{super().label} {self.design}"
 
     def table(self) -> dict[str, object]:
-        return super().table() | {"BLOCK_M": self.tile_m, "design": self.design}
+        return super().table() | {"design": self.design}
 
 
-# Ping-pong: each consumer warpgroup owns a 192x128 tile as three 64x128 fp32 accumulators (192
-# registers per thread of its 232). 192 rows, not 128, for two reasons: 8192 / 192 gives 43 x 64 =
-# 2752 tiles, 20.85 per SM where 128x128 tiles give 31.03 (the 4 extra tiles of a 32nd wave cost 3 %),
-# and a K step brings 40 KB for 3.1 MFLOP instead of 32 KB for 2.1. 5 stages x 40 KB + one 8 KB
-# 64x64 C buffer per consumer = 216 KB (its epilogue runs during the other consumer's main loop, so
-# it can afford to wait between slices). H100, steady-state pairs, x cuBLAS: K = 512 1.09-1.10
-# against 1.04-1.06 for 128x128 tiles (6 stages), K = 1024 1.03-1.05 against 1.00-1.03; 4 stages
-# with 16 KB C slices lost 3-10 % to 5 (docs/perf-notes.md, entry 17).
+# Ping-pong: per consumer warpgroup a 192x128 tile as three 64x128 fp32 accumulators (192 of its
+# 232 registers); 5 stages of 40 KB + one 8 KB C slice buffer per consumer (its epilogue runs during
+# the other's main loop, so it can afford to wait between slices). Entry 17.
 PINGPONG = WarpSpecConfig(
-    BLOCK_M=64, BOXES=3, BLOCK_N=128, BLOCK_K=64, STAGES=5, num_warps=4, GROUP_M=8, EPILOGUE_N=64, CONSUMERS=2
-)
-# Split: a 256x128 tile, each consumer warpgroup owns a 128x128 half (its A box) and both read the
-# same B stage, so a K step brings 48 KB from L2 for 4.2 MFLOP; their epilogues are not staggered by
-# design, but a consumer that finishes first runs on into the next tile's stages while the other
-# stores. 4 x 48 KB + 2 x 16 KB = 224 KB.
-SPLIT = WarpSpecConfig(
-    BLOCK_M=128,
-    BOXES=2,
+    BLOCK_M=64,
+    BOXES=3,
     BLOCK_N=128,
     BLOCK_K=64,
-    STAGES=4,
+    STAGES=5,
     num_warps=4,
+    GROUP_M=8,
+    EPILOGUE="sliced",
     EPILOGUE_N=64,
     CONSUMERS=2,
-    SPLIT=True,
 )
-# Cooperative: two warpgroups split one 128x256 tile, as in `persistent`; 3 x 48 KB + 64 KB = 208 KB.
-# Its C is staged whole and leaves in 128x64 slices during the next tile's first K steps
-# (`DEFER_STORE`): steady-state pairs on H100 gave 1.007-1.034 x cuBLAS at K = 4096-8192 against
-# 0.985-1.028 with the whole tile stored at once (docs/perf-notes.md, entry 15).
+# Cooperative: persistent's 128x256 tile and deferred epilogue, 3 x 48 KB + 64 KB. GROUP_M stays 8
+# for both designs: 16, which persistent gains from, cost ping-pong and gave cooperative nothing
+# (entries 13 and 17).
 COOPERATIVE = WarpSpecConfig(
     BLOCK_M=128,
     BLOCK_N=256,
@@ -146,134 +111,160 @@ COOPERATIVE = WarpSpecConfig(
     STAGES=3,
     num_warps=8,
     GROUP_M=8,
+    EPILOGUE="deferred",
     EPILOGUE_N=64,
-    EPILOGUE_BUFFERS=4,
-    DEFER_STORE=True,
     CONSUMERS=1,
 )
-# GROUP_M stays 8 here: 16, which persistent gains from, cost 128x128 ping-pong 3-18 % and gave the
-# cooperative design nothing; 4 cost cooperative 1.5-3.5 % and 192-row ping-pong 0-2 % (H100,
-# docs/perf-notes.md, entries 13 and 17).
-CONFIG = PINGPONG
-# The rule, from steady-state paired measurements on H100 (docs/perf-notes.md, entry 17; x cuBLAS,
-# fp16 / bf16, two rounds): 192-row ping-pong leads up to K = 4096 (there 1.024-1.041 against the
-# cooperative design's 0.995-1.040); from K = 8192, where the epilogue is a small share of a tile, the
-# cooperative design's 128x256 tiles (fewest shared-memory reads per FLOP) lead: 1.021-1.027 against
-# 1.006-1.032.
-COOPERATIVE_FROM_K = 8192
+COOPERATIVE_FROM_K = 8192  # the measured crossover (entry 17)
 CONSUMER_REGS = 232  # registers per thread of the second consumer warpgroup (the first gets the rest)
 PRODUCER_REGS = 40  # the TMA warp needs only addresses and counters
 
+__all__ = ["COOPERATIVE", "PINGPONG", "compile_specs", "config_for", "prepare", "unsupported_reason"]
 
-def config_for(K: int) -> WarpSpecConfig:
-    """The documented rule: 192-row ping-pong while the epilogue is worth hiding completely,
-    cooperative 128x256 tiles with the deferred epilogue from K = 8192."""
+
+def config_for(capability: tuple[int, int], K: int) -> WarpSpecConfig:
+    """Ping-pong while the epilogue is worth hiding completely, cooperative from K = 8192."""
     return COOPERATIVE if K >= COOPERATIVE_FROM_K else PINGPONG
 
 
-__all__ = ["CONFIG", "compile_specs", "config_for", "prepare", "unsupported_reason", "warpspec_kernel"]
+def unsupported_reason(capability: tuple[int, int]) -> str | None:
+    if capability[0] == 9:
+        return None
+    return f"this warp-specialized design is Hopper's (sm_90); this GPU is sm_{capability[0]}{capability[1]}"
+
+
+@aggregate
+class Shared:
+    """What every partition of the kernel shares: the operand ring (`a_bufs` holds BOXES A boxes
+    per stage of `b_bufs`), the C staging buffers, and the barriers: `ready` (a stage has landed),
+    `empty` (a stage's MMAs are done with it) and the consumers' `turns`."""
+
+    a_bufs: gl.shared_memory_descriptor
+    b_bufs: gl.shared_memory_descriptor
+    c_bufs: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    turns: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, a_bufs, b_bufs, c_bufs, ready, empty, turns):
+        self.a_bufs = a_bufs
+        self.b_bufs = b_bufs
+        self.c_bufs = c_bufs
+        self.ready = ready
+        self.empty = empty
+        self.turns = turns
+
+
+# A consumer's accumulators: a tuple of one WGMMA per A box, handled by constexpr loops.
+
+
+@gluon.jit
+def _boxes_init(BOXES: gl.constexpr, dtype: gl.constexpr, BOX_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    mmas = ()
+    for _ in gl.static_range(BOXES):
+        mmas = mmas + (WGMMA.initialize(dtype, BOX_M, BLOCK_N, gl.num_warps()),)
+    return mmas
+
+
+@gluon.jit
+def _boxes_issue(mmas, a_bufs, first, b):
+    """Box i's MMA multiplies A box a_bufs[first + i] into accumulator i."""
+    out = ()
+    for i in gl.static_range(len(mmas)):
+        out = out + (mmas[i].issue(a_bufs.index(first + i), b),)
+    return out
+
+
+@gluon.jit
+def _boxes_wait(mmas):
+    """Retire every box's MMA but those of the last step (one per box)."""
+    out = ()
+    for i in gl.static_range(len(mmas)):
+        out = out + (mmas[i].wait(len(mmas)),)
+    return out
+
+
+@gluon.jit
+def _boxes_take(mmas):
+    accs = ()
+    out = ()
+    for i in gl.static_range(len(mmas)):
+        acc, mma = mmas[i].take_result()
+        accs = accs + (acc,)
+        out = out + (mma,)
+    return accs, out
 
 
 @gluon.jit
 def _consumer(
-    c_desc,
-    a_bufs,
-    b_bufs,
-    c_bufs,
-    ready,
-    empty,
-    turns,
-    B_KMAJOR: gl.constexpr,
-    GROUP_M: gl.constexpr,
-    K,
-    ME: gl.constexpr,
-    CONSUMERS: gl.constexpr,
-    SPLIT: gl.constexpr,
-    DEFER_STORE: gl.constexpr = False,
+    c_desc, s, K, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr
 ):
     """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program and multiplies each
-    of its A boxes (BOXES per ring stage) into an accumulator of its own. With two, they alternate
-    on the tensor cores through the `turns` barriers; alone, it never waits for a turn.
-    SPLIT: every tile, only its box ME, no turns.
-    DEFER_STORE (one consumer): a tile's C is staged whole and stored during the next tile's loop."""
-    BOX_M: gl.constexpr = a_bufs.shape[1]
-    BLOCK_N: gl.constexpr = b_bufs.shape[1] if B_KMAJOR else b_bufs.shape[2]
-    BLOCK_K: gl.constexpr = a_bufs.shape[2]
-    STAGES: gl.constexpr = b_bufs.shape[0]
-    BOXES: gl.constexpr = a_bufs.shape[0] // STAGES  # A boxes per stage: a tile's rows / BOX_M
-    PINGPONG: gl.constexpr = CONSUMERS == 2 and not SPLIT
-    MINE: gl.constexpr = 1 if SPLIT else BOXES  # boxes (accumulators) this consumer multiplies
-    BOX0: gl.constexpr = ME if SPLIT else 0  # its first box
-    FIRST: gl.constexpr = 0 if SPLIT else ME
-    STEP: gl.constexpr = 1 if SPLIT else CONSUMERS
+    of its A boxes into an accumulator of its own. Two consumers alternate on the tensor cores
+    through the `turns` barriers and store C in slices; one alone never waits for a turn and
+    defers its C store into the next tile's K loop."""
+    PINGPONG: gl.constexpr = CONSUMERS == 2
+    BOX_M: gl.constexpr = s.a_bufs.shape[1]
+    BLOCK_N: gl.constexpr = s.b_bufs.shape[1] if B_KMAJOR else s.b_bufs.shape[2]
+    BLOCK_K: gl.constexpr = s.a_bufs.shape[2]
+    STAGES: gl.constexpr = s.b_bufs.shape[0]
+    BOXES: gl.constexpr = s.a_bufs.shape[0] // STAGES
+    EPILOGUE_BUFFERS: gl.constexpr = s.c_bufs.shape[0] // CONSUMERS  # this consumer's: from ME * that
+    SLICES: gl.constexpr = BLOCK_N // c_desc.block_type.shape[1]  # C slices per box
     num_pid_m = gl.cdiv(c_desc.shape[0], BOX_M * BOXES)
     num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
-    my_turn = turns.index(ME)
-    their_turn = turns.index((ME + 1) % CONSUMERS)
-    EPILOGUE_BUFFERS: gl.constexpr = c_bufs.shape[0] // CONSUMERS  # this consumer's: from ME * that
-    SLICES: gl.constexpr = BLOCK_N // c_desc.block_type.shape[1]  # C slices per box
+    my_turn = s.turns.index(ME)
+    their_turn = s.turns.index((ME + 1) % CONSUMERS)
 
-    # One accumulator per box (the 2nd and 3rd are used only when MINE says so).
-    mma0 = WGMMA.initialize(c_desc.dtype, BOX_M, BLOCK_N, gl.num_warps())
-    mma1 = mma0
-    mma2 = mma0
+    mmas = _boxes_init(BOXES, c_desc.dtype, BOX_M, BLOCK_N)
     spacing = deferred_store_spacing(k_steps)
-    prev_m = gl.program_id(0) * 0  # DEFER_STORE: where the staged tile goes (none before the first)
+    prev_m = gl.program_id(0) * 0  # cooperative: where the staged tile goes (none before the first)
     prev_n = prev_m
-    for t in range(FIRST, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), STEP):
+    for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), CONSUMERS):
         if PINGPONG:
             # Consumer 0 goes first (a fresh barrier passes the parity-1 wait), then they alternate.
             n = t // CONSUMERS  # tiles this consumer has done before this one
             mbarrier.wait(my_turn, (n & 1) ^ (1 - ME))
-        it = t * k_steps
+        ring = Ring(t * k_steps, STAGES)
         for k in range(k_steps):
-            slot = it % STAGES
-            mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
-            b = b_operand(b_bufs.index(slot), B_KMAJOR)
-            mma0 = mma0.issue(a_bufs.index(slot * BOXES + BOX0), b)
-            if MINE > 1:
-                mma1 = mma1.issue(a_bufs.index(slot * BOXES + 1), b)
-            if MINE > 2:
-                mma2 = mma2.issue(a_bufs.index(slot * BOXES + 2), b)
-            if DEFER_STORE:  # the previous tile's C leaves while this tile's MMAs run
-                store_staged_slice(c_desc, c_bufs, prev_m, prev_n, k, spacing, t > FIRST)
-            # Only this step's MMAs may still run: step it-1's are retired, its stage can be refilled.
-            mma0 = mma0.wait(MINE)
-            if MINE > 1:
-                mma1 = mma1.wait(MINE)
-            if MINE > 2:
-                mma2 = mma2.wait(MINE)
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
-            it += 1
+            ring.wait_filled(s.ready)
+            b = b_operand(s.b_bufs.index(ring.slot()), B_KMAJOR)
+            mmas = _boxes_issue(mmas, s.a_bufs, ring.slot() * BOXES, b)
+            if not PINGPONG:  # the previous tile's C leaves while this tile's MMAs run
+                store_staged_slice(c_desc, s.c_bufs, prev_m, prev_n, k, spacing, t > ME)
+            # Only this step's MMAs may still run: the previous step's are retired, its stage is free.
+            mmas = _boxes_wait(mmas)
+            mbarrier.arrive(s.empty.index(ring.previous_slot()), pred=k > 0)
+            ring = ring.next()
         if PINGPONG:
             mbarrier.arrive(their_turn)  # this tile's MMAs are all issued: the other consumer may go
-        acc0, mma0 = mma0.take_result()
-        if MINE > 1:
-            acc1, mma1 = mma1.take_result()
-        if MINE > 2:
-            acc2, mma2 = mma2.take_result()
-        mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+        accs, mmas = _boxes_take(mmas)
+        mbarrier.arrive(s.empty.index(ring.previous_slot()))
 
         tile = gl.program_id(0) + t * gl.num_programs(0)
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        off_m = (pid_m * BOXES + BOX0) * BOX_M
+        off_m = pid_m * BOXES * BOX_M
         off_n = pid_n * BLOCK_N
-        if DEFER_STORE:
-            stage_tile(c_desc, c_bufs, acc0, prev_m, prev_n, k_steps, spacing, t > FIRST)
+        if PINGPONG:
+            for i in gl.static_range(BOXES):
+                store_tile_sliced(
+                    c_desc,
+                    s.c_bufs,
+                    accs[i],
+                    off_m + i * BOX_M,
+                    off_n,
+                    EPILOGUE_BUFFERS,
+                    ME * EPILOGUE_BUFFERS,
+                    i * SLICES,
+                )
+        else:
+            stage_tile(c_desc, s.c_bufs, accs[0], prev_m, prev_n, k_steps, spacing, t > ME)
             prev_m = off_m
             prev_n = off_n
-        else:
-            BASE: gl.constexpr = ME * EPILOGUE_BUFFERS
-            store_tile_sliced(c_desc, c_bufs, acc0, off_m, off_n, EPILOGUE_BUFFERS, BASE)
-            if MINE > 1:
-                store_tile_sliced(c_desc, c_bufs, acc1, off_m + BOX_M, off_n, EPILOGUE_BUFFERS, BASE, SLICES)
-            if MINE > 2:
-                store_tile_sliced(
-                    c_desc, c_bufs, acc2, off_m + 2 * BOX_M, off_n, EPILOGUE_BUFFERS, BASE, 2 * SLICES
-                )
-    if DEFER_STORE:
-        store_staged_rest(c_desc, c_bufs, prev_m, prev_n, 0, spacing, True)
+    if not PINGPONG:
+        store_staged_rest(c_desc, s.c_bufs, prev_m, prev_n, 0, spacing, True)
     tma.store_wait(0)
 
 
@@ -285,39 +276,33 @@ def warpspec_kernel(
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
+    BOXES: gl.constexpr,
     CONSUMERS: gl.constexpr,
-    EPILOGUE_BUFFERS: gl.constexpr,
+    C_BUFFERS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
-    BOXES: gl.constexpr = 1,
-    SPLIT: gl.constexpr = False,
-    DEFER_STORE: gl.constexpr = False,
 ):
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES * BOXES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_shape: gl.constexpr = [CONSUMERS * EPILOGUE_BUFFERS] + c_desc.block_type.shape
-    c_bufs = gl.allocate_shared_memory(dtype, c_shape, c_desc.layout)
+    c_bufs = gl.allocate_shared_memory(
+        dtype, [CONSUMERS * C_BUFFERS] + c_desc.block_type.shape, c_desc.layout
+    )
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
-    init_barriers(empty, STAGES, 2 if SPLIT else 1)  # SPLIT: a stage is free once both consumers are done
+    init_barriers(empty, STAGES)
     init_barriers(turns, CONSUMERS)
+    s = Shared(a_bufs, b_bufs, c_bufs, ready, empty, turns)
 
     K = a_desc.shape[1]
-    # (Partition arguments are written out in place: a tuple stored in a variable loses constexprs.)
-    if CONSUMERS == 2:  # ping-pong or split: consumer 0 is the default partition, consumer 1 a 4-warp worker
+    # (Partition tuples are written in place: a tuple stored in a variable loses its constexprs.)
+    if CONSUMERS == 2:  # ping-pong: consumer 0 is the default partition, consumer 1 a 4-warp worker
         gl.warp_specialize(
             [
-                (
-                    _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 0, 2, SPLIT),
-                ),
-                (
-                    _consumer,
-                    (c_desc, a_bufs, b_bufs, c_bufs, ready, empty, turns, B_KMAJOR, GROUP_M, K, 1, 2, SPLIT),
-                ),
+                (_consumer, (c_desc, s, K, B_KMAJOR, GROUP_M, 0, 2)),
+                (_consumer, (c_desc, s, K, B_KMAJOR, GROUP_M, 1, 2)),
                 (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [4, 1],
@@ -326,25 +311,7 @@ def warpspec_kernel(
     else:  # cooperative: both warpgroups of the default partition share one tile
         gl.warp_specialize(
             [
-                (
-                    _consumer,
-                    (
-                        c_desc,
-                        a_bufs,
-                        b_bufs,
-                        c_bufs,
-                        ready,
-                        empty,
-                        turns,
-                        B_KMAJOR,
-                        GROUP_M,
-                        K,
-                        0,
-                        1,
-                        False,
-                        DEFER_STORE,
-                    ),
-                ),
+                (_consumer, (c_desc, s, K, B_KMAJOR, GROUP_M, 0, 1)),
                 (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [1],
@@ -352,57 +319,27 @@ def warpspec_kernel(
         )
 
 
-def _constexprs(kmajor: bool, cfg: WarpSpecConfig) -> dict[str, object]:
+def _constexprs(cfg: WarpSpecConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
     return {
-        "B_KMAJOR": kmajor,
+        "B_KMAJOR": is_kmajor(layout),
         "GROUP_M": cfg.GROUP_M,
         "STAGES": cfg.STAGES,
+        "BOXES": cfg.BOXES,
         "CONSUMERS": cfg.CONSUMERS,
-        "EPILOGUE_BUFFERS": cfg.EPILOGUE_BUFFERS,
+        "C_BUFFERS": cfg.c_buffers,
         "CONSUMER_REGS": CONSUMER_REGS,
         "PRODUCER_REGS": PRODUCER_REGS,
-        "BOXES": cfg.BOXES,
-        "SPLIT": cfg.SPLIT,
-        "DEFER_STORE": cfg.DEFER_STORE,
     }
 
 
-def prepare(a, b, out, cfg: WarpSpecConfig | None = None) -> Launch:
-    from ..api import capability_of, sm_count
+RUNG = Rung("warpspec", warpspec_kernel, _constexprs, persistent=True)
 
-    cap = capability_of(a.device)
-    if cap[0] == 10:
-        from .blackwell import prepare_warpspec
 
-        return prepare_warpspec(a, b, out)
-    cfg = cfg or config_for(a.shape[1])
-    a_desc, b_desc, c_desc, kmajor = make_descriptors(a, b, out, cfg)
-    M, N = out.shape
-    grid = (min(sm_count(a.device), triton.cdiv(M, cfg.tile_m) * triton.cdiv(N, cfg.BLOCK_N)),)
-    kw = _constexprs(kmajor, cfg)
-
-    def fn():
-        warpspec_kernel[grid](a_desc, b_desc, c_desc, **kw, num_warps=cfg.num_warps)
-
-    return Launch(fn, cfg.table())
+def prepare(a, b, out, target: Target, cfg: WarpSpecConfig | None = None) -> Launch:
+    return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     if unsupported_reason(capability):
         return []
-    if capability[0] == 10:
-        from .blackwell import warpspec_compile_specs
-
-        return warpspec_compile_specs(dtype)
-    return [
-        CompileSpec(
-            "warpspec",
-            f"warpspec_kernel {cfg.label} B{'t' if kmajor else 'row'}",
-            warpspec_kernel,
-            gemm_signature(cfg, dtype, kmajor) | dict.fromkeys(_constexprs(kmajor, cfg), "constexpr"),
-            _constexprs(kmajor, cfg),
-            {"num_warps": cfg.num_warps},
-        )
-        for cfg in (PINGPONG, SPLIT, COOPERATIVE)
-        for kmajor in (False, True)
-    ]
+    return RUNG.compile_specs(capability, dtype, [PINGPONG, COOPERATIVE])

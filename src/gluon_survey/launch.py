@@ -1,0 +1,73 @@
+"""The few types every layer shares, in a module that imports nothing of the package: what a
+provider is given (`Target`: the GPU it launches on), what it returns (`Launch`), what `inspect`
+compiles (`CompileSpec`), and the one vocabulary of B layouts.
+
+B layouts, one spelling everywhere (CLI, results, configs, kernel labels, tests):
+
+    "row"  B is a row-major [K, N] matrix.
+    "t"    B is the transpose view `w.t()` of a row-major [N, K] weight, as in `x @ w.t()` of a
+           linear layer: its tiles are read K-major, with no copy.
+
+`b_layout(b)` is the one function that decides which one a tensor is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+B_LAYOUTS = ("row", "t")
+
+
+def b_layout(b) -> str:
+    """ "t" when b is the transpose view of a row-major [N, K] weight (unit stride along K, not along
+    N), else "row". A [K, N] tensor whose inner stride is 1 is "row" whatever its row stride."""
+    return "t" if b.stride(1) != 1 and b.stride(0) == 1 else "row"
+
+
+def is_kmajor(layout: str) -> bool:
+    """Whether tiles of B in this layout are K-major (read from the [N, K] weight)."""
+    if layout not in B_LAYOUTS:
+        raise ValueError(f"unknown B layout {layout!r}; use one of {', '.join(B_LAYOUTS)}")
+    return layout == "t"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The GPU a launch is prepared for: compute capability and number of SMs. The API reads them
+    off the device once and passes them down, so that kernels never ask torch themselves."""
+
+    capability: tuple[int, int]
+    sm_count: int
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A ready-to-run GEMM: `fn()` computes out = a @ b; `config` is what the tables show."""
+
+    fn: Callable[[], object]
+    config: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompileSpec:
+    """One kernel + config, as `gluon-survey inspect` compiles it for a GPU it may not have.
+
+    `signature` maps each kernel argument to a Triton type string ("*fp16", "i32", "constexpr",
+    "tensordesc<fp16[128, 64],NVMMASharedLayout(...)>"); `constexprs` gives the constexpr values;
+    `options` the compile options (num_warps, maxnreg, ...). Provider modules that own kernels
+    define `compile_specs(capability: tuple[int, int], dtype: str) -> list[CompileSpec]`.
+    """
+
+    mode: str
+    kernel: str  # label shown by inspect, e.g. "pipelined_kernel 128x256x64 s3 w8 B=row"
+    fn: object  # the @gluon.jit or @triton.jit function
+    signature: dict[str, str]
+    constexprs: dict[str, object]
+    options: dict[str, object]
+    gluon: bool = True
+    config: object = None  # the rung's config (GemmConfig), where it has one
