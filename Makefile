@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 
 HAVE_STACK := $(shell $(PYTHON) -c "import torch, triton" >/dev/null 2>&1 && echo yes)
 
-.PHONY: test test-cpu test-triton-new bench lint clean
+.PHONY: test test-cpu test-triton-new bench lint readme clean
 
 $(VENV)/.ready: pyproject.toml
 	$(PYTHON) -m venv $(if $(HAVE_STACK),--system-site-packages,) $(VENV)
@@ -44,6 +44,10 @@ test-triton-new: $(VENV_NEW)/.ready
 
 bench: $(VENV)/.ready
 	$(VENV)/bin/gluon-survey $(MODES) --dtype fp16,bf16 $(BENCH_ARGS)
+
+# The README's result tables, from the committed results files (tests/test_readme.py checks them).
+readme: $(VENV)/.ready
+	$(VENV)/bin/python scripts/update_readme.py
 
 lint: $(VENV)/.ready
 	$(VENV)/bin/ruff check src tests

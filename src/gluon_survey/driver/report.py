@@ -19,6 +19,7 @@ import csv
 import io
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -284,10 +285,11 @@ def _rich(cell: Cell) -> Any:
 
 
 def format_markdown(results: Results) -> str:
-    out = ["# gluon-survey results", ""]
-    out += [f"- {line}" for line in env_lines(results)]
+    """The environment as a list, then a table per (dtype, layout) under a level-4 heading, so that
+    the text nests in a larger document (the README embeds it: `embed_reports`)."""
+    out = [f"- {line}" for line in env_lines(results)]
     for pivot in pivots(results):
-        out += ["", f"## {pivot.title}", ""]
+        out += ["", f"#### {pivot.title}", ""]
         out.append("| M x N x K | " + " | ".join(pivot.modes) + " |")
         out.append("|---|" + "---:|" * len(pivot.modes))
         for shape in pivot.shapes:
@@ -296,6 +298,24 @@ def format_markdown(results: Results) -> str:
         out += ["", legend(results.rows)]
         out += [f"- {note}" for note in pivot.notes]
     return "\n".join(out) + "\n"
+
+
+REPORT_BLOCK = re.compile(
+    r"(?P<open><!-- report (?P<path>\S+) -->\n)(?P<body>.*?)(?P<close><!-- end report -->)", re.DOTALL
+)
+
+
+def embed_reports(text: str, root: Path) -> str:
+    """`text` (a markdown document) with every block between `<!-- report PATH -->` and
+    `<!-- end report -->` replaced by `format_markdown` of the results file PATH (relative to
+    `root`): how the README's result tables are made, so that a rerun never edits them by hand."""
+    from gluon_survey.driver.results import load
+
+    def render(match: re.Match[str]) -> str:
+        body = format_markdown(load(root / match["path"]))
+        return f"{match['open']}{body}{match['close']}"
+
+    return REPORT_BLOCK.sub(render, text)
 
 
 def _markdown(cell: Cell) -> str:

@@ -11,14 +11,12 @@ Method
   absorbs first-call costs (a library's handle and workspace set-up can take longer than the
   whole warm-up); then calls run in timed chunks of whole passes over the sets until `warmup_ms`
   of GPU time has passed, and the last chunk's mean, taken at the steady clock, sizes the timed
-  loop. (Sizing from the first calls instead once cut a 6 s warm-up to a few milliseconds and
-  timed the boost clock.) A large GEMM drives an H100 SXM to its 700 W limit: its SM clock falls
-  from the idle boost (1980 MHz) to about 1500 MHz within 0.3 s of starting and keeps sinking to
-  1300-1450 MHz over the next seconds as the chip warms, so a short warm-up measures the boost
-  transient and favours whatever ran after an idle gap: with 100 ms, cuBLAS timed right before
-  and right after another kernel differed by up to 20 %; with 1 s, still by up to 20 % after a
-  ten-second idle gap (a compile). JIT compilation and autotuning happened even earlier, in the
-  first call, reported as `compile_s`.
+  loop (sizing it from the first calls instead once let a slow first call cut the warm-up to
+  milliseconds: perf-notes entry 13). A large GEMM drives an H100 SXM to its power limit: its SM
+  clock falls from the idle boost within a fraction of a second and keeps sinking for seconds as
+  the chip warms, so a short warm-up measures the boost transient and favours whatever ran after
+  an idle gap (perf-notes entry 11 has the clocks and the errors that caused). JIT compilation and
+  autotuning happened even earlier, in the first call, reported as `compile_s`.
 * **Per-iteration CUDA events.** Each timed iteration records a start event, launches, records an
   end event; there is no synchronisation inside the loop, one at the end. The iteration count
   covers at least `min_ms` of GPU time, between `min_iters` and `max_iters`, and at least one
@@ -247,15 +245,14 @@ def time_paired(
     kernel, baseline (`rounds` kernel windows of about min_ms of GPU time each, between rounds + 1
     baseline windows of the same size).
 
-    Why alternate: at its power limit an H100's clock steps between levels every 100-300 ms and
-    drifts for seconds as the chip warms; 1.5 s windows of one kernel at one K differed by up to
-    4 % (docs/perf-notes.md, entry 16), so one baseline window before and one after a kernel's
-    can put a few per cent into a single ratio. Alternating windows put both under the same clock
-    history, and the per-round ratios show how much is left. Why not shorter windows: each window
-    starts with ~50 ms off the steady clock (the pause at its synchronisation), and 200 ms windows
-    gave per-round ratios 10 % apart. The warm-up is the baseline's (`warmup_ms`), then a short
-    one of the kernel's (`rewarm_ms`); min_iters and max_iters bound the samples of all of the
-    kernel's windows together.
+    Why alternate: at its power limit an H100's clock steps between discrete levels and drifts for
+    seconds as the chip warms, so one baseline window before and one after a kernel's can put a
+    few per cent into a single ratio; alternating windows put both under the same clock history,
+    and the per-round ratios show how much is left. Why not shorter windows: each starts off the
+    steady clock (the pause at its synchronisation), and short windows scattered the rounds
+    (docs/perf-notes.md, entry 16, has the measurements). The warm-up is the baseline's
+    (`warmup_ms`), then a short one of the kernel's (`rewarm_ms`); min_iters and max_iters bound the
+    samples of all of the kernel's windows together.
     """
     clock = clock or CudaEventClock()
     runs = [make_run(i) for i in range(n_copies)]
