@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Everything a GPU lease is for, in one call: the GPU tests, then the survey. Logs and results go
-# under $OUT (the device tool's folder) or out/gpu. Run from the repo root; uses the machine's own
-# torch/triton (PYTHONPATH=src, nothing installed).
-#   STEPS=tests,bench (default) | tests | bench     MODES=Blocked,... (default: all)
-#   DTYPES=fp16,bf16   BENCH_ARGS="--k 512,16384"   RUNS=2 (independent survey runs, in $OUT/runs.tgz)
+# Everything a GPU lease is for, in one call: the GPU tests, the survey and the measurements around
+# it. Logs and results go under $OUT (the device tool's folder) or out/gpu. Run from the repo root;
+# uses the machine's own torch/triton (PYTHONPATH=src, nothing installed).
+#   STEPS=tests,bench (default), any of:
+#     tests     pytest -m gpu                                   -> pytest-gpu.log
+#     bench     the survey: MODES (default all), DTYPES, BENCH_ARGS -> results.jsonl, table.*, plot.png
+#     memcpy    rung 0, the copy ladder, fp16 and bf16          -> memcpy-<dtype>.json/.md
+#     overhead  host cost per call                              -> overhead.json/.txt
+#     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
+#                                                               -> tune-table.json, tune.log
+#   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
+#   tool returns at most 8 files; packing is automatic when there are more)
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -12,13 +19,27 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 [[ -f out/commit ]] && export GLUON_SURVEY_COMMIT=$(cat out/commit)
 STEPS=${STEPS:-tests,bench}
 DTYPES=${DTYPES:-fp16,bf16}
+step() { [[ ",$STEPS," == *",$1,"* ]]; }
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
-if [[ ",$STEPS," == *",tests,"* ]]; then
+if step tests; then
   python3 -m pytest -m gpu tests -q -p no:cacheprovider --timeout=300 --timeout-method=thread ${PYTEST_ARGS:-} \
     2>&1 | tee "$OUT/pytest-gpu.log" | tail -25
+fi
+if step memcpy; then
+  for d in ${DTYPES//,/ }; do
+    python3 -m gluon_survey memcpy --dtype "$d" --format markdown --results "$OUT/memcpy-$d.json" \
+      ${MEMCPY_ARGS:-} 2>&1 | tee "$OUT/memcpy-$d.md" | tail -8
+  done
+fi
+if step overhead; then
+  python3 -m gluon_survey overhead --results "$OUT/overhead.json" ${OVERHEAD_ARGS:-} 2>&1 | tee "$OUT/overhead.txt"
+fi
+if step tune; then
+  python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \
+    --output "$OUT/tune-table.json" 2>&1 | tee "$OUT/tune.log" | tail -12
 fi
 bench() {  # one complete survey run into folder $1
   mkdir -p "$1"
@@ -28,11 +49,14 @@ bench() {  # one complete survey run into folder $1
   python3 -m gluon_survey report "$1/results.jsonl" --format markdown --output "$1/table.md"
   python3 -m gluon_survey report "$1/results.jsonl" --format legacy --output "$1/legacy.txt"
 }
-if [[ ",$STEPS," == *",bench,"* ]]; then
+if step bench; then
   if [[ ${RUNS:-1} == 1 ]]; then
     bench "$OUT"
-  else  # independent runs, one after the other, packed into one archive (the device tool returns few files)
+  else
     for r in $(seq 1 "$RUNS"); do bench "$OUT/run$r"; done
-    tar czf "$OUT/runs.tgz" -C "$OUT" $(seq -f 'run%g' 1 "$RUNS") && rm -r $(seq -f "$OUT/run%g" 1 "$RUNS")
   fi
+fi
+# The device tool returns at most 8 files: pack them when there are more (or when asked).
+if [[ ${PACK:-0} == 1 || $(find "$OUT" -type f | wc -l) -gt 8 ]]; then
+  tar czf /tmp/session.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/session.tgz "$OUT/session.tgz"
 fi

@@ -33,6 +33,8 @@ from gluon_survey.kernels import (
     hopper,
     persistent,
     pipelined,
+    splitk,
+    swapab,
     warpspec,
     warpspec_tcgen05,
 )
@@ -158,8 +160,12 @@ def sm100(monkeypatch) -> list[Launched]:
         monkeypatch.setattr(
             module, "RUNG", dataclasses.replace(rung, kernel=_Recorder(rung.kernel.__name__, log))
         )
+    monkeypatch.setattr(splitk, "splitk_kernel", _Recorder("splitk_kernel", log))
+    monkeypatch.setattr(swapab, "swapab_kernel", _Recorder("swapab_kernel", log))
+    api.clear_plans()
     with FakeTensorMode():
         yield log
+    api.clear_plans()
 
 
 def _operands(M: int, N: int, K: int, layout: str, dtype=torch.float16):
@@ -242,10 +248,14 @@ def test_mma_rung_runs_its_blackwell_config_on_sm100(sm100, rung):
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
-def test_default_kernel_on_sm100_is_the_blackwell_warpspec(sm100):
-    a, b, out = _operands(256, 512, 128, "t")
+@pytest.mark.parametrize(
+    ("M", "kernel"), [(1024, "warpspec_tcgen05_kernel"), (128, "splitk_kernel"), (16, "swapab_kernel")]
+)
+def test_default_kernel_on_sm100_follows_the_rule(sm100, M, kernel):
+    """No table for this GPU: the documented rule (gluon_survey/choice.py) picks by M."""
+    a, b, out = _operands(M, 512, 128, "t")
     assert api.matmul(a, b, out=out) is out
-    assert [launched.kernel for launched in sm100] == ["warpspec_tcgen05_kernel"]
+    assert [launched.kernel for launched in sm100] == [kernel]
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")

@@ -25,11 +25,12 @@ def test_help_works_without_a_gpu(no_cuda, capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(
-        "usage: gluon-survey [MODES] [options] | gluon-survey {list,compare,report,inspect}"
+        "usage: gluon-survey [MODES] [options] | "
+        "gluon-survey {list,compare,report,inspect,memcpy,overhead,tune}"
     )
     for text in ("--dtype", "--shapes llm|FILE.csv", "--b-layout", "--peak-tflops", "compare OLD NEW"):
         assert text in out
-    for sub in ("list", "compare", "report"):
+    for sub in ("list", "compare", "report", "inspect", "memcpy", "overhead", "tune"):
         assert main([sub, "--help"]) == 0
 
 

@@ -3,12 +3,14 @@ NaN-poisoned outputs, and every bad input getting its error. Run on the GPU mach
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from gluon_survey import api, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
-from gluon_survey.kernels import persistent, warpspec
+from gluon_survey.kernels import persistent, splitk, swapab, warpspec
 
 pytestmark = pytest.mark.gpu
 
@@ -182,3 +184,45 @@ def test_bad_out_and_unknown_kernel():
         api.matmul(a, a, kernel="Pipelined", out=torch.empty(8, 8, device="cuda"))
     with pytest.raises(KeyError, match="valid modes"):
         api.matmul(a, a, kernel="nope")
+
+
+# The small-M rungs on their own ground: M = 1, 7, 63, 65 tokens; N and K ragged; K deep enough
+# that split_for cuts it (1000 x 4104 at M = 1: 8 weight tiles, 64 K steps).
+SMALL_M = [(1, 1000, 4104), (7, 520, 9000), (63, 3000, 520), (65, 264, 12296), (16, 4096, 14336)]
+
+
+@pytest.mark.parametrize("b_layout", ["row", "t"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", SMALL_M, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mode", ["splitk", "swapab", "auto"])
+def test_small_m_modes_match_reference(mode, shape, dtype, b_layout):
+    a, b = _inputs(*shape, dtype, b_layout, seed=hash((mode, shape)) % 1000)
+    out = torch.full(shape[:2], float("nan"), dtype=dtype, device="cuda")
+    assert api.matmul(a, b, kernel=mode, out=out) is out
+    torch.cuda.synchronize()
+    _assert_close_to_reference(out, a, b)
+
+
+@pytest.mark.parametrize("split", [1, 3, 5])
+@pytest.mark.parametrize("module", [splitk, swapab], ids=["splitk", "swapab"])
+def test_forced_splits_sum_every_slice_and_reset_their_counters(module, split):
+    """Uneven slices (K steps not a multiple of the split), and the same launch three times on
+    fresh data: each launch finds every tile counter back at 0."""
+    M, N, K = 40, 1000, 64 * 22 + 24  # 23 K steps, the last one partial: slices of 8,8,7 or 5,5,5,5,3
+    a, b = _inputs(M, N, K, torch.bfloat16, "t", seed=split)
+    out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    cfg = dataclasses.replace(module.CONFIGS[9], SPLIT_K=split, MIN_STEPS=1)
+    launch = module.prepare(a, b, out, api.target_of(a.device), cfg)
+    assert launch.config["split_k"] == split
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        out.fill_(float("nan"))
+        launch.fn()
+        torch.cuda.synchronize()
+        _assert_close_to_reference(out, a, b)
+
+
+def test_auto_says_what_it_chose():
+    a, b = _inputs(16, 4096, 14336, torch.bfloat16, "t")
+    launch = api.prepare("auto", a, b, torch.empty(16, 4096, dtype=torch.bfloat16, device="cuda"))
+    assert launch.config["mode"] in registry.names() and launch.config["why"]

@@ -1,9 +1,21 @@
 """gluon-survey: a ladder of Gluon GEMM kernels (Blocked -> Pipelined -> persistent -> warpspec)
 measured against cuBLAS, torch.compile and Triton. `matmul(a, b, kernel=...)` runs any mode of the
-survey; `explain(a, b)` says which kernel and config it would run and why."""
+survey; `explain(a, b)` says which kernel and config it would run and why. `ops.matmul` is the same
+as a PyTorch operator (torch.compile, autograd) and `Linear` a drop-in `torch.nn.Linear` on it;
+both live in `gluon_survey.ops`, imported (and the operator registered) on first use."""
+
+import importlib
 
 from .api import explain, matmul
 from .registry import MODES
 
 __version__ = "0.1.0"
-__all__ = ["MODES", "__version__", "explain", "matmul"]
+__all__ = ["MODES", "Linear", "__version__", "explain", "matmul", "ops"]
+
+
+def __getattr__(name: str):
+    """`gluon_survey.Linear` and `gluon_survey.ops`, imported when first asked for."""
+    if name in ("Linear", "ops"):
+        ops = importlib.import_module(f"{__name__}.ops")
+        return ops if name == "ops" else ops.Linear
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

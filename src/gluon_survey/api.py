@@ -8,11 +8,37 @@ fills the K tail with zeros), and an output that does not is computed into such 
 copied back. The copy is reported in the config (`aligned_copy`), so a timed row shows it.
 Everything else that is wrong (CPU tensors, fp32, mismatched shapes or dtypes, a kernel this GPU
 cannot run) raises a TypeError / ValueError / RuntimeError that says what to do.
+
+**Plans.** `matmul` is called in loops (a model's layers, every step), so everything it works out
+from the arguments' metadata is worked out once per *plan key* and cached: the checks' verdict,
+the mode, the provider's config, grid and constexprs, the TMA descriptors' block shapes and
+layouts, which operands need an aligned copy. A repeated call only builds the TMA descriptors for
+its tensors' addresses, allocates `out` when none is given, and launches. The key
+(`_plan_key`) is everything that verdict and those choices read: the kernel asked for, and per
+tensor (a, b, out or its absence) shape, strides, dtype, device (which decides the GPU) and
+whether its base is 16-byte aligned. (Strides decide the B layout, "row" or "t", and whether TMA
+can describe a tensor as it is; the base's alignment decides the latter too.) `prepare` makes no
+plan: it is what the driver times, once per measured cell.
+
+A provider takes part through its `Launch`: when `Launch.fn` carries a `plan` attribute with a
+`launch(a, b, out)` method (the rungs' `kernels.common.Plan`), calls of the same key launch that
+plan on their own tensors; otherwise (the baselines) they call the provider's `prepare` each time
+and launch its `fn`, which for cuBLAS is a lambda. Everything a call does per call can be
+captured in a CUDA graph: no host synchronisation, and its only allocations (`out`, aligned
+copies) come from PyTorch's caching allocator, which serves a capture from the graph's pool. The
+first call of a key (the plan, the kernel's compilation) belongs before the capture, as CUDA-graph
+warm-up always does.
+
+TMA descriptors are encoded through the CUDA driver API, which needs a context current on the
+calling thread: on a thread that has done no CUDA work yet (autograd's backward threads, say),
+call `torch.cuda.set_device` first; the operator `gluon_survey.ops.matmul` does.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -21,9 +47,6 @@ from .launch import Launch, Target, b_layout
 
 DTYPES = (torch.float16, torch.bfloat16)
 _ALIGN = 16  # bytes: TMA base and stride alignment
-
-# Fastest correct mode per architecture, from the committed benchmarks (results/, README).
-_DEFAULT_MODE = {9: "warpspec", 10: "warpspec"}
 
 
 @functools.cache
@@ -44,7 +67,8 @@ def capability() -> tuple[int, int] | None:
 
 @functools.cache
 def _target(index: int) -> Target:
-    return Target(_capability(index), torch.cuda.get_device_properties(index).multi_processor_count)
+    props = torch.cuda.get_device_properties(index)
+    return Target(_capability(index), props.multi_processor_count, props.name)
 
 
 def target_of(device: torch.device) -> Target:
@@ -99,16 +123,19 @@ def _aligned_empty(rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
     """A [rows, cols] view of a buffer whose row stride is padded to a multiple of 16 bytes."""
     per = _ALIGN // like.element_size()
     padded = -(-cols // per) * per
-    return torch.empty((rows, padded), dtype=like.dtype, device=like.device)[:, :cols]
+    return torch.empty((rows, padded), dtype=like.dtype, device=like.device).narrow(1, 0, cols)
+
+
+def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """t copied into a buffer TMA can describe (`_aligned_empty`)."""
+    buf = _aligned_empty(*t.shape, like=t)
+    buf.copy_(t)
+    return buf
 
 
 def _aligned(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """t itself if TMA can describe it, else an aligned copy (and True)."""
-    if _tma_ok(t):
-        return t, False
-    buf = _aligned_empty(*t.shape, like=t)
-    buf.copy_(t)
-    return buf, True
+    return (t, False) if _tma_ok(t) else (_aligned_copy(t), True)
 
 
 def _aligned_b(b: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -119,6 +146,25 @@ def _aligned_b(b: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return _aligned(b)
 
 
+def _aligned_copy_b(b: torch.Tensor) -> torch.Tensor:
+    """`_aligned_b`'s copy, for a B that TMA cannot describe as it is."""
+    return _aligned_copy(b.t()).t() if b_layout(b) == "t" else _aligned_copy(b)
+
+
+def _b_tma_ok(b: torch.Tensor) -> bool:
+    return _tma_ok(b.t() if b_layout(b) == "t" else b)
+
+
+def _runnable(mode: str, device: torch.device) -> tuple[registry.Mode, Target]:
+    """The mode called `mode` and the GPU of `device`; RuntimeError when it cannot run there."""
+    m = registry.get(mode)
+    target = target_of(device)
+    reason = m.unsupported_reason(target.capability)
+    if reason:
+        raise RuntimeError(f"mode {m.name!r} cannot run on this GPU: {reason}")
+    return m, target
+
+
 def prepare(mode: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> Launch:
     """A ready launch of `mode` computing out = a @ b (validated, aligned, compiled lazily).
 
@@ -126,11 +172,7 @@ def prepare(mode: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | Non
     once, and is not part of `Launch.fn`; an output that needs one is copied back inside `fn`.
     """
     _check_operands(a, b, out)
-    m = registry.get(mode)
-    target = target_of(a.device)
-    reason = m.unsupported_reason(target.capability)
-    if reason:
-        raise RuntimeError(f"mode {m.name!r} cannot run on this GPU: {reason}")
+    m, target = _runnable(mode, a.device)
     M, N = a.shape[0], b.shape[1]
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
@@ -156,26 +198,133 @@ def prepare(mode: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | Non
 
 
 def default_mode(a: torch.Tensor) -> str:
-    """The mode `matmul(kernel=None)` runs: the fastest correct one measured for this GPU."""
-    return _DEFAULT_MODE.get(capability_of(a.device)[0], registry.BASELINE)
+    """The mode `matmul(kernel=None)` runs: `auto`, which picks per shape from the table measured
+    on this GPU (gluon_survey/choice.py), or by the documented rule, cuBLAS on GPUs without Gluon
+    rungs."""
+    return "auto"
+
+
+# --------------------------------------------------------------------------------------------------
+# Plans: what `matmul` works out once per key (module docstring)
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulPlan:
+    """What `matmul` worked out for one plan key; `plan(a, b, out)` does the per-call rest for
+    tensors of that key: allocate `out` if None, copy the operands TMA cannot describe, launch,
+    copy the result back where the output could not be written in place.
+
+    `run(a, b, out)` launches on TMA-describable tensors: a rung's `Plan.launch`, or for providers
+    without a plan their `prepare(...).fn()`; it writes `out` or returns the product (torch.compile).
+    None when M, N or K is 0: the result is zeros and nothing is launched."""
+
+    mode: str
+    shape: tuple[int, int]  # (M, N): the output
+    dtype: torch.dtype
+    device: torch.device
+    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None
+    copy_a: bool = False  # a needs an aligned copy
+    copy_b: bool = False
+    copy_out: bool = False  # out is computed into an aligned buffer and copied back
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if self.run is None:
+            return out.zero_()
+        a2 = _aligned_copy(a) if self.copy_a else a
+        b2 = _aligned_copy_b(b) if self.copy_b else b
+        c2 = _aligned_empty(*self.shape, like=out) if self.copy_out else out
+        result = self.run(a2, b2, c2)
+        if not isinstance(result, torch.Tensor):  # the product is in c2
+            result = c2
+        if result is not out:
+            out.copy_(result)
+        return out
+
+
+_PLANS: dict[tuple, MatmulPlan] = {}
+_MAX_PLANS = 1024  # past this many keys the cache starts again from empty (simple and thread-safe)
+
+
+def _plan_key(kernel: str | None, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tuple:
+    """Everything `_build_plan` reads of its arguments (module docstring); a key without `out`'s
+    part is shorter, so it never equals one with it. It also holds `target_of`, the function (not
+    its answer, which the device decides): tests that fake a GPU replace that function, and so
+    never meet a plan made for another GPU."""
+    device = a.device
+    key = (
+        kernel,
+        target_of,
+        a.shape,
+        a.stride(),
+        a.dtype,
+        device,
+        a.data_ptr() % _ALIGN == 0,
+        b.shape,
+        b.stride(),
+        b.dtype,
+        b.device,
+        b.data_ptr() % _ALIGN == 0,
+    )
+    if out is None:
+        return key
+    return (*key, out.shape, out.stride(), out.dtype, out.device, out.data_ptr() % _ALIGN == 0)
+
+
+def _build_plan(kernel: str | None, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> MatmulPlan:
+    """The plan of a call's key, or the error the call raises. The provider's `prepare` sees
+    stand-ins where copies will be made (empty buffers of the copies' layout), so nothing is
+    computed here."""
+    _check_operands(a, b, out)
+    m, target = _runnable(kernel if kernel is not None else default_mode(a), a.device)
+    M, K, N = a.shape[0], a.shape[1], b.shape[1]
+    plan = functools.partial(MatmulPlan, m.name, (M, N), a.dtype, a.device)
+    if M == 0 or N == 0 or K == 0:
+        return plan(None)
+    if out is None:  # what the plan will allocate
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    copy_a, copy_b, copy_out = not _tma_ok(a), not _b_tma_ok(b), not _tma_ok(out)
+    a2 = _aligned_empty(M, K, a) if copy_a else a
+    b2 = (_aligned_empty(N, K, b).t() if b_layout(b) == "t" else _aligned_empty(K, N, b)) if copy_b else b
+    c2 = _aligned_empty(M, N, out) if copy_out else out
+    provider = m.provider(target.capability)
+    reusable = getattr(provider.prepare(a2, b2, c2, target).fn, "plan", None)
+    if reusable is not None:
+        run = reusable.launch
+    else:
+
+        def run(a2, b2, c2):
+            return provider.prepare(a2, b2, c2, target).fn()
+
+    return plan(run, copy_a, copy_b, copy_out)
+
+
+def clear_plans() -> None:
+    """Forget every cached plan (after replacing a provider's kernel, e.g. in a test)."""
+    _PLANS.clear()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: str | None = None, out: torch.Tensor | None = None):
     """a @ b with one of the survey's kernels (`kernel` = a mode name; None = fastest for this GPU).
 
     a: [M, K]; b: [K, N] row-major or the transpose view of a contiguous [N, K] weight (`w.t()`,
-    no copy); fp16 or bf16 CUDA tensors; fp32 accumulation, result in the inputs' dtype.
+    no copy); fp16 or bf16 CUDA tensors; fp32 accumulation, result in the inputs' dtype. The
+    first call of a plan key does the checks and choices; repeated calls only launch (module
+    docstring). Capturable in a CUDA graph once a first call has run outside the capture.
     """
-    _check_operands(a, b, out)
-    mode = kernel if kernel is not None else default_mode(a)
-    M, N = a.shape[0], b.shape[1]
-    if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    launch = prepare(mode, a, b, out)
-    result = launch.fn()
-    if isinstance(result, torch.Tensor) and result is not out:  # providers that return a new tensor
-        out.copy_(result)
-    return out
+    try:
+        key = _plan_key(kernel, a, b, out)
+    except Exception:
+        _check_operands(a, b, out)  # arguments that are not tensors: say which and why
+        raise
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _build_plan(kernel, a, b, out)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan(a, b, out)
 
 
 def explain(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> str:
@@ -184,23 +333,24 @@ def explain(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> str:
     _check_operands(a, b, None)
     cap = capability_of(a.device)
     mode = registry.get(kernel if kernel is not None else default_mode(a))
-    why = (
-        f"asked for {mode.name!r}"
-        if kernel is not None
-        else f"{mode.name!r} is the fastest correct mode measured on sm_{cap[0]}{cap[1]}"
-    )
     reason = mode.unsupported_reason(cap)
     if reason:
         return f"{mode.name}: cannot run here ({reason})"
     layout = {"t": "t (transpose view of a [N,K] weight)", "row": "row"}[b_layout(b)]
-    lines = [
-        f"mode: {mode.name} - {mode.summary}",
-        f"why: {why}",
-        f"problem: M={a.shape[0]} N={b.shape[1]} K={a.shape[1]}"
-        f" {str(a.dtype).removeprefix('torch.')} B={layout}",
+    config = dict(prepare(mode.name, a, b).config)  # descriptors and config only: nothing is launched
+    chosen = config.pop("mode", None)  # `auto` says what it chose, and why
+    lines = [f"mode: {mode.name} - {mode.summary}"]
+    if chosen is not None:
+        chosen_mode = registry.get(chosen)
+        lines.append(f"runs: {chosen_mode.name} - {chosen_mode.summary}")
+        lines.append(f"why: {config.pop('why')}")
+    else:
+        lines.append("why: asked for" if kernel is not None else "why: the default")
+    lines += [
+        f"problem: M={a.shape[0]} N={b.shape[1]} K={a.shape[1]} {str(a.dtype).removeprefix('torch.')}"
+        f" B={layout}",
+        "config: " + ", ".join(f"{k}={v}" for k, v in config.items()),
     ]
-    config = prepare(mode.name, a, b).config  # descriptors and config only: nothing is launched
-    lines.append("config: " + ", ".join(f"{k}={v}" for k, v in config.items()))
     if "aligned_copy" in config:
         lines.append("aligned copy: a row stride or base address is not a multiple of 16 bytes")
     return "\n".join(lines)

@@ -19,6 +19,9 @@ else:  # triton 3.6
     tma_load = tma.async_copy_global_to_shared
     tma_store = tma.async_copy_shared_to_global
 
+# CTA-wide barrier: `gl.thread_barrier()` (3.6) became `gl.barrier()` (3.9).
+cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
 # Aggregates (device-side structs). 3.6 keeps them private; 3.9 exports `gl.aggregate`. Both accept a
 # hand-written `__init__`, and in 3.9 fields cannot be reassigned, so our aggregates build new instances.
 try:
@@ -31,7 +34,7 @@ try:
 except ImportError:  # triton 3.6
     from triton.experimental.gluon._runtime import GluonASTSource
 
-__all__ = ["GluonASTSource", "aggregate", "tma_load", "tma_store"]
+__all__ = ["GluonASTSource", "aggregate", "cta_barrier", "tma_load", "tma_store"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -44,8 +47,8 @@ __all__ = ["GluonASTSource", "aggregate", "tma_load", "tma_store"]
 # `tmem.load()` infers the same 32x32b layout from the descriptor and the caller's warp count.
 # `tmem_load(tmem)` hides that. Pass `TensorMemoryLayout.block` as a tuple: 3.6 hashes it as given.
 
-from triton.experimental import gluon as _gluon
-from triton.experimental.gluon.language.nvidia.blackwell import (
+from triton.experimental import gluon as _gluon  # noqa: E402
+from triton.experimental.gluon.language.nvidia.blackwell import (  # noqa: E402
     TensorMemoryLayout,
     allocate_tensor_memory,
     tcgen05_commit,

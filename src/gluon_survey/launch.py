@@ -39,6 +39,7 @@ class Target:
 
     capability: tuple[int, int]
     sm_count: int
+    name: str = ""  # the device's name, as torch reports it (the choice tables are per GPU)
 
     @property
     def arch(self) -> str:

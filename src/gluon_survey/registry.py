@@ -32,7 +32,7 @@ from types import ModuleType
 class Mode:
     name: str  # as typed on the command line (matched case-insensitively)
     summary: str  # one line for `gluon-survey list`
-    kind: str  # "gluon" (a rung of the ladder) or "baseline"
+    kind: str  # "gluon" (a rung of the ladder), "choice" (matmul's default) or "baseline"
     archs: tuple[str, ...]  # GPU architectures it supports, for humans: ("sm_90", "sm_100")
     module: str  # provider module, imported lazily
     # Provider modules for particular architectures, by compute-capability major: (10, "...").
@@ -86,6 +86,29 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.warpspec",
         arch_modules=((10, "gluon_survey.kernels.warpspec_tcgen05"),),
+    ),
+    Mode(
+        "splitk",
+        "Pipelined + split-K: a tile's K loop cut over several programs, partials summed in the launch "
+        "(few output tiles, deep K)",
+        "gluon",
+        ("sm_90", "sm_100"),
+        "gluon_survey.kernels.splitk",
+    ),
+    Mode(
+        "swapab",
+        "splitk + swap-AB: C^T = W X^T, so few tokens become the MMA's narrow side (decode)",
+        "gluon",
+        ("sm_90", "sm_100"),
+        "gluon_survey.kernels.swapab",
+    ),
+    Mode(
+        "auto",
+        "what matmul(kernel=None) runs: per shape, the mode the committed table measured fastest, "
+        "or the documented rule",
+        "choice",
+        ("any CUDA GPU",),
+        "gluon_survey.auto",
     ),
     Mode(
         "triton",

@@ -5,6 +5,9 @@
     gluon-survey compare OLD NEW        two results files side by side [--fail-on-regression PCT]
     gluon-survey report RESULTS         re-render a results file [--format, --output, --plot]
     gluon-survey inspect ...            compile the kernels for sm_90a / sm_100a, no GPU needed
+    gluon-survey memcpy ...             rung 0: the copy ladder, this GPU's bandwidth floor
+    gluon-survey overhead ...           host time per call: matmul against its bare launch and cuBLAS
+    gluon-survey tune ...               measure candidates per shape, write matmul's choice table
 
 The timing command writes every row to a JSON Lines results file as it is measured (default
 out/results-<run id>.jsonl), then prints the report, and ends by naming the results file (also
@@ -19,6 +22,7 @@ regression or a result missing from NEW.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import shlex
 import sys
@@ -60,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        usage=f"{PROG} [MODES] [options] | {PROG} {{list,compare,report,inspect}} ...",
+        usage=f"{PROG} [MODES] [options] | {PROG} {{{','.join(_SUBCOMMANDS)}}} ...",
         description="Time GEMM modes on this GPU, check each against an fp32 reference, and report "
         "TFLOP/s and x cuBLAS.",
         epilog=__doc__.split("\n\n")[1],
@@ -463,16 +467,22 @@ def report_run(argv: Sequence[str]) -> int:
     return 0
 
 
-def inspect_kernels(argv: Sequence[str]) -> int:
-    """`gluon-survey inspect ...`: see `gluon_survey.driver.inspect`."""
-    from gluon_survey.driver import inspect
+def _delegate(module: str) -> Callable[[Sequence[str]], int]:
+    """A subcommand whose whole CLI is `gluon_survey.driver.<module>.main` (imported when used)."""
 
-    return inspect.main(argv)
+    def command(argv: Sequence[str]) -> int:
+        return importlib.import_module(f"gluon_survey.driver.{module}").main(argv)
+
+    command.__doc__ = f"`gluon-survey {module} ...`: see `gluon_survey.driver.{module}`."
+    return command
 
 
 _SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "list": list_modes,
     "compare": compare_runs,
     "report": report_run,
-    "inspect": inspect_kernels,
+    "inspect": _delegate("inspect"),
+    "memcpy": _delegate("memcpy"),
+    "overhead": _delegate("overhead"),
+    "tune": _delegate("tune"),
 }

@@ -47,6 +47,33 @@ def peak_tflops(name: str | None, dtype: str) -> tuple[float | None, str]:
     return None, f"unknown GPU {name!r}: no datasheet peak; pass --peak-tflops"
 
 
+# HBM bandwidth in GB/s (1 GB = 1e9 bytes) from NVIDIA's datasheets, matched like _PEAKS (the more
+# specific names first). `gluon-survey memcpy` divides a copy's bytes read + written per second by
+# it. torch names the A100s "NVIDIA A100-SXM4-80GB" and "NVIDIA A100 80GB PCIe"; the 40 GB parts
+# (1,555 GB/s) are left out rather than matched to the 80 GB figure.
+_BANDWIDTHS: tuple[tuple[str, float, str], ...] = (
+    ("H100 PCIe", 2000.0, "NVIDIA H100 PCIe datasheet, 2 TB/s"),
+    ("H100 NVL", 3900.0, "NVIDIA H100 NVL datasheet, 3.9 TB/s"),
+    ("H100", 3350.0, "NVIDIA H100 SXM datasheet, 3.35 TB/s"),
+    ("H200", 4800.0, "NVIDIA H200 SXM datasheet, 4.8 TB/s"),
+    ("GB200", 8000.0, "NVIDIA GB200 datasheet, 8 TB/s per GPU"),
+    ("B200", 8000.0, "NVIDIA HGX B200 datasheet, 8 TB/s per GPU"),
+    ("A100 80GB PCIe", 1935.0, "NVIDIA A100 datasheet, 80GB PCIe, 1,935 GB/s"),
+    ("A100-SXM4-80GB", 2039.0, "NVIDIA A100 datasheet, 80GB SXM, 2,039 GB/s"),
+)
+
+
+def memory_bandwidth_gbps(name: str | None) -> tuple[float | None, str]:
+    """The datasheet memory bandwidth of GPU `name` in GB/s, and where it comes from; (None, why)
+    when there is no GPU or it is not in the table."""
+    if not name:
+        return None, "no GPU, no datasheet bandwidth"
+    for key, gbps, source in _BANDWIDTHS:
+        if key.lower() in name.lower():
+            return gbps, source
+    return None, f"unknown GPU {name!r}: no datasheet bandwidth"
+
+
 def gpu_info(command: str | None = None) -> dict[str, object]:
     """The environment of this process as a flat-ish JSON-able dict.
 

@@ -84,6 +84,12 @@ def _constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> di
 RUNG = Rung("Blocked", blocked_kernel, _constexprs)
 
 
+def candidates(capability: tuple[int, int]) -> dict[str, object]:
+    """The configs `gluon-survey tune` may pick, by label."""
+    cfg = CONFIGS[capability[0]]
+    return {cfg.label: cfg}
+
+
 def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
     return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
 

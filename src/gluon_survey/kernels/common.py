@@ -9,9 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import triton
+from triton import knobs
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.runtime.driver import driver
 
 from ..compat import aggregate, tma_load, tma_store
 from ..launch import B_LAYOUTS, CompileSpec, Launch, Target, b_layout, is_kmajor
@@ -366,6 +368,25 @@ def make_descriptors(a, b, c, cfg: GemmConfig, layout: str):
     )
 
 
+def _rebased(template, base):
+    """A copy of a descriptor with another base tensor, made without the constructor's checks.
+
+    Only for a template that the constructor has checked with a tensor of the same shape, strides
+    and dtype as `base` and a base as aligned (`Plan` says who guarantees that). The copy takes
+    every field of the template, so fields that newer triton versions add come along. Copying the
+    fields costs a fraction of `TensorDescriptor(...)`, whose checks run on every construction."""
+    fields = template.__dict__.copy()
+    fields["base"] = base
+    desc = object.__new__(type(template))
+    desc.__dict__ = fields
+    return desc
+
+
+def templates_of(descriptors) -> tuple[object, ...]:
+    """Descriptors without their bases, for a `Plan` (it rebases them per call)."""
+    return tuple(_rebased(d, None) for d in descriptors)
+
+
 def desc_signature(block_shape, dtype: str) -> str:
     """The signature string of a tensor-descriptor argument, for GPU-less compiles."""
     gdt = GL_DTYPES[dtype]
@@ -374,6 +395,97 @@ def desc_signature(block_shape, dtype: str) -> str:
 
 
 DESC_ARGS = ("a_desc", "b_desc", "c_desc")
+
+
+class Launcher:
+    """`kernel[grid](*args, **constexprs, num_warps=...)` without Triton's per-call dispatch.
+
+    A `@gluon.jit` launch binds every argument, recomputes its specialization key and looks up the
+    compiled kernel on every call: tens of microseconds of Python, longer than a decode-step GEMM.
+    The first call goes that way and keeps the `CompiledKernel` it returns; later calls hand the
+    same arguments to its launcher directly. Only for arguments that specialize alike (the plans
+    that own a Launcher are keyed on shapes, strides, dtypes and 16-byte alignment), and while no
+    launch hook is set (a profiler's hooks get the full path)."""
+
+    def __init__(self, kernel, grid: tuple[int, ...], constexprs: dict[str, object], num_warps: int):
+        self.kernel, self.grid, self.constexprs, self.num_warps = kernel, grid, constexprs, num_warps
+        self.grid3 = (*grid, 1, 1)[:3]
+        self.compiled = None
+
+    def __call__(self, *args) -> None:
+        compiled = self.compiled
+        if compiled is None or _hooked():
+            self.compiled = self.kernel[self.grid](*args, **self.constexprs, num_warps=self.num_warps)
+            return
+        g0, g1, g2 = self.grid3
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        compiled.run(
+            g0,
+            g1,
+            g2,
+            stream,
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *args,
+            *self.values,
+        )
+
+    @property
+    def values(self) -> tuple[object, ...]:
+        """The constexprs as the compiled launcher takes them: positionally, after the arguments."""
+        return tuple(self.constexprs.values())
+
+
+def _hooked() -> bool:
+    """Whether a launch hook (a profiler's) is registered: its calls need Triton's own launch."""
+    hooks = knobs.runtime.launch_enter_hook
+    return hooks is not None and bool(getattr(hooks, "calls", True))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One rung launch with everything decided but the tensors' addresses: kernel, grid,
+    constexprs, warps and the three TMA descriptors as templates (shape, strides, block shape and
+    shared layout set and checked once; no base, so the plan keeps no tensor alive), and the
+    arguments that follow them (`extra`: a split-K workspace).
+
+    `launch(a, b, out)` copies the templates with the new tensors as bases (`_rebased`) and
+    launches through the plan's `Launcher`; nothing is chosen or checked again. So it is only for
+    tensors of the problem the plan was made for: the same shapes, strides, dtype and B layout, and
+    16-byte-aligned bases (TMA's rule). `gluon_survey.api` keys its plan cache on exactly these.
+    The B descriptor describes the [N, K] weight behind a "t" view; its base is `b` itself, because
+    a descriptor reads only its base's address and dtype, which a view and its transpose share."""
+
+    launcher: Launcher
+    templates: tuple[object, object, object]  # A, B, C descriptors without a base
+    cfg: GemmConfig
+    extra: tuple[object, ...] = ()
+
+    def descriptors(self, a, b, out) -> tuple[object, object, object]:
+        ta, tb, tc = self.templates
+        return _rebased(ta, a), _rebased(tb, b), _rebased(tc, out)
+
+    def launch(self, a, b, out) -> None:
+        """out = a @ b: descriptors for these tensors, then the kernel launch (written out: this
+        runs on every cached `matmul` call)."""
+        ta, tb, tc = self.templates
+        self.launcher(_rebased(ta, a), _rebased(tb, b), _rebased(tc, out), *self.extra)
+
+    def bind(self, a, b, out) -> Callable[[], None]:
+        """The bare launch on these tensors: the descriptors are made now, so `fn()` only launches
+        the kernel (what the driver times). `fn.plan` is this plan, for callers that launch it again
+        on other tensors of the same problem (`gluon_survey.api`'s plan cache)."""
+        args = (*self.descriptors(a, b, out), *self.extra)
+        launcher = self.launcher
+
+        def fn():
+            launcher(*args)
+
+        fn.plan = self
+        return fn
 
 
 @dataclass(frozen=True)
@@ -388,18 +500,19 @@ class Rung:
     constexprs: Callable[[GemmConfig, tuple[int, int], str], dict[str, object]]
     persistent: bool = False
 
-    def launch(self, a, b, out, target: Target, cfg: GemmConfig) -> Launch:
+    def plan(self, a, b, out, target: Target, cfg: GemmConfig) -> Plan:
+        """The launch plan for tensors like these (only their shapes, strides and dtype are read;
+        bases must be 16-byte aligned): descriptors' block shapes and layouts, grid, constexprs."""
         layout = b_layout(b)
-        descs = make_descriptors(a, b, out, cfg, layout)
+        templates = templates_of(make_descriptors(a, b, out, cfg, layout))
         tiles = num_tiles(*out.shape, cfg)
         grid = (min(target.sm_count, tiles) if self.persistent else tiles,)
         kw = self.constexprs(cfg, target.capability, layout)
-        kernel, warps = self.kernel, cfg.num_warps
+        return Plan(Launcher(self.kernel, grid, kw, cfg.num_warps), templates, cfg)
 
-        def fn():
-            kernel[grid](*descs, **kw, num_warps=warps)
-
-        return Launch(fn, cfg.table())
+    def launch(self, a, b, out, target: Target, cfg: GemmConfig) -> Launch:
+        """A ready launch of out = a @ b; `Launch.fn.plan` launches the same on other tensors."""
+        return Launch(self.plan(a, b, out, target, cfg).bind(a, b, out), cfg.table())
 
     def compile_specs(self, capability: tuple[int, int], dtype: str, configs) -> list[CompileSpec]:
         """One spec per config and B layout, for `gluon-survey inspect`."""

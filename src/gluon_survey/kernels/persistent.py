@@ -192,6 +192,12 @@ def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
 RUNG = Rung("persistent", persistent_kernel, pipelined.constexprs, persistent=True)
 
 
+def candidates(capability: tuple[int, int]) -> dict[str, object]:
+    """The configs `gluon-survey tune` may pick, by label."""
+    cfg = CONFIGS[capability[0]]
+    return {cfg.label: cfg}
+
+
 def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
     return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
 

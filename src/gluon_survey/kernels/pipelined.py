@@ -51,6 +51,76 @@ __all__ = [
 
 
 @gluon.jit
+def operands(a_buf, b_buf, B_KMAJOR: gl.constexpr):
+    """C += A @ B: the MMA takes A's [BM, BK] tile as it is and B's as [BK, BN]."""
+    return a_buf, b_operand(b_buf, B_KMAJOR)
+
+
+@gluon.jit
+def ring_mma(
+    a_desc,
+    b_desc,
+    off_m,
+    off_n,
+    first,
+    steps,
+    mma,
+    STAGES: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    OPERANDS: gl.constexpr,
+):
+    """The rung's idea: K steps first .. first + steps - 1 of one tile through a ring of STAGES
+    shared-memory stages, STAGES - 1 loads in flight behind the one MMA in flight; returns the fp32
+    accumulator. `OPERANDS(a_buf, b_buf, B_KMAJOR)` says how a stage feeds the MMA (`operands`;
+    the swap-AB rung passes its own). Later rungs reuse this loop."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    init_barriers(ready, STAGES)
+
+    # Prologue: loads for steps 0 .. STAGES-2 (predicated off past the last K step).
+    for s in gl.static_range(STAGES - 1):
+        load_step(
+            a_desc,
+            b_desc,
+            off_m,
+            off_n,
+            (first + s) * BLOCK_K,
+            ready.index(s),
+            a_bufs.index(s),
+            b_bufs.index(s),
+            B_KMAJOR,
+            pred=s < steps,
+        )
+
+    for k in range(steps):
+        ring = Ring(k, STAGES)
+        ring.wait_filled(ready)
+        lhs, rhs = OPERANDS(a_bufs.index(ring.slot()), b_bufs.index(ring.slot()), B_KMAJOR)
+        mma = mma.issue(lhs, rhs)
+        mma = mma.wait(1)  # retires MMA k-1, whose stage is the one refilled next
+        nxt = k + STAGES - 1
+        refill = Ring(nxt, STAGES).slot()
+        load_step(
+            a_desc,
+            b_desc,
+            off_m,
+            off_n,
+            (first + nxt) * BLOCK_K,
+            ready.index(refill),
+            a_bufs.index(refill),
+            b_bufs.index(refill),
+            B_KMAJOR,
+            pred=nxt < steps,
+        )
+    acc, mma = mma.take_result()
+    invalidate_barriers(ready, STAGES)
+    return acc
+
+
+@gluon.jit
 def pipelined_kernel(
     a_desc,
     b_desc,
@@ -64,57 +134,16 @@ def pipelined_kernel(
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     dtype: gl.constexpr = a_desc.dtype
-    M = c_desc.shape[0]
-    N = c_desc.shape[1]
-    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
-
-    pid_m, pid_n = grouped_tile(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = grouped_tile(
+        gl.program_id(0), gl.cdiv(c_desc.shape[0], BLOCK_M), gl.cdiv(c_desc.shape[1], BLOCK_N), GROUP_M
+    )
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
 
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    init_barriers(ready, STAGES)
-
-    # Prologue: loads for steps 0 .. STAGES-2 (predicated off past the last K step).
-    for s in gl.static_range(STAGES - 1):
-        load_step(
-            a_desc,
-            b_desc,
-            off_m,
-            off_n,
-            s * BLOCK_K,
-            ready.index(s),
-            a_bufs.index(s),
-            b_bufs.index(s),
-            B_KMAJOR,
-            pred=s < k_steps,
-        )
-
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
-    for k in range(k_steps):
-        ring = Ring(k, STAGES)
-        ring.wait_filled(ready)
-        slot = ring.slot()
-        mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
-        mma = mma.wait(1)  # retires MMA k-1, whose stage is the one refilled next
-        nxt = k + STAGES - 1
-        refill = Ring(nxt, STAGES).slot()
-        load_step(
-            a_desc,
-            b_desc,
-            off_m,
-            off_n,
-            nxt * BLOCK_K,
-            ready.index(refill),
-            a_bufs.index(refill),
-            b_bufs.index(refill),
-            B_KMAJOR,
-            pred=nxt < k_steps,
-        )
-    acc, mma = mma.take_result()
-    invalidate_barriers(ready, STAGES)
+    acc = ring_mma(
+        a_desc, b_desc, off_m, off_n, 0, gl.cdiv(a_desc.shape[1], BLOCK_K), mma, STAGES, B_KMAJOR, operands
+    )
 
     c_smem = gl.allocate_shared_memory(dtype, c_desc.block_type.shape, c_desc.layout)
     store_tile(c_desc, c_smem, acc, off_m, off_n)
@@ -136,6 +165,12 @@ def constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> dic
 
 
 RUNG = Rung("Pipelined", pipelined_kernel, constexprs)
+
+
+def candidates(capability: tuple[int, int]) -> dict[str, object]:
+    """The configs `gluon-survey tune` may pick, by label."""
+    cfg = CONFIGS[capability[0]]
+    return {cfg.label: cfg}
 
 
 def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:

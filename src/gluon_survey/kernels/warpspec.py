@@ -335,6 +335,11 @@ def _constexprs(cfg: WarpSpecConfig, capability: tuple[int, int], layout: str) -
 RUNG = Rung("warpspec", warpspec_kernel, _constexprs, persistent=True)
 
 
+def candidates(capability: tuple[int, int]) -> dict[str, WarpSpecConfig]:
+    """The configs `gluon-survey tune` may pick, by label: both designs at any K."""
+    return {cfg.label: cfg for cfg in (PINGPONG, COOPERATIVE)}
+
+
 def prepare(a, b, out, target: Target, cfg: WarpSpecConfig | None = None) -> Launch:
     return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
 

@@ -195,6 +195,11 @@ def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
     return CONFIG
 
 
+def candidates(capability: tuple[int, int]) -> dict[str, GemmConfig]:
+    """The configs `gluon-survey tune` may pick, by label."""
+    return {CONFIG.label: CONFIG}
+
+
 def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
     return RUNG.launch(a, b, out, target, cfg or CONFIG)
 

@@ -1,0 +1,93 @@
+"""Which mode and config `matmul(kernel=None)` runs for a shape: a table of measured results per
+GPU, committed in the package (`gluon_survey/tables/*.json`, written by `gluon-survey tune`),
+looked up per (M bucket, N, K, dtype, B layout); a documented rule where the table has nothing.
+A user's call never measures anything: `choose` is a dictionary lookup.
+
+**The table.** Each entry is one measured shape (M, N, K, dtype, B layout) with the candidate
+that was fastest and correct there (`mode`, `config`: a label from the mode's `candidates`), the
+time of every candidate and of cuBLAS. A query matches the entries of the same N, K, dtype and
+layout, and takes the one whose M is nearest in log scale, if within a factor of 4: an M bucket
+is the range of M nearer to one measured M than to any other (`explain` prints it).
+
+**The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, M <= 64
+tokens: `swapab` (the tokens become the MMA's narrow N, K split to fill the SMs); M <= 256:
+`splitk`; larger: `warpspec` (its own choice by K). Other GPUs: cuBLAS (`torch`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+TABLES = Path(__file__).resolve().parent / "tables"
+NEAR = 4.0  # an entry answers for M within this factor of its own
+
+
+@dataclass(frozen=True)
+class Choice:
+    mode: str
+    config: str | None  # a label of the mode's `candidates(capability)`; None: the mode's own choice
+    why: str  # one line for `explain`
+
+
+def table_for(gpu_name: str) -> dict | None:
+    """The committed table whose `match` is a substring of the GPU's name, or None."""
+    for table in _tables():
+        if table["match"].lower() in gpu_name.lower():
+            return table
+    return None
+
+
+@functools.cache
+def _tables() -> tuple[dict, ...]:
+    return tuple(json.loads(p.read_text()) for p in sorted(TABLES.glob("*.json")))
+
+
+def rule(M: int, capability: tuple[int, int]) -> Choice:
+    """The documented choice without a measured entry (module docstring)."""
+    if capability[0] not in (9, 10):
+        return Choice("torch", None, f"rule: no Gluon rung runs on sm_{capability[0]}{capability[1]}")
+    if M <= 64:
+        return Choice("swapab", None, "rule: M <= 64, the tokens fit the MMA's narrow side")
+    if M <= 256:
+        return Choice("splitk", None, "rule: 64 < M <= 256, few output tiles: split K")
+    return Choice("warpspec", None, "rule: M > 256, enough tiles for the warp-specialized rung")
+
+
+def _bucket(M: int, measured: list[int]) -> tuple[int, int]:
+    """The range of M nearer (log scale) to M's nearest measured value than to the others."""
+    ms = sorted(set(measured))
+    i = min(range(len(ms)), key=lambda j: abs(math.log(ms[j]) - math.log(M)))
+    lo = 1 if i == 0 else math.floor(math.sqrt(ms[i - 1] * ms[i])) + 1
+    hi = None if i == len(ms) - 1 else math.floor(math.sqrt(ms[i] * ms[i + 1]))
+    return lo, hi if hi is not None else 1 << 62
+
+
+def choose(
+    M: int, N: int, K: int, dtype: str, layout: str, capability: tuple[int, int], gpu_name: str
+) -> Choice:
+    """The mode and config for this shape on this GPU (module docstring)."""
+    table = table_for(gpu_name)
+    entries = [
+        e
+        for e in (table or {}).get("entries", ())
+        if (e["N"], e["K"], e["dtype"], e["b_layout"]) == (N, K, dtype, layout)
+    ]
+    if entries:
+        best = min(entries, key=lambda e: abs(math.log(e["M"]) - math.log(max(M, 1))))
+        if max(best["M"], M) <= NEAR * min(best["M"], max(M, 1)):
+            lo, hi = _bucket(max(M, 1), [e["M"] for e in entries])
+            span = f"M {lo}..{hi}" if hi < 1 << 62 else f"M >= {lo}"
+            ratio = best["cublas_ms"] / best["ms"]
+            why = (
+                f"table {table['name']}: measured at M={best['M']} ({span}): {best['mode']} "
+                f"{best['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS ({best['cublas_ms'] * 1e3:.1f} us)"
+            )
+            return Choice(best["mode"], best["config"], why)
+    choice = rule(M, capability)
+    if table is None:
+        return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
+    return Choice(choice.mode, choice.config, f"{choice.why} (table {table['name']} has no entry near it)")

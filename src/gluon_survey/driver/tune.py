@@ -1,0 +1,198 @@
+"""`gluon-survey tune`: measure the candidate modes and configs on each shape and write the table
+`matmul(kernel=None)` reads (gluon_survey/choice.py). Anyone can rerun it on their GPU:
+
+    gluon-survey tune --shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100 \\
+        --output src/gluon_survey/tables/h100.json
+
+Per (shape, dtype, B layout): inputs from the seed (rotated copies for a cold L2, as the survey
+times), cuBLAS's time and error, then every candidate (each provider's `candidates(capability)`,
+narrowed to the ones that make sense at this M: `candidates_for`) is prepared, checked against
+the fp32 reference on a NaN-poisoned output with the survey's tolerance, and timed with
+`timing.time_fn`; the fastest correct one (cuBLAS included) is the entry, with every candidate's
+time as evidence. The timing is shorter than the survey's (`--warmup-ms`, `--min-ms`), so close
+calls may be ranked by noise; the survey's own run of `auto` (`gluon-survey auto --shapes llm`)
+is the measurement that counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gluon_survey import registry
+from gluon_survey.driver import shapes
+from gluon_survey.driver.settings import DEFAULTS
+from gluon_survey.launch import B_LAYOUTS
+
+PROG = "gluon-survey tune"
+MODES = ("swapab", "splitk", "persistent", "warpspec", "torch")
+
+
+def candidates_for(mode: str, M: int, capability: tuple[int, int]) -> dict[str, object | None]:
+    """The configs of `mode` worth timing at M tokens, by label (cuBLAS: one, without a config)."""
+    if mode == registry.BASELINE:
+        return {"cuBLAS": None}
+    if mode == "swapab":
+        if M > 128:
+            return {}
+        width = min(64, max(16, 1 << (M - 1).bit_length()))  # the narrowest tile that holds M
+        return {
+            k: c for k, c in _provider(mode, capability).candidates(capability).items() if width == c.BLOCK_N
+        }
+    if mode == "splitk" and M > 512:
+        return {}
+    return dict(_provider(mode, capability).candidates(capability))
+
+
+def _provider(mode: str, capability: tuple[int, int]):
+    return registry.get(mode).provider(capability)
+
+
+def tune_shape(shape, dtype: str, layout: str, modes: Sequence[str], target, settings) -> dict:
+    """One table entry: every candidate's time (or failure) on this shape, and the fastest."""
+    import torch
+
+    from gluon_survey.driver.check import check, make_inputs, reference, rel_error
+    from gluon_survey.driver.timing import copies_for_cold_l2, time_fn
+
+    sets = []
+    a, b = make_inputs(shape, dtype, layout, settings.seed, "cuda")
+    per_set = (a.numel() + b.numel() + shape.M * shape.N) * a.element_size()
+    free = torch.cuda.mem_get_info()[0] // 2
+    l2 = torch.cuda.get_device_properties(a.device).L2_cache_size
+    for i in range(copies_for_cold_l2(per_set, l2, free)):
+        x, w = (a, b) if i == 0 else make_inputs(shape, dtype, layout, settings.seed + i, "cuda")
+        sets.append((x, w, torch.empty(shape.M, shape.N, dtype=a.dtype, device="cuda")))
+    ref = reference(a, b)
+    cublas_err = rel_error(torch.matmul(a, b), ref)
+
+    times: dict[str, float | str] = {}
+    for mode in modes:
+        provider = _provider(mode, target.capability)
+        for label, cfg in candidates_for(mode, shape.M, target.capability).items():
+            key = f"{mode} {label}"
+            try:
+                launches = [
+                    (
+                        provider.prepare(x, w, o, target)
+                        if cfg is None
+                        else provider.prepare(x, w, o, target, cfg)
+                    ).fn
+                    for x, w, o in sets
+                ]
+                sets[0][2].fill_(math.nan)
+                launches[0]()
+                verdict = check(sets[0][2], ref, cublas_err, dtype)
+                if not verdict.ok:
+                    times[key] = f"FAILED: {verdict.describe()}"
+                    continue
+                timing = time_fn(
+                    lambda i, launches=launches: launches[i],
+                    len(sets),
+                    warmup_ms=settings.warmup_ms,
+                    min_ms=settings.min_ms,
+                )
+                times[key] = timing.median_ms
+            except Exception as exc:  # a candidate that cannot run here is evidence, not a crash
+                times[key] = f"ERROR: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    measured = {k: v for k, v in times.items() if isinstance(v, float)}
+    best = min(measured, key=measured.get)
+    mode, _, label = best.partition(" ")
+    return {
+        "M": shape.M,
+        "N": shape.N,
+        "K": shape.K,
+        "dtype": dtype,
+        "b_layout": layout,
+        "mode": mode,
+        "config": None if mode == registry.BASELINE else label,
+        "ms": measured[best],
+        "cublas_ms": measured[f"{registry.BASELINE} cuBLAS"],
+        "candidates": times,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="llm", metavar="llm|FILE.csv", help="shapes (default: llm)")
+    parser.add_argument(
+        "--dtype", default="fp16,bf16", help="comma list of fp16, bf16 (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--b-layout", default="t", help="comma list of row, t (default: t, the nn.Linear weight's)"
+    )
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="candidate modes, cuBLAS always included (default: %(default)s)",
+    )
+    parser.add_argument("--name", required=True, help="the table's name, e.g. h100")
+    parser.add_argument(
+        "--match", required=True, help="substring of the GPU names the table is for, e.g. H100"
+    )
+    parser.add_argument("--output", type=Path, required=True, metavar="FILE.json", help="the table to write")
+    parser.add_argument("--warmup-ms", type=float, default=300.0, help="per candidate (default: %(default)g)")
+    parser.add_argument("--min-ms", type=float, default=100.0, help="per candidate (default: %(default)g)")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from dataclasses import replace
+
+    from gluon_survey.driver.check import DTYPES
+
+    try:
+        sweep = shapes.resolve(args.shapes, None, None, None)
+        dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+        layouts = [x.strip() for x in args.b_layout.split(",") if x.strip()]
+        modes = [registry.get(m).name for m in args.modes.split(",") if m.strip()]
+        bad = [d for d in dtypes if d not in DTYPES] + [x for x in layouts if x not in B_LAYOUTS]
+        if bad:
+            raise ValueError(f"unknown dtype or B layout: {', '.join(bad)}")
+    except (KeyError, ValueError) as exc:
+        print(f"{PROG}: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    if not args.output.parent.is_dir():
+        print(f"{PROG}: error: --output {args.output}: no directory {args.output.parent}", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{PROG}: needs a CUDA GPU: it measures the candidates", file=sys.stderr)
+        return 2
+    from gluon_survey import api
+    from gluon_survey.driver import hardware
+
+    target = api.target_of(torch.device("cuda"))
+    if registry.BASELINE not in modes:
+        modes.append(registry.BASELINE)
+    settings = replace(DEFAULTS, warmup_ms=args.warmup_ms, min_ms=args.min_ms)
+    command = shlex.join(["gluon-survey", "tune", *argv])
+    env = hardware.gpu_info(command)
+    table = {
+        "name": args.name,
+        "match": args.match,
+        "gpu": env.get("name"),
+        "env": {k: env.get(k) for k in ("date", "command", "driver", "cuda", "torch", "triton", "git")},
+        "settings": {"warmup_ms": settings.warmup_ms, "min_ms": settings.min_ms, "seed": settings.seed},
+        "entries": [],
+    }
+    tasks = [(s, d, x) for d in dtypes for x in layouts for s in sweep]
+    for i, (shape, dtype, layout) in enumerate(tasks, 1):
+        entry = tune_shape(shape, dtype, layout, modes, target, settings)
+        table["entries"].append(entry)
+        args.output.write_text(json.dumps(table, indent=1) + "\n")  # a crash keeps what was measured
+        ratio = entry["cublas_ms"] / entry["ms"]
+        print(
+            f"[{i}/{len(tasks)}] {shape.label} {dtype} B={layout}: {entry['mode']} {entry['config'] or ''} "
+            f"{entry['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS",
+            file=sys.stderr,
+        )
+    print(f"{PROG}: wrote {args.output}", file=sys.stderr)
+    return 0

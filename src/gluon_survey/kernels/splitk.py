@@ -1,0 +1,272 @@
+"""Rung splitk: Pipelined + split-K, for GEMMs whose output has too few tiles to fill the GPU.
+
+The idea: at small M (a language model's decode step: M = 1 to a few hundred tokens) the output
+C [M, N] is a handful of tiles while K is deep, so one program per tile leaves most SMs idle and
+the weight streams through the few that work. Cut each tile's K loop into SPLIT_K slices computed
+by different programs: SPLIT_K times more programs stream the same bytes. Each program runs
+Pipelined's ring over its slice and ends with an fp32 partial tile; the partials are summed in
+the same launch:
+
+* every program writes its partial to a slot of its own in an fp32 workspace and then arrives on
+  the tile's counter (an atomic add with acquire-release semantics at GPU scope, after a CTA
+  barrier, so the whole partial is visible before the arrival);
+* the program whose arrival completes the count adds the other partials to its own, in split
+  order (the sum does not depend on who arrives last), writes C and resets the counter to 0, so
+  the workspace needs no clearing between launches and the launch can be replayed in a CUDA graph.
+
+Tiles are 64 rows tall (the smallest wgmma M) so that a decode step wastes the least tensor work,
+and the host picks SPLIT_K so that the programs fill the GPU (`split_for`); the floor of these
+shapes is the weight's bytes over the memory bandwidth (docs/perf-notes.md, entry 19).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ..compat import cta_barrier
+from ..launch import B_LAYOUTS, CompileSpec, Launch, Target, b_layout, is_kmajor
+from .arch import select_mma, unsupported_reason
+from .common import (
+    GemmConfig,
+    Launcher,
+    Plan,
+    block_shapes,
+    desc_signature,
+    grouped_tile,
+    make_descriptors,
+    store_tile,
+    templates_of,
+    tma,
+)
+from .pipelined import operands, ring_mma
+
+
+@dataclass(frozen=True)
+class SplitKConfig(GemmConfig):
+    """A Pipelined tile and ring; SPLIT_K slices of K per tile (0: chosen per shape by `split_for`)."""
+
+    SPLIT_K: int = 0
+    MIN_STEPS: int = 4  # the fewest K steps a slice may have (a ring needs some depth to fill)
+
+    @property
+    def label(self) -> str:
+        return f"{super().label} k{self.SPLIT_K or 'auto'}"
+
+    def table(self) -> dict[str, object]:
+        return super().table() | {"split_k": self.SPLIT_K or "auto"}
+
+
+def split_for(tiles: int, k_steps: int, sm_count: int, min_steps: int) -> int:
+    """How many K slices per tile: enough programs for two per SM, each slice at least `min_steps`
+    K steps long; then the fewest slices that keep the slice length, so that no slice is empty."""
+    wanted = max(1, -(-2 * sm_count // tiles))
+    split = max(1, min(wanted, k_steps // min_steps))
+    steps = -(-k_steps // split)
+    return -(-k_steps // steps)
+
+
+# Hopper: 64-row tiles (one warpgroup's wgmma), 128 columns, 4 warps, so several programs share
+# an SM and more loads are in flight per SM; 6 stages of 24 KB.
+CONFIGS = {
+    9: SplitKConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, STAGES=6, num_warps=4, GROUP_M=8),
+    # Blackwell: tcgen05's smallest M is 64 as well (a 64-lane TMEM block).
+    10: SplitKConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, STAGES=6, num_warps=4, GROUP_M=8),
+}
+
+__all__ = [
+    "CONFIGS",
+    "SplitKConfig",
+    "compile_specs",
+    "prepare",
+    "split_for",
+    "split_reduce",
+    "splitk_kernel",
+]
+
+
+@gluon.jit
+def split_reduce(c_desc, acc, partials, counters, tile, split, SPLIT_K: gl.constexpr, off_m, off_n):
+    """Sum the SPLIT_K partial tiles of `tile` and store C: every program writes its fp32 partial
+    `acc` to its slot, the last to arrive on the tile's counter adds the others' (in split order),
+    writes C at (off_m, off_n) and resets the counter. `acc` may be any [BM, BN] fp32 tensor (the
+    MMA's layout); the partials are [BM, BN] slots of `partials`, SPLIT_K per tile."""
+    BM: gl.constexpr = acc.shape[0]
+    BN: gl.constexpr = acc.shape[1]
+    layout: gl.constexpr = acc.type.layout
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+    offs = gl.expand_dims(rows, 1) * BN + gl.expand_dims(cols, 0)
+    first = partials + tile * (SPLIT_K * BM * BN)
+    gl.store(first + split * (BM * BN) + offs, acc)
+    cta_barrier()  # every thread's part of the partial is written before the arrival
+    arrived = gl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT_K - 1:  # the last: every other partial is visible (acquire)
+        total = gl.zeros([BM, BN], gl.float32, layout)
+        for s in range(SPLIT_K):
+            if s == split:
+                total += acc
+            else:
+                total += gl.load(first + s * (BM * BN) + offs, cache_modifier=".cg")
+        gl.store(counters + tile, 0)  # ready for the next launch
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        store_tile(c_desc, c_smem, total, off_m, off_n)
+        tma.store_wait(0)
+
+
+@gluon.jit
+def splitk_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    partials,
+    counters,
+    MMA: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+):
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
+    per_split = gl.cdiv(k_steps, SPLIT_K)
+
+    tile = gl.program_id(0) // SPLIT_K  # the programs of one tile are neighbours in launch order
+    split = gl.program_id(0) % SPLIT_K
+    num_pid_m = gl.cdiv(c_desc.shape[0], BLOCK_M)
+    pid_m, pid_n = grouped_tile(tile, num_pid_m, gl.cdiv(c_desc.shape[1], BLOCK_N), GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    first = split * per_split  # this program's K steps: first .. first + steps - 1 (never none)
+    steps = gl.minimum(per_split, k_steps - first)
+
+    mma = MMA.initialize(a_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
+    acc = ring_mma(a_desc, b_desc, off_m, off_n, first, steps, mma, STAGES, B_KMAJOR, operands)
+    if SPLIT_K == 1:
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        store_tile(c_desc, c_smem, acc, off_m, off_n)
+        tma.store_wait(0)
+    else:
+        split_reduce(c_desc, acc, partials, counters, tile, split, SPLIT_K, off_m, off_n)
+
+
+# --------------------------------------------------------------------------------------------------
+# Host side.
+
+
+class Workspace:
+    """fp32 partial slots and zeroed tile counters for split-K launches on one device, grown on
+    demand and reused: the kernels leave every counter at 0, so nothing is cleared between calls.
+    (One stream at a time: two concurrent split-K launches must not share it.)"""
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, device: torch.device, partial_floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        partials, counters = self._buffers.get(device, (None, None))
+        if partials is None or partials.numel() < partial_floats or counters.numel() < tiles:
+            partials = torch.empty(max(partial_floats, 1), dtype=torch.float32, device=device)
+            counters = torch.zeros(max(tiles, 1), dtype=torch.int32, device=device)
+            self._buffers[device] = (partials, counters)
+        return partials, counters
+
+
+WORKSPACE = Workspace()
+
+
+def plan_split(cfg: SplitKConfig, tiles: int, K: int, sm_count: int) -> int:
+    """SPLIT_K for `tiles` output tiles: the config's, or `split_for`'s; never an empty slice."""
+    k_steps = max(1, triton.cdiv(K, cfg.BLOCK_K))
+    split = cfg.SPLIT_K or split_for(tiles, k_steps, sm_count, cfg.MIN_STEPS)
+    return triton.cdiv(k_steps, triton.cdiv(k_steps, split))
+
+
+def _constexprs(cfg: SplitKConfig, capability: tuple[int, int], layout: str, split: int) -> dict[str, object]:
+    return {
+        "MMA": select_mma(capability),
+        "B_KMAJOR": is_kmajor(layout),
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+        "SPLIT_K": split,
+    }
+
+
+def launch(kernel, tiles: int, a, b, out, target: Target, cfg: SplitKConfig, descs, constexprs) -> Launch:
+    """The split-K launch of `kernel` (this rung's or swapab's) over `tiles` output tiles: SPLIT_K,
+    grid, workspace, as a `Plan` (so `matmul` reuses it); `constexprs(split)` gives the kernel's."""
+    split = plan_split(cfg, tiles, a.shape[1], target.sm_count)
+    partials, counters = WORKSPACE.get(a.device, tiles * split * cfg.BLOCK_M * cfg.BLOCK_N, tiles)
+    grid = (tiles * split,)
+    plan = Plan(
+        Launcher(kernel, grid, constexprs(split), cfg.num_warps),
+        templates_of(descs),
+        cfg,
+        (partials, counters),
+    )
+    return Launch(plan.bind(a, b, out), cfg.table() | {"split_k": split, "grid": grid[0]})
+
+
+def candidates(capability: tuple[int, int]) -> dict[str, object]:
+    """The configs `gluon-survey tune` may pick, by label."""
+    cfg = CONFIGS[capability[0]]
+    return {cfg.label: cfg}
+
+
+def config_for(capability: tuple[int, int], K: int) -> SplitKConfig:
+    return CONFIGS[capability[0]]
+
+
+def prepare(a, b, out, target: Target, cfg: SplitKConfig | None = None) -> Launch:
+    cfg = cfg or config_for(target.capability, a.shape[1])
+    layout = b_layout(b)
+    descs = make_descriptors(a, b, out, cfg, layout)
+    tiles = triton.cdiv(out.shape[0], cfg.BLOCK_M) * triton.cdiv(out.shape[1], cfg.BLOCK_N)
+    return launch(
+        splitk_kernel,
+        tiles,
+        a,
+        b,
+        out,
+        target,
+        cfg,
+        descs,
+        lambda split: _constexprs(cfg, target.capability, layout, split),
+    )
+
+
+def splitk_specs(mode, kernel, cfg, dtype: str, desc_args, desc_signatures, constexprs) -> list[CompileSpec]:
+    """Compile specs of a split-K kernel (this rung's or swapab's), one per B layout, with 4 K
+    slices so that the reduction is compiled in: descriptors `desc_args` typed by
+    `desc_signatures(layout)`, then the fp32 partials and the int32 counters, then
+    `constexprs(layout)`."""
+    specs = []
+    for layout in B_LAYOUTS:
+        values = constexprs(layout)
+        signature = dict(zip(desc_args, desc_signatures(layout), strict=True))
+        signature |= {"partials": "*fp32", "counters": "*i32"} | dict.fromkeys(values, "constexpr")
+        label = f"{kernel.__name__} {cfg.label} B={layout}"
+        specs.append(
+            CompileSpec(mode, label, kernel, signature, values, {"num_warps": cfg.num_warps}, config=cfg)
+        )
+    return specs
+
+
+def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
+    if unsupported_reason(capability):
+        return []
+    cfg = CONFIGS[capability[0]]
+    return splitk_specs(
+        "splitk",
+        splitk_kernel,
+        cfg,
+        dtype,
+        ("a_desc", "b_desc", "c_desc"),
+        lambda layout: [desc_signature(block, dtype) for block in block_shapes(cfg, layout)],
+        lambda layout: _constexprs(cfg, capability, layout, 4),
+    )

@@ -1,0 +1,167 @@
+"""Rung swapab: splitk + swap-AB, for the few-token GEMMs of decoding.
+
+The idea: a wgmma (and a tcgen05 MMA) is at least 64 rows tall but as narrow as 8 columns. At
+M = 1..64 tokens a 64-row tile of C is mostly padding, and the A tile it loads is mostly zeros.
+Compute the transpose instead, C^T = W X^T: the weight's N rows fill the MMA's tall side
+(BLOCK_W rows of W per tile) and the tokens become its narrow side (BLOCK_T = 8..64 columns), so
+the MMA does no work on padding beyond rounding M up to a multiple of 8, every stage of the ring
+holds a [BLOCK_W, BLOCK_K] slab of the weight and only a sliver of tokens, and more stages fit.
+The accumulator is a [BLOCK_W, BLOCK_T] tile of C^T, transposed in registers for the epilogue
+(or for `split_reduce`'s partials). Everything else is splitk's: Pipelined's ring over a slice of
+K (`ring_mma`, with the operands swapped), the same partial sums, SPLIT_K chosen by `split_for`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ..launch import CompileSpec, Launch, Target, b_layout, is_kmajor
+from .arch import select_mma, unsupported_reason
+from .common import GL_DTYPES, b_operand, desc_signature, grouped_tile, smem_layout, store_tile, tma
+from .pipelined import ring_mma
+from .splitk import SplitKConfig, launch, split_reduce, splitk_specs
+
+__all__ = ["CONFIGS", "SwapABConfig", "compile_specs", "prepare", "swapab_kernel", "unsupported_reason"]
+
+
+@dataclass(frozen=True)
+class SwapABConfig(SplitKConfig):
+    """BLOCK_M is BLOCK_W (rows of the weight, the MMA's tall side), BLOCK_N is BLOCK_T (tokens)."""
+
+    @property
+    def label(self) -> str:
+        split = self.SPLIT_K or "auto"
+        return f"W{self.BLOCK_M}xT{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps} k{split}"
+
+    def table(self) -> dict[str, object]:
+        # In C's terms, as the tables show every mode: a tile is BLOCK_T tokens by BLOCK_W columns.
+        return super().table() | {"BLOCK_M": self.BLOCK_N, "BLOCK_N": self.BLOCK_M, "swap_ab": True}
+
+
+# 128 weight rows by 16 tokens, 8 stages of 18 KB: for M <= 16, the common decode batch. The same
+# tile on Blackwell (tcgen05 is as narrow as 8 columns at M = 128).
+CONFIGS = {
+    9: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=8, num_warps=4, GROUP_M=1),
+    10: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=8, num_warps=4, GROUP_M=1),
+}
+TOKENS = (16, 32, 64)  # tile widths `tune` tries: M up to 16, 32, 64 in one tile
+
+
+@gluon.jit
+def swapped_operands(x_buf, w_buf, W_KMAJOR: gl.constexpr):
+    """C^T += W @ X^T: the weight's [BW, BK] tile is the MMA's A, the tokens' [BT, BK] tile,
+    transposed, its B."""
+    return b_operand(w_buf, W_KMAJOR).permute((1, 0)), x_buf.permute((1, 0))
+
+
+@gluon.jit
+def swapab_kernel(
+    x_desc,
+    w_desc,
+    c_desc,
+    partials,
+    counters,
+    MMA: gl.constexpr,
+    W_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+):
+    BLOCK_T: gl.constexpr = c_desc.block_type.shape[0]  # tokens: rows of C, the MMA's N
+    BLOCK_W: gl.constexpr = c_desc.block_type.shape[1]  # weight rows: columns of C, the MMA's M
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    k_steps = gl.cdiv(x_desc.shape[1], BLOCK_K)
+    per_split = gl.cdiv(k_steps, SPLIT_K)
+
+    tile = gl.program_id(0) // SPLIT_K
+    split = gl.program_id(0) % SPLIT_K
+    num_pid_w = gl.cdiv(c_desc.shape[1], BLOCK_W)
+    pid_w, pid_t = grouped_tile(tile, num_pid_w, gl.cdiv(c_desc.shape[0], BLOCK_T), GROUP_M)
+    off_w = pid_w * BLOCK_W
+    off_t = pid_t * BLOCK_T
+    first = split * per_split
+    steps = gl.minimum(per_split, k_steps - first)
+
+    # The ring loads X as "A" and W as "B" tiles, as every rung does; only the MMA sees them swapped.
+    mma = MMA.initialize(x_desc.dtype, BLOCK_W, BLOCK_T, gl.num_warps())
+    acc = ring_mma(x_desc, w_desc, off_t, off_w, first, steps, mma, STAGES, W_KMAJOR, swapped_operands)
+    c_tile = acc.permute((1, 0))  # [BLOCK_T, BLOCK_W]: C's tile at (off_t, off_w)
+    if SPLIT_K == 1:
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        store_tile(c_desc, c_smem, c_tile, off_t, off_w)
+        tma.store_wait(0)
+    else:
+        split_reduce(c_desc, c_tile, partials, counters, tile, split, SPLIT_K, off_t, off_w)
+
+
+def _blocks(cfg: SwapABConfig, layout: str) -> tuple[list[int], list[int], list[int]]:
+    """TMA block shapes of X (the tokens, [BT, BK]), W ([BW, BK] of the [N, K] weight for layout
+    "t", [BK, BW] of a row-major [K, N] B) and C ([BT, BW])."""
+    BW, BT, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    return [BT, BK], ([BW, BK] if is_kmajor(layout) else [BK, BW]), [BT, BW]
+
+
+def _constexprs(cfg: SwapABConfig, capability: tuple[int, int], layout: str, split: int) -> dict[str, object]:
+    return {
+        "MMA": select_mma(capability),
+        "W_KMAJOR": is_kmajor(layout),
+        "GROUP_M": cfg.GROUP_M,
+        "STAGES": cfg.STAGES,
+        "SPLIT_K": split,
+    }
+
+
+def candidates(capability: tuple[int, int]) -> dict[str, SwapABConfig]:
+    """The configs `gluon-survey tune` may pick, by label: the tile at each width of TOKENS."""
+    base = CONFIGS[capability[0]]
+    return {c.label: c for c in (replace(base, BLOCK_N=t) for t in TOKENS)}
+
+
+def config_for(capability: tuple[int, int], K: int) -> SwapABConfig:
+    return CONFIGS[capability[0]]
+
+
+def prepare(a, b, out, target: Target, cfg: SwapABConfig | None = None) -> Launch:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    cfg = cfg or config_for(target.capability, a.shape[1])
+    layout = b_layout(b)
+    gdt = GL_DTYPES[str(a.dtype).removeprefix("torch.")]
+    x_block, w_block, c_block = _blocks(cfg, layout)
+    w_src = b.t() if is_kmajor(layout) else b
+    descs = (
+        TensorDescriptor.from_tensor(a, x_block, smem_layout(x_block, gdt)),
+        TensorDescriptor.from_tensor(w_src, w_block, smem_layout(w_block, gdt)),
+        TensorDescriptor.from_tensor(out, c_block, smem_layout(c_block, gdt)),
+    )
+    tiles = triton.cdiv(out.shape[1], cfg.BLOCK_M) * triton.cdiv(out.shape[0], cfg.BLOCK_N)
+    return launch(
+        swapab_kernel,
+        tiles,
+        a,
+        b,
+        out,
+        target,
+        cfg,
+        descs,
+        lambda split: _constexprs(cfg, target.capability, layout, split),
+    )
+
+
+def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
+    if unsupported_reason(capability):
+        return []
+    cfg = CONFIGS[capability[0]]
+    return splitk_specs(
+        "swapab",
+        swapab_kernel,
+        cfg,
+        dtype,
+        ("x_desc", "w_desc", "c_desc"),
+        lambda layout: [desc_signature(b, dtype) for b in _blocks(cfg, layout)],
+        lambda layout: _constexprs(cfg, capability, layout, 4),
+    )

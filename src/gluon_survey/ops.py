@@ -1,0 +1,131 @@
+"""`gluon_survey.matmul` as a PyTorch operator, and `Linear`, a drop-in `torch.nn.Linear` on it.
+
+`torch.ops.gluon_survey.matmul(a, b, kernel)` is a custom operator (`torch.library.custom_op`):
+torch.compile (also with `fullgraph=True`), torch.export and CUDA-graph capture see one opaque node
+whose output is described by a fake implementation, instead of tracing into Triton's launcher,
+which they cannot. `kernel` is a mode name, "" for matmul's default. The fake implementation runs
+matmul's argument checks, so CPU tensors, fp32, mismatched shapes or dtypes and unknown kernels
+fail when a function is traced (TypeError / ValueError / KeyError), not when compiled code first
+runs. In eager mode the operator costs torch.library's Python dispatch on top of `matmul`, several
+times `matmul`'s own overhead (`gluon-survey overhead` measures both): eager code that wants the
+cheapest call, and needs no autograd, calls `gluon_survey.matmul`; compiled code and CUDA graphs do
+not pay it per call.
+
+Gradients are registered with the operator itself: grad_a = grad @ b^T, grad_b = a^T @ grad, both
+through the survey's kernels (an operand that is a transposed view gets matmul's aligned copy).
+For B the transpose view of a weight ("t", `w.t()`, as in `Linear`) grad_b is computed as
+(grad^T @ a)^T, so the weight's gradient comes out row-major like the weight.
+
+Importing this module registers the operator; `import gluon_survey` does not import it until
+`gluon_survey.ops` or `gluon_survey.Linear` is first used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import api, registry
+from .launch import b_layout
+
+
+@torch.library.custom_op("gluon_survey::matmul", mutates_args=())
+def _matmul(a: torch.Tensor, b: torch.Tensor, kernel: str) -> torch.Tensor:
+    if a.is_cuda:
+        # The operator also runs on threads that have made no CUDA call yet: autograd runs the
+        # backward on a thread of its own, where torch has not made a CUDA context current (it
+        # skips setting a device it takes to be current already), and TMA descriptors are encoded
+        # through the driver API, which needs one. set_device makes a.device's context current
+        # (and a.device the current device, which Triton launches on).
+        torch.cuda.set_device(a.device)
+    return api.matmul(a, b, kernel=kernel or None)
+
+
+@_matmul.register_fake
+def _matmul_fake(a: torch.Tensor, b: torch.Tensor, kernel: str) -> torch.Tensor:
+    api._check_operands(a, b, None)
+    if kernel:
+        registry.get(kernel)  # KeyError naming the valid modes
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a, b, kernel = inputs
+    ctx.save_for_backward(a, b)
+    ctx.kernel = kernel
+
+
+def _backward(ctx, grad: torch.Tensor):
+    a, b = ctx.saved_tensors
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_a = _OP(grad, b.t(), ctx.kernel)
+    if ctx.needs_input_grad[1]:
+        if b_layout(b) == "t":  # b = w.t(): the [N, K] weight's gradient, row-major
+            grad_b = _OP(grad.t(), a, ctx.kernel).t()
+        else:
+            grad_b = _OP(a.t(), grad, ctx.kernel)
+    return grad_a, grad_b, None
+
+
+_matmul.register_autograd(_backward, setup_context=_setup_context)
+
+_OP = torch.ops.gluon_survey.matmul.default
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> torch.Tensor:
+    """a @ b through the `gluon_survey::matmul` operator: `gluon_survey.matmul` (same arguments
+    and errors, no `out`) that torch.compile(fullgraph=True) and autograd can see through."""
+    return _OP(a, b, kernel or "")
+
+
+class Linear(nn.Linear):
+    """`torch.nn.Linear` whose product runs on the survey's kernels: y = x @ weight^T + bias.
+
+    weight is [out_features, in_features] and bias [out_features] (or None), as in nn.Linear, and
+    both must have x's dtype, fp16 or bf16 (`dtype=torch.bfloat16`, or `.to(...)` the module),
+    on a CUDA device. x [..., in_features]: the leading dimensions are flattened into M, the
+    product is the operator `gluon_survey::matmul` on `weight.t()` (the "t" B layout: no copy of
+    the weight), and the bias is a separate, in-place add on the product (not fused into the
+    GEMM's epilogue). `kernel` is a mode name; None runs matmul's default.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        kernel: str | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.kernel = kernel
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kernel: str | None = None) -> Linear:
+        """A Linear on `linear`'s own weight and bias Parameters (shared, not copied: training or
+        loading either changes both), to swap into a model in its place."""
+        new = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            device="meta",  # placeholders, replaced below: nothing is allocated or initialised
+            dtype=linear.weight.dtype,
+            kernel=kernel,
+        )
+        new.weight = linear.weight
+        new.bias = linear.bias
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = _OP(x.reshape(math.prod(lead), self.in_features), self.weight.t(), self.kernel or "")
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kernel={self.kernel!r}"

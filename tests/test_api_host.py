@@ -1,0 +1,689 @@
+"""`matmul`'s host side without a GPU: plans cached per key, rebuilt when the key changes, the
+per-call Python cost, the unchanged errors; and `gluon_survey.ops` (the custom operator's fake
+implementation, torch.compile(fullgraph=True) tracing, `Linear`).
+
+The GPU is faked as in tests/test_blackwell_compile.py: `api.target_of` answers an H100, tensors
+are FakeTensors on "cuda" (shapes, strides, dtypes, no storage) and the rung kernels are replaced
+by recorders, so a launch is a Python call that records its arguments. The same on a real GPU, with
+numbers: tests/test_ops_gpu.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import gluon_survey
+from gluon_survey import api, ops
+from gluon_survey.baselines import torch_ops
+from gluon_survey.driver import cli, overhead
+from gluon_survey.kernels import blocked, common, persistent, pipelined, warpspec
+from gluon_survey.launch import Target
+
+pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+
+H100 = Target((9, 0), 132, "NVIDIA H100 80GB HBM3")
+RUNG_MODULES = (blocked, pipelined, persistent, warpspec)
+
+
+@dataclass
+class Launched:
+    kernel: str
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+
+class _Recorder:
+    """Stands in for a @gluon.jit kernel: `kernel[grid](*args, **kwargs)` records the launch."""
+
+    def __init__(self, name: str, log: list[Launched] | None):
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        if self.log is None:  # for timing: a launch that does nothing
+            return _no_launch
+        return lambda *args, **kwargs: self.log.append(Launched(self.name, tuple(grid), args, kwargs))
+
+
+def _no_launch(*args, **kwargs):
+    pass
+
+
+@dataclass
+class Host:
+    launches: list[Launched]
+    builds: list[tuple]  # the (kernel, a, b, out) of every plan built
+
+
+def _fake_gpu(monkeypatch, log: list[Launched] | None) -> list[tuple]:
+    """Fake an H100 for `api`, record the rung launches in `log`, count plan builds; an empty plan
+    cache for the test, the previous one restored after it."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+    monkeypatch.setattr(api, "target_of", lambda device: H100)
+    monkeypatch.setattr(api, "_PLANS", {})
+    for module in RUNG_MODULES:
+        rung = module.RUNG
+        monkeypatch.setattr(
+            module, "RUNG", dataclasses.replace(rung, kernel=_Recorder(rung.kernel.__name__, log))
+        )
+    builds: list[tuple] = []
+    build = api._build_plan
+
+    def counting_build(kernel, a, b, out):
+        builds.append((kernel, a, b, out))
+        return build(kernel, a, b, out)
+
+    monkeypatch.setattr(api, "_build_plan", counting_build)
+    return builds
+
+
+@pytest.fixture
+def host(monkeypatch) -> Host:
+    log: list[Launched] = []
+    builds = _fake_gpu(monkeypatch, log)
+    with FakeTensorMode():
+        yield Host(log, builds)
+
+
+def _operands(M: int, N: int, K: int, layout: str = "t", dtype=torch.bfloat16):
+    a = torch.empty(M, K, dtype=dtype, device="cuda")
+    b = (
+        torch.empty(N, K, dtype=dtype, device="cuda").t()
+        if layout == "t"
+        else torch.empty(K, N, dtype=dtype, device="cuda")
+    )
+    return a, b, torch.empty(M, N, dtype=dtype, device="cuda")
+
+
+# --------------------------------------------------------------------------------------------------
+# Plans: built once per key
+
+
+@pytest.mark.parametrize("kernel", ["Blocked", "Pipelined", "persistent", "warpspec", None])
+def test_a_repeated_call_reuses_its_plan_on_the_new_tensors(host, kernel):
+    first = _operands(300, 520, 264)
+    second = _operands(300, 520, 264)
+    assert api.matmul(*first[:2], kernel=kernel, out=first[2]) is first[2]
+    assert api.matmul(*second[:2], kernel=kernel, out=second[2]) is second[2]
+    assert len(host.builds) == 1, "the second call of the same key built a plan again"
+    one, two = host.launches
+    assert (one.kernel, one.grid, one.kwargs) == (two.kernel, two.grid, two.kwargs)
+    for desc, tensor in zip(two.args, (second[0], second[1], second[2]), strict=True):
+        assert desc.base is tensor  # this call's tensors, not the first call's
+    for d1, d2 in zip(one.args, two.args, strict=True):
+        assert (d1.shape, d1.strides, d1.block_shape, d1.layout) == (
+            d2.shape,
+            d2.strides,
+            d2.block_shape,
+            d2.layout,
+        )
+
+
+@pytest.mark.parametrize("rung", ["Blocked", "persistent", "warpspec"])
+def test_matmul_launches_what_prepare_launches(host, rung):
+    a, b, out = _operands(1000, 3000, 520, "row")
+    api.prepare(rung, a, b, out).fn()
+    api.matmul(a, b, kernel=rung, out=out)
+    api.matmul(a, b, kernel=rung, out=out)  # from the cached plan
+    prepared, *planned = host.launches
+    for launched in planned:
+        assert (launched.kernel, launched.grid, launched.kwargs) == (
+            prepared.kernel,
+            prepared.grid,
+            prepared.kwargs,
+        )
+        for d1, d2 in zip(prepared.args, launched.args, strict=True):
+            assert d1.base is d2.base or d1.base.data_ptr() == d2.base.data_ptr()
+            assert {f.name: getattr(d1, f.name) for f in dataclasses.fields(d1) if f.name != "base"} == {
+                f.name: getattr(d2, f.name) for f in dataclasses.fields(d2) if f.name != "base"
+            }
+
+
+def _variants():
+    """(name, make the arguments of a call) that must each get a plan of their own."""
+
+    def strided(rows: int, cols: int, row_stride: int, dtype=torch.bfloat16):
+        return torch.empty_strided((rows, cols), (row_stride, 1), dtype=dtype, device="cuda")
+
+    def base():
+        return _operands(64, 256, 128, "t")
+
+    def padded_a():  # another row stride, still TMA-describable (272 bytes)
+        _, b, out = base()
+        return strided(64, 128, 136), b, out
+
+    def misaligned_a():  # a row stride TMA cannot describe (258 bytes): an aligned copy
+        _, b, out = base()
+        return strided(64, 128, 129), b, out
+
+    def fp16():
+        return _operands(64, 256, 128, "t", torch.float16)
+
+    def row_b():
+        return _operands(64, 256, 128, "row")
+
+    def padded_out():
+        a, b, _ = base()
+        return a, b, strided(64, 256, 264)
+
+    def no_out():
+        a, b, _ = base()
+        return a, b, None
+
+    return {
+        "base": base,
+        "a-stride": padded_a,
+        "a-misaligned": misaligned_a,
+        "dtype": fp16,
+        "b-layout": row_b,
+        "out-stride": padded_out,
+        "no-out": no_out,
+    }
+
+
+def test_each_change_of_the_key_builds_a_plan(host, copies):
+    variants = _variants()
+    for name, make in variants.items():
+        for _ in range(2):
+            a, b, out = make()
+            result = api.matmul(a, b, kernel="persistent", out=out)
+            assert result.shape == (a.shape[0], b.shape[1]), name
+    assert [b[1].dtype for b in host.builds] == [v()[0].dtype for v in variants.values()]
+    assert len(host.builds) == len(variants) == len(api._PLANS)
+    assert len(host.launches) == 2 * len(variants)
+    api.matmul(*variants["base"]()[:2], kernel="warpspec", out=variants["base"]()[2])  # another kernel
+    assert len(host.builds) == len(variants) + 1
+
+
+def test_the_key_holds_base_alignment_device_and_the_gpu(monkeypatch):
+    """What FakeTensors cannot show (their base address is 0): two views of the same shape and
+    strides, one 16-byte aligned, one 2 bytes off, have different keys; so do two GPUs."""
+    monkeypatch.setattr(api, "target_of", lambda device: H100)
+    big = torch.empty(64 * 128 + 8, dtype=torch.float16)
+    aligned, off = big[: 64 * 128].view(64, 128), big[1 : 1 + 64 * 128].view(64, 128)
+    b = torch.empty(128, 32, dtype=torch.float16)
+    assert (aligned.shape, aligned.stride()) == (off.shape, off.stride())
+    assert api._plan_key(None, aligned, b, None) != api._plan_key(None, off, b, None)
+    assert api._plan_key(None, aligned, b, None) == api._plan_key(None, aligned.clone(), b.clone(), None)
+    assert api._plan_key(None, aligned, b, None) != api._plan_key("warpspec", aligned, b, None)
+    assert api._plan_key(None, aligned, b, None) != api._plan_key(
+        None, aligned, b, torch.empty(64, 32).half()
+    )
+    monkeypatch.setattr(api, "target_of", lambda device: dataclasses.replace(H100, sm_count=114))
+    other_gpu = api._plan_key(None, aligned, b, None)
+    monkeypatch.setattr(api, "target_of", lambda device: H100)
+    assert other_gpu != api._plan_key(None, aligned, b, None)
+
+
+@pytest.fixture
+def copies(monkeypatch) -> list[tuple]:
+    """FakeTensors on "cuda" cannot run `copy_` on a CPU-only build: record (dst, src) instead."""
+    log: list[tuple] = []
+
+    def copy_(self, src, non_blocking=False):
+        log.append((self, src))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    return log
+
+
+def test_aligned_copies_are_made_per_call_and_launched(host, copies):
+    def strided(rows, cols, row_stride):
+        return torch.empty_strided((rows, cols), (row_stride, 1), dtype=torch.float16, device="cuda")
+
+    a = strided(300, 199, 201)  # row stride 402 B: TMA cannot describe it
+    b = torch.empty(199, 96, dtype=torch.float16, device="cuda")
+    out = strided(300, 96, 97)  # row stride 194 B
+    for _ in range(2):
+        assert api.matmul(a, b, kernel="Pipelined", out=out) is out
+    (plan,) = api._PLANS.values()
+    assert (plan.copy_a, plan.copy_b, plan.copy_out) == (True, False, True)
+    for launched in host.launches:
+        a_desc, b_desc, c_desc = launched.args
+        assert a_desc.base is not a and tuple(a_desc.base.shape) == (300, 199) and api._tma_ok(a_desc.base)
+        assert b_desc.base is b
+        assert c_desc.base is not out and api._tma_ok(c_desc.base)
+    first, second = host.launches
+    assert first.args[0].base is not second.args[0].base  # a fresh copy per call
+    # per call: a into its aligned buffer, then the product back into out
+    assert copies == [
+        (first.args[0].base, a),
+        (out, first.args[2].base),
+        (second.args[0].base, a),
+        (out, second.args[2].base),
+    ]
+    assert api.prepare("Pipelined", a, b, out).config["aligned_copy"] == "a,out"
+
+
+def test_empty_products_launch_nothing(host):
+    a, b, _ = _operands(0, 64, 32, "row", torch.float16)
+    assert api.matmul(a, b, kernel="warpspec").shape == (0, 64)
+    a, b, out = _operands(16, 64, 0, "row", torch.float16)
+    assert api.matmul(a, b, kernel="warpspec", out=out) is out
+    assert host.launches == []
+
+
+def test_baselines_without_a_plan_prepare_per_call(host, monkeypatch):
+    """cuBLAS's prepare is a lambda; a provider that returns no plan is prepared on every call."""
+    prepared: list = []
+    real = torch_ops.prepare
+
+    def counting(a, b, out, target=None):
+        prepared.append(out)
+        return real(a, b, out, target)
+
+    monkeypatch.setattr(torch_ops, "prepare", counting)
+    a, b, out = _operands(64, 256, 128, "t")
+    for _ in range(3):
+        assert api.matmul(a, b, kernel="torch", out=out) is out
+    assert len(host.builds) == 1 and len(prepared) == 1 + 3  # the plan's own, then one per call
+    assert all(p is out for p in prepared[1:])
+
+
+def test_prepare_returns_the_bare_launch_and_its_plan(host):
+    a, b, out = _operands(300, 520, 264)
+    launch = api.prepare("persistent", a, b, out)
+    assert isinstance(launch.fn.plan, common.Plan)
+    launch.fn()
+    launch.fn()
+    assert len(host.launches) == 2 and host.launches[0].args == host.launches[1].args  # same descriptors
+    assert host.builds == []  # prepare caches nothing
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (
+            lambda: (torch.empty(8, 8, dtype=torch.float16), torch.empty(8, 8, dtype=torch.float16)),
+            ValueError,
+            "cuda",
+        ),
+        (lambda: (torch.empty(8, 8, device="cuda"), torch.empty(8, 8, device="cuda")), TypeError, "float16"),
+        (
+            lambda: (
+                torch.empty(8, 8, device="cuda", dtype=torch.float16),
+                torch.empty(8, 8, device="cuda", dtype=torch.bfloat16),
+            ),
+            TypeError,
+            "same dtype",
+        ),
+        (
+            lambda: (
+                torch.empty(8, 16, device="cuda", dtype=torch.float16),
+                torch.empty(8, 8, device="cuda", dtype=torch.float16),
+            ),
+            ValueError,
+            "match",
+        ),
+        (
+            lambda: (
+                torch.empty(2, 8, 8, device="cuda", dtype=torch.float16),
+                torch.empty(8, 8, device="cuda", dtype=torch.float16),
+            ),
+            ValueError,
+            "2-D",
+        ),
+        (lambda: ([[1.0]], torch.empty(8, 8, device="cuda", dtype=torch.float16)), TypeError, "torch.Tensor"),
+    ],
+    ids=["cpu", "fp32", "mixed-dtype", "shape-mismatch", "3d", "not-a-tensor"],
+)
+def test_bad_inputs_raise_every_time_and_cache_nothing(host, make, error, match):
+    a, b = make()
+    for _ in range(2):
+        for kernel in ("Pipelined", "warpspec", None):
+            with pytest.raises(error, match=match):
+                api.matmul(a, b, kernel=kernel)
+    assert host.launches == [] and api._PLANS == {}
+
+
+def test_bad_out_unknown_kernel_and_unsupported_gpu(host, monkeypatch):
+    a = torch.empty(8, 8, device="cuda", dtype=torch.float16)
+    api.matmul(a, a, kernel="Pipelined")  # a good call first: its plan must not answer the bad ones
+    with pytest.raises(ValueError, match="shape"):
+        api.matmul(a, a, kernel="Pipelined", out=torch.empty(8, 9, device="cuda", dtype=torch.float16))
+    with pytest.raises(TypeError, match="out is"):
+        api.matmul(a, a, kernel="Pipelined", out=torch.empty(8, 8, device="cuda"))
+    with pytest.raises(TypeError, match=r"out must be a torch\.Tensor"):
+        api.matmul(a, a, kernel="Pipelined", out="nope")
+    with pytest.raises(KeyError, match="valid modes"):
+        api.matmul(a, a, kernel="nope")
+    monkeypatch.setattr(api, "target_of", lambda device: Target((8, 0), 108, "NVIDIA A100"))
+    with pytest.raises(RuntimeError, match="cannot run on this GPU"):
+        api.matmul(a, a, kernel="Pipelined")  # the same arguments, another GPU: not the cached plan
+    assert len(api._PLANS) == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# The per-call cost
+
+
+def _median_us(fn, calls: int = 2000, repeats: int = 9) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter_ns() - start) / calls / 1e3)
+    return statistics.median(times)
+
+
+def test_a_cached_call_costs_little_python(monkeypatch, capsys):
+    """matmul(out=...) on a repeated key, minus the bare launch (`prepare(...).fn()`, the kernel
+    call alone), with a kernel that does nothing: the Python `matmul` adds per call. The bound is
+    generous (a slow, shared CI CPU; FakeTensors' `device` is a Python property); the measured
+    figure is printed (`pytest -s`)."""
+    _fake_gpu(monkeypatch, None)
+    with FakeTensorMode():
+        a, b, out = _operands(16, 4096, 4096, "t")
+        bare = api.prepare("warpspec", a, b, out).fn
+        added = _median_us(lambda: api.matmul(a, b, kernel="warpspec", out=out)) - _median_us(bare)
+        with capsys.disabled():
+            print(f"\nmatmul's Python per cached call, over the bare launch: {added:.1f} us")
+    assert len(api._PLANS) == 1
+    assert added < 50.0
+
+
+# --------------------------------------------------------------------------------------------------
+# gluon_survey.ops: the custom operator and Linear
+
+
+def test_package_exports_linear_and_ops_lazily():
+    assert gluon_survey.Linear is ops.Linear and gluon_survey.ops is ops
+    assert issubclass(gluon_survey.Linear, torch.nn.Linear)
+    with pytest.raises(AttributeError):
+        gluon_survey.nope  # noqa: B018
+
+
+def test_the_fake_implementation_gives_shape_dtype_and_device():
+    with FakeTensorMode():
+        for dtype in (torch.float16, torch.bfloat16):
+            a = torch.empty(7, 64, dtype=dtype, device="cuda")
+            w = torch.empty(96, 64, dtype=dtype, device="cuda")
+            for b in (w.t(), torch.empty(64, 96, dtype=dtype, device="cuda")):
+                y = ops.matmul(a, b, "warpspec")
+                assert (tuple(y.shape), y.dtype, y.device) == ((7, 96), dtype, a.device)
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (
+            lambda: (torch.empty(8, 8, dtype=torch.float16), torch.empty(8, 8, dtype=torch.float16), ""),
+            ValueError,
+            "cuda",
+        ),
+        (
+            lambda: (torch.empty(8, 8, device="cuda"), torch.empty(8, 8, device="cuda"), ""),
+            TypeError,
+            "float16",
+        ),
+        (
+            lambda: (torch.empty(8, 16, device="cuda").half(), torch.empty(8, 8, device="cuda").half(), ""),
+            ValueError,
+            "match",
+        ),
+        (
+            lambda: (
+                torch.empty(8, 8, device="cuda").half(),
+                torch.empty(8, 8, device="cuda").half(),
+                "nope",
+            ),
+            KeyError,
+            "valid modes",
+        ),
+    ],
+    ids=["cpu", "fp32", "shape-mismatch", "unknown-kernel"],
+)
+def test_the_fake_implementation_raises_matmuls_errors(make, error, match):
+    """Tracing (FakeTensors, as torch.compile does) fails with the error the call would raise."""
+    with FakeTensorMode():
+        a, b, kernel = make()
+        with pytest.raises(error, match=match):
+            ops.matmul(a, b, kernel)
+
+
+def test_torch_compile_fullgraph_traces_the_operator_as_one_node():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(a, w):
+        return ops.matmul(a, w.t(), "warpspec") * 2
+
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        a = torch.empty(16, 64, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(32, 64, dtype=torch.bfloat16, device="cuda")
+        y = torch.compile(f, fullgraph=True, backend=backend)(a, w)
+        assert tuple(y.shape) == (16, 32)
+        y = torch.compile(f, fullgraph=True, backend="aot_eager")(a, w)  # functionalized, as Inductor sees it
+        assert tuple(y.shape) == (16, 32)
+    (gm,) = graphs
+    ops_called = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.gluon_survey.matmul.default in ops_called
+
+
+def _fake_linear(K: int, N: int, bias: bool, dtype=torch.bfloat16) -> ops.Linear:
+    """A Linear with FakeTensor parameters on "cuda" (made on "meta", then given fake weights;
+    without gradients: autograd cannot place fake CUDA tensors on a CPU-only build)."""
+    lin = ops.Linear(K, N, bias=bias, device="meta", dtype=dtype)
+    lin.weight = torch.nn.Parameter(torch.empty(N, K, dtype=dtype, device="cuda"), requires_grad=False)
+    if bias:
+        lin.bias = torch.nn.Parameter(torch.empty(N, dtype=dtype, device="cuda"), requires_grad=False)
+    return lin
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_shapes_on_fake_tensors_eager_and_compiled(bias):
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        lin = _fake_linear(64, 48, bias)
+        for shape in [(7, 64), (2, 5, 64), (64,), (0, 64)]:
+            x = torch.empty(*shape, dtype=torch.bfloat16, device="cuda")
+            assert tuple(lin(x).shape) == (*shape[:-1], 48)
+        x = torch.empty(3, 4, 64, dtype=torch.bfloat16, device="cuda")
+        y = torch.compile(lin, fullgraph=True, backend="aot_eager")(x)
+        assert tuple(y.shape) == (3, 4, 48) and y.dtype == torch.bfloat16
+
+
+def _cpu_matmul(a, b, *, kernel=None, out=None):
+    """`api.matmul` for the numerics tests on the CPU: the fp32 product, rounded."""
+    return (a.float() @ b.float()).to(a.dtype)
+
+
+def test_linear_matches_torch_linear_on_the_cpu(monkeypatch):
+    """The operator's eager path and its gradients, with `api.matmul` replaced by a CPU product:
+    flattening, the bias add, the reshape back, and the gradients of x, weight and bias."""
+    monkeypatch.setattr(api, "matmul", _cpu_matmul)
+    torch.manual_seed(0)
+    for bias in (True, False):
+        ref = torch.nn.Linear(40, 24, bias=bias, dtype=torch.bfloat16)
+        lin = ops.Linear.from_linear(ref, kernel="warpspec")
+        for shape in [(1, 40), (7, 40), (3, 5, 40)]:
+            x = torch.randn(*shape, dtype=torch.bfloat16, requires_grad=True)
+            y = lin(x)
+            expected = F.linear(
+                x.detach().float(),
+                ref.weight.detach().float(),
+                None if ref.bias is None else ref.bias.detach().float(),
+            )
+            torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2)
+            grad = torch.randn_like(y)
+            y.backward(grad)
+            g = grad.reshape(-1, 24).float()
+            torch.testing.assert_close(
+                x.grad.float(), (grad.float() @ ref.weight.detach().float()), rtol=2e-2, atol=2e-2
+            )
+            torch.testing.assert_close(
+                ref.weight.grad.float(), g.t() @ x.detach().reshape(-1, 40).float(), rtol=2e-2, atol=2e-2
+            )
+            assert ref.weight.grad.is_contiguous()  # the weight's gradient is row-major like the weight
+            if bias:
+                torch.testing.assert_close(ref.bias.grad.float(), g.sum(0), rtol=2e-2, atol=2e-2)
+            ref.zero_grad(set_to_none=True)
+
+
+def test_from_linear_shares_the_parameters():
+    ref = torch.nn.Linear(16, 8, dtype=torch.float16)
+    lin = gluon_survey.Linear.from_linear(ref, kernel="persistent")
+    assert lin.weight is ref.weight and lin.bias is ref.bias
+    assert (lin.in_features, lin.out_features, lin.kernel) == (16, 8, "persistent")
+    assert [p for p in lin.parameters()] == [ref.weight, ref.bias]
+    assert "kernel='persistent'" in repr(lin)
+    no_bias = gluon_survey.Linear.from_linear(torch.nn.Linear(16, 8, bias=False))
+    assert no_bias.bias is None and [n for n, _ in no_bias.named_parameters()] == ["weight"]
+    with torch.no_grad():
+        ref.weight.add_(1)  # one Parameter: the change shows in both
+    assert lin.weight is ref.weight
+    assert lin.state_dict().keys() == ref.state_dict().keys()
+
+
+def test_linear_constructor_is_nn_linears():
+    lin = gluon_survey.Linear(32, 16, bias=False, dtype=torch.bfloat16, kernel="warpspec")
+    assert lin.weight.shape == (16, 32) and lin.weight.dtype == torch.bfloat16 and lin.bias is None
+    assert gluon_survey.Linear(32, 16).bias.shape == (16,)
+
+
+# --------------------------------------------------------------------------------------------------
+# gluon-survey overhead: arguments and rendering (the measurement itself needs a GPU)
+
+
+def _overhead_rows(failed: bool = False, gaps: bool = False) -> list[overhead.Row]:
+    times = {
+        "torch.matmul": (9.0, 12.0),
+        overhead.BARE: (20.0, 11.0),
+        overhead.MATMUL: (22.5, 11.0),
+        "matmul()": (26.0, 11.2),
+        "ops.matmul": (38.0, 11.3),
+        "graph replay": (4.0, 11.0),
+    }
+    rows = []
+    for way in overhead.WAYS:
+        host, gpu = times[way.name]
+        over = host - times[overhead.BARE][0]
+        rows.append(overhead.Row(way.name, way.code, "OK", host, host - 0.5, host + 0.5, gpu, 0, over))
+    if gaps:
+        rows[0].starved = 21
+    if failed:
+        rows[-1] = overhead.Row(
+            rows[-1].name, rows[-1].code, "FAILED", error="graph replay: rel_err 1 > tol 0.01"
+        )
+    return rows
+
+
+def _settings(mode="warpspec") -> dict:
+    return overhead.settings_of(overhead.parse_args(["--mode", mode]))
+
+
+def test_overhead_arguments_and_usage_errors(tmp_path, capsys):
+    args = overhead.parse_args([])
+    assert (args.mode, args.m, args.n, args.k, args.dtype, args.b_layout) == (
+        None,
+        16,
+        4096,
+        4096,
+        "bf16",
+        "t",
+    )
+    assert (args.calls, args.repeats, args.format, args.results) == (200, 21, "table", None)
+    args = overhead.parse_args(["--mode", "PERSISTENT", "--m", "1", "--b-layout", "row", "--format", "json"])
+    assert (args.mode, args.m, args.b_layout, args.format) == ("persistent", 1, "row", "json")
+    assert overhead.parse_args(["--results", str(tmp_path / "r.json")]).results == tmp_path / "r.json"
+    bad = [
+        ["--dtype", "fp32"],
+        ["--b-layout", "col"],
+        ["--m", "0"],
+        ["--calls", "many"],
+        ["--mode", "nope"],
+        ["--format", "csv"],
+        ["--results", str(tmp_path / "missing" / "r.json")],
+    ]
+    for argv in bad:
+        assert cli.main(["overhead", *argv]) == 2, argv
+    err = capsys.readouterr().err
+    assert "valid modes" in err and "no directory" in err
+    assert cli.main(["overhead", "--help"]) == 0
+
+
+def test_overhead_without_a_gpu_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(overhead, "_cuda_available", lambda: False)
+    assert cli.main(["overhead"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_overhead_table_says_what_matmul_adds():
+    doc = overhead.document(
+        _overhead_rows(gaps=True), _settings(), {"name": "NVIDIA H100 80GB HBM3", "torch": "2.11"}
+    )
+    text = overhead.render_table(doc)
+    assert "M=16 N=4096 K=4096 bf16 B=t, mode warpspec, 200 calls x 21 repeats" in text
+    assert "NVIDIA H100 80GB HBM3" in text
+    lines = {
+        line.split()[0]: line
+        for line in text.splitlines()[2:]
+        if line and not line.startswith(("matmul adds", "("))
+    }
+    assert set(lines) == {w.name.split()[0] for w in overhead.WAYS}
+    assert "+2.5" in lines[overhead.MATMUL] and "+0.0" in lines["bare"] and "-16.0" in lines["graph"]
+    assert "12.0 (gaps)" in lines["torch.matmul"] and "(gaps): the GPU ran dry in every repeat" in text
+    assert "matmul adds 2.5 us per call to its bare launch" in text
+    assert doc["added_over_bare_us"] == pytest.approx(2.5)
+
+
+def test_overhead_failed_rows_and_json():
+    rows = _overhead_rows(failed=True)
+    doc = overhead.document(rows, _settings(), {})
+    text = overhead.render_table(doc)
+    assert "FAILED" in text and "rel_err 1 > tol 0.01" in text and "unknown GPU" in text
+    back = json.loads(overhead.render_json(doc))
+    assert back["rows"][-1]["status"] == "FAILED" and back["rows"][-1]["host_us"] is None
+    assert [r["name"] for r in back["rows"]] == [w.name for w in overhead.WAYS]
+    assert back["settings"]["mode"] == "warpspec" and back["added_over_bare_us"] == pytest.approx(2.5)
+
+
+def test_overhead_pairs_each_repeat_with_the_bare_launch():
+    """`over bare` is the median of per-repeat differences, so a drift of the host's speed that
+    touches both ways in a repeat cancels; the GPU median leaves out repeats that ran dry."""
+    bare = overhead.Samples(0.0, host=[20.0, 30.0, 40.0], gpu=[11.0, 11.0, 11.0], fed=[True, True, True])
+    way = overhead.Samples(0.0, host=[22.0, 32.5, 42.0], gpu=[11.0, 50.0, 12.0], fed=[True, False, True])
+    assert overhead.over_bare({overhead.BARE: bare, overhead.MATMUL: way}) == {
+        overhead.BARE: 0.0,
+        overhead.MATMUL: 2.0,
+    }
+    assert overhead.over_bare({overhead.MATMUL: way}) == {}
+    summary = way.summary()
+    assert summary["host_us"] == 32.5 and summary["starved"] == 1
+    assert summary["gpu_us"] == 11.5  # the starved repeat's 50 left out
+    dry = overhead.Samples(0.0, host=[5.0], gpu=[9.0], fed=[False]).summary()
+    assert (dry["gpu_us"], dry["starved"], dry["host_p20_us"], dry["host_p80_us"]) == (9.0, 1, 5.0, 5.0)
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_overhead_command_prints_and_writes_results(monkeypatch, tmp_path, capsys, failed):
+    def measure(args, log=None):
+        args.mode = args.mode or "warpspec"  # resolved on the GPU
+        return _overhead_rows(failed=failed)
+
+    monkeypatch.setattr(overhead, "_cuda_available", lambda: True)
+    monkeypatch.setattr(overhead, "measure", measure)
+    monkeypatch.setattr(overhead, "_environment", lambda argv: {"name": "NVIDIA H100 80GB HBM3"})
+    path = tmp_path / "overhead.json"
+    assert cli.main(["overhead", "--format", "json", "--results", str(path)]) == (1 if failed else 0)
+    out = capsys.readouterr().out
+    assert json.loads(out) == json.loads(path.read_text())
+    assert json.loads(out)["settings"]["mode"] == "warpspec"
+    assert cli.main(["overhead", "--m", "1"]) == (1 if failed else 0)
+    assert "M=1 N=4096" in capsys.readouterr().out

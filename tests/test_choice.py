@@ -1,0 +1,157 @@
+"""The shape-aware default: `choice.choose` reads a table of measured entries (nearest M in log
+scale within a factor of 4, same N, K, dtype and layout) and falls back to the documented rule;
+`auto` prepares the chosen mode's launch with the chosen config; `tune` narrows candidates by M."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from gluon_survey import api, auto, choice
+from gluon_survey.driver import tune
+from gluon_survey.kernels import splitk, swapab, warpspec
+from gluon_survey.launch import Target
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _entry(M, mode, config, ms, cublas_ms, N=4096, K=14336, dtype="bf16", layout="t"):
+    return {
+        "M": M, "N": N, "K": K, "dtype": dtype, "b_layout": layout, "mode": mode, "config": config,
+        "ms": ms, "cublas_ms": cublas_ms, "candidates": {},
+    }  # fmt: skip
+
+
+@pytest.fixture
+def table(tmp_path, monkeypatch):
+    label = next(iter(swapab.candidates((9, 0))))
+    entries = [
+        _entry(1, "swapab", label, 0.040, 0.044),
+        _entry(16, "swapab", label, 0.041, 0.045),
+        _entry(128, "splitk", next(iter(splitk.candidates((9, 0)))), 0.050, 0.052),
+        _entry(8192, "torch", None, 3.0, 3.0),
+    ]
+    (tmp_path / "h100.json").write_text(json.dumps({"name": "h100", "match": "H100", "entries": entries}))
+    monkeypatch.setattr(choice, "TABLES", tmp_path)
+    choice._tables.cache_clear()
+    yield entries
+    choice._tables.cache_clear()
+
+
+def test_a_measured_shape_gets_its_measured_choice(table):
+    c = choice.choose(16, 4096, 14336, "bf16", "t", (9, 0), H100)
+    assert (c.mode, c.config) == ("swapab", table[1]["config"])
+    assert "measured at M=16" in c.why and "1.10x cuBLAS" in c.why and "M 5..45" in c.why
+
+
+def test_nearby_m_shares_the_bucket_far_m_does_not(table):
+    assert choice.choose(40, 4096, 14336, "bf16", "t", (9, 0), H100).mode == "swapab"  # nearer 16 than 128
+    assert choice.choose(100, 4096, 14336, "bf16", "t", (9, 0), H100).mode == "splitk"
+    assert choice.choose(9000, 4096, 14336, "bf16", "t", (9, 0), H100).mode == "torch"
+    far = choice.choose(2048, 4096, 14336, "bf16", "t", (9, 0), H100)  # 16x from 128 and 4x from 8192
+    assert far.mode == "torch" and "M >= 1025" in far.why
+
+
+def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
+    for args in [
+        (16, 4096, 4096, "bf16", "t"),
+        (16, 4096, 14336, "fp16", "t"),
+        (16, 4096, 14336, "bf16", "row"),
+    ]:
+        c = choice.choose(*args, (9, 0), H100)
+        assert c == choice.Choice("swapab", None, c.why) and "has no entry near it" in c.why
+    c = choice.choose(16, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
+    assert c.mode == "swapab" and "no table for NVIDIA H200" in c.why
+
+
+@pytest.mark.parametrize(
+    ("M", "capability", "mode"),
+    [(1, (9, 0), "swapab"), (64, (9, 0), "swapab"), (65, (10, 0), "splitk"), (256, (9, 0), "splitk"),
+     (257, (9, 0), "warpspec"), (16, (8, 0), "torch"), (16, (12, 0), "torch")],
+)  # fmt: skip
+def test_the_rule(M, capability, mode):
+    assert choice.rule(M, capability).mode == mode
+
+
+def test_the_committed_tables_name_real_candidates():
+    """Every entry of every committed table names a mode and a config its provider still has."""
+    from gluon_survey import registry
+
+    choice._tables.cache_clear()
+    for table in choice._tables():
+        for e in table["entries"]:
+            provider = registry.get(e["mode"]).provider((9, 0))
+            assert e["config"] is None or e["config"] in provider.candidates((9, 0)), (table["name"], e)
+            assert (
+                e["ms"] <= e["cublas_ms"] * 1.0001
+                or e["mode"] == "torch"
+                or e["ms"] == min(v for v in e["candidates"].values() if isinstance(v, float))
+            )
+
+
+def test_tune_narrows_candidates_by_m():
+    widths = {
+        M: [c.BLOCK_N for c in tune.candidates_for("swapab", M, (9, 0)).values()] for M in (1, 16, 17, 64)
+    }
+    assert widths == {1: [16], 16: [16], 17: [32], 64: [64]}
+    assert [c.BLOCK_N for c in tune.candidates_for("swapab", 128, (9, 0)).values()] == [64]
+    assert tune.candidates_for("swapab", 1024, (9, 0)) == {}
+    assert tune.candidates_for("splitk", 1024, (9, 0)) == {}
+    assert set(tune.candidates_for("warpspec", 16, (9, 0))) == set(warpspec.candidates((9, 0)))
+    assert tune.candidates_for("torch", 16, (9, 0)) == {"cuBLAS": None}
+
+
+class _Recorder:
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.log.append((grid, args, kwargs))
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+def test_auto_prepares_the_chosen_mode_with_the_chosen_config(table, monkeypatch):
+    log: list = []
+    target = Target((9, 0), 132, H100)
+    monkeypatch.setattr(api, "target_of", lambda device: target)
+    monkeypatch.setattr(swapab, "swapab_kernel", _Recorder(log))
+    with FakeTensorMode():
+        a = torch.empty(16, 14336, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(4096, 14336, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(16, 4096, dtype=torch.bfloat16, device="cuda")
+        launch = api.prepare("auto", a, w.t(), out)
+        launch.fn()
+    assert launch.config["mode"] == "swapab" and "measured at M=16" in launch.config["why"]
+    assert launch.config["BLOCK_M"] == 16 and launch.config["swap_ab"] is True
+    ((grid,), _, kwargs) = log[0]
+    tiles = 4096 // 128
+    assert grid == tiles * kwargs["SPLIT_K"] and kwargs["SPLIT_K"] == splitk.split_for(tiles, 224, 132, 4)
+    assert kwargs["W_KMAJOR"] is True
+
+
+def test_split_for_fills_the_gpu_without_empty_slices():
+    assert splitk.split_for(tiles=32, k_steps=224, sm_count=132, min_steps=4) == 9  # 288 programs
+    assert splitk.split_for(tiles=448, k_steps=128, sm_count=132, min_steps=4) == 1
+    assert splitk.split_for(tiles=1, k_steps=3, sm_count=132, min_steps=4) == 1
+    for tiles, k_steps in [(1, 1000), (7, 13), (32, 64), (5, 17)]:
+        split = splitk.split_for(tiles, k_steps, 132, 4)
+        per = -(-k_steps // split)
+        assert (split - 1) * per < k_steps and per >= min(4, k_steps), (tiles, k_steps, split)
+
+
+def test_swapab_reports_its_tile_in_cs_terms():
+    cfg = dataclasses.replace(swapab.CONFIGS[9], BLOCK_N=32)
+    assert (cfg.table()["BLOCK_M"], cfg.table()["BLOCK_N"]) == (32, 128)
+    assert cfg.label.startswith("W128xT32x64")
+
+
+def test_auto_is_the_default_on_gluon_gpus(monkeypatch):
+    monkeypatch.setattr(api, "target_of", lambda device: Target((9, 0), 132, H100))
+    assert api.default_mode(torch.empty(2, 2)) == "auto"
+    monkeypatch.setattr(api, "target_of", lambda device: Target((8, 0), 108, "NVIDIA A100"))
+    assert api.default_mode(torch.empty(2, 2)) in ("auto", "torch")
+    assert auto.unsupported_reason((8, 0)) is None

@@ -1,0 +1,318 @@
+"""`matmul` as a call that costs nothing, on a real GPU: cached plans on new data, CUDA-graph capture
+(also of the aligned-copy path), the `gluon_survey::matmul` operator under torch.compile(fullgraph)
+and autograd, and `gluon_survey.Linear` against torch.nn.functional.linear. Every result is checked
+against the fp32 product of the same inputs with the driver's rule (`driver.check.tolerance`), on
+fresh random inputs and NaN-poisoned outputs. Run on the GPU machine: pytest -m gpu."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gluon_survey
+from gluon_survey import api, ops, registry
+from gluon_survey.driver.check import reference, rel_error, tolerance
+
+pytestmark = pytest.mark.gpu
+
+RUNGS = [m.name for m in registry.MODES if m.kind == "gluon"]
+KERNELS = [*RUNGS, "torch", None]  # None: matmul's default
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def _needs_hopper_or_blackwell():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability()[0] not in (9, 10):
+        pytest.skip("the Gluon rungs need sm_90 or sm_100")
+
+
+def _randn(*shape, dtype=torch.float16, generator=None):
+    return torch.randn(*shape, device="cuda", generator=generator).to(dtype)
+
+
+def _nan(*shape, dtype=torch.float16):
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
+def _assert_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
+    """out is a @ b within the driver's tolerance of the fp32 product (cuBLAS's own error as the
+    yardstick), and no element was left unwritten (NaN)."""
+    torch.cuda.synchronize()
+    ref = reference(a, b)
+    cublas_err = rel_error(torch.matmul(a, b), ref)
+    err = rel_error(out, ref)
+    assert not torch.isnan(out).any(), f"{what}: NaN in the output: some tile was never written"
+    assert err <= tolerance(cublas_err, a.dtype), f"{what}: rel error {err:.3e} vs cuBLAS {cublas_err:.3e}"
+
+
+def _assert_close(out: torch.Tensor, ref: torch.Tensor, cublas: torch.Tensor, dtype, what: str = "") -> None:
+    """out within the tolerance of the fp32 `ref`, measured against cuBLAS's result `cublas`."""
+    torch.cuda.synchronize()
+    cublas_err = rel_error(cublas, ref)
+    err = rel_error(out, ref)
+    assert err <= tolerance(cublas_err, dtype), f"{what}: rel error {err:.3e} vs cuBLAS {cublas_err:.3e}"
+
+
+def _operands(M, N, K, dtype, layout, g=None):
+    a = _randn(M, K, dtype=dtype, generator=g)
+    b = (
+        _randn(N, K, dtype=dtype, generator=g).t()
+        if layout == "t"
+        else _randn(K, N, dtype=dtype, generator=g)
+    )
+    return a, b
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan cache on new data
+
+
+@pytest.mark.parametrize("layout", ["row", "t"])
+@pytest.mark.parametrize("kernel", KERNELS, ids=str)
+def test_a_cached_plan_computes_each_calls_new_data(kernel, layout):
+    """New tensors of one key, and the same tensors with new values: every answer is the new one."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    M, N, K = 300, 520, 264
+    before = len(api._PLANS)
+    for _ in range(3):  # new tensors, same key
+        a, b = _operands(M, N, K, torch.float16, layout, g)
+        out = _nan(M, N)
+        assert api.matmul(a, b, kernel=kernel, out=out) is out
+        _assert_product(out, a, b, f"{kernel} new tensors")
+    for _ in range(2):  # the same tensors, new values
+        a.copy_(_randn(M, K, generator=g))
+        b.copy_(_randn(*b.shape, generator=g))
+        out.fill_(float("nan"))
+        api.matmul(a, b, kernel=kernel, out=out)
+        _assert_product(out, a, b, f"{kernel} new values")
+    y = api.matmul(a, b, kernel=kernel)  # no out: a plan of its own, a new result each call
+    assert y is not api.matmul(a, b, kernel=kernel)
+    _assert_product(y, a, b, f"{kernel} no out")
+    assert len(api._PLANS) - before <= 2  # one plan with out, one without (if not there already)
+
+
+def test_unaligned_operands_and_output_through_a_cached_plan():
+    g = torch.Generator(device="cuda").manual_seed(2)
+    for _ in range(2):
+        big = _randn(300, 301, generator=g)
+        a = big[:, 1:200]  # base 2 bytes off, row stride 602 bytes: copied per call
+        b = _randn(199, 96, generator=g)
+        out_buf = _nan(300, 97)
+        out = out_buf[:, :96]  # row stride 194 bytes: computed aside, copied back
+        for rung in RUNGS:
+            out.fill_(float("nan"))
+            assert api.matmul(a, b, kernel=rung, out=out) is out
+            _assert_product(out, a, b, rung)
+        assert torch.isnan(out_buf[:, 96]).all(), "the padding column was written"
+
+
+def test_a_misaligned_view_of_a_cached_shape_gets_its_own_plan():
+    """Same shape and strides, base 2 bytes off: not the aligned tensor's plan (which would
+    describe a base TMA cannot use), but the aligned copy."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    flat = _randn(128 * 64 + 1, generator=g)
+    aligned, off = flat[: 128 * 64].view(128, 64), flat[1:].view(128, 64)
+    b = _randn(64, 256, generator=g)
+    for a in (aligned, off, aligned, off):
+        out = _nan(128, 256)
+        api.matmul(a, b, kernel="Pipelined", out=out)
+        _assert_product(out, a, b, "aligned" if a is aligned else "misaligned")
+
+
+# --------------------------------------------------------------------------------------------------
+# CUDA graphs
+
+
+def _capture(fn):
+    """fn() captured in a CUDA graph, after a warm-up call on a side stream (compiles the kernel,
+    builds the plan), as torch.cuda.graphs' documentation prescribes."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result
+
+
+@pytest.mark.parametrize("layout", ["row", "t"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("kernel", KERNELS, ids=str)
+def test_matmul_replays_in_a_cuda_graph_on_fresh_inputs(kernel, dtype, layout):
+    g = torch.Generator(device="cuda").manual_seed(4)
+    M, N, K = 257, 384, 520
+    a, b = _operands(M, N, K, dtype, layout, g)
+    out = _nan(M, N, dtype=dtype)
+    graph, result = _capture(lambda: api.matmul(a, b, kernel=kernel, out=out))
+    assert result is out
+    graph_y, y = _capture(lambda: api.matmul(a, b, kernel=kernel))  # out allocated inside the capture
+    for _ in range(3):
+        a.copy_(_randn(M, K, dtype=dtype, generator=g))
+        b.copy_(_randn(*b.shape, dtype=dtype, generator=g))
+        out.fill_(float("nan"))
+        y.fill_(float("nan"))
+        graph.replay()
+        graph_y.replay()
+        _assert_product(out, a, b, f"{kernel} graph, out given")
+        _assert_product(y, a, b, f"{kernel} graph, out allocated")
+
+
+@pytest.mark.parametrize("kernel", [*RUNGS, None], ids=str)
+def test_the_aligned_copy_path_replays_in_a_cuda_graph(kernel):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    big = _randn(300, 301, generator=g)
+    a = big[:, 1:200]  # copied into an aligned buffer inside the graph
+    w_big = _randn(97, 200, generator=g)
+    b = w_big[:, :199].t()  # a "t" view whose weight rows are 400 bytes: describable as it is
+    out = _nan(300, 97)  # row stride 194 bytes: computed aside and copied back inside the graph
+    graph, _ = _capture(lambda: api.matmul(a, b, kernel=kernel, out=out))
+    for _ in range(3):
+        big.copy_(_randn(300, 301, generator=g))
+        w_big.copy_(_randn(97, 200, generator=g))
+        out.fill_(float("nan"))
+        graph.replay()
+        _assert_product(out, a, b, f"{kernel} aligned copy in a graph")
+
+
+def test_the_operator_replays_in_a_cuda_graph():
+    g = torch.Generator(device="cuda").manual_seed(6)
+    a, b = _operands(65, 4096, 512, torch.bfloat16, "t", g)
+    graph, y = _capture(lambda: ops.matmul(a, b))
+    for _ in range(2):
+        a.copy_(_randn(65, 512, dtype=torch.bfloat16, generator=g))
+        y.fill_(float("nan"))
+        graph.replay()
+        _assert_product(y, a, b, "ops.matmul in a graph")
+
+
+# --------------------------------------------------------------------------------------------------
+# The operator: eager, torch.compile, autograd
+
+
+@pytest.mark.parametrize("kernel", [None, "warpspec", "persistent"], ids=str)
+def test_the_operator_in_eager_mode(kernel):
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for M in (1, 65):
+        a, b = _operands(M, 320, 256, torch.bfloat16, "t", g)
+        _assert_product(ops.matmul(a, b, kernel), a, b, f"ops.matmul {kernel}")
+        _assert_product(torch.ops.gluon_survey.matmul(a, b, kernel or ""), a, b, "torch.ops")
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_torch_compile_fullgraph_over_the_operator(mode):
+    """Inductor compiles around the opaque operator (the scaling by 2 is exact); reduce-overhead
+    also captures the operator in its CUDA graphs. Fresh inputs on every call."""
+    torch._dynamo.reset()
+
+    def f(x, w):
+        return ops.matmul(x, w.t(), "warpspec") * 2
+
+    compiled = torch.compile(f, fullgraph=True, mode=mode)
+    g = torch.Generator(device="cuda").manual_seed(8)
+    for _ in range(4):
+        x, w = (
+            _randn(63, 256, dtype=torch.bfloat16, generator=g),
+            _randn(384, 256, dtype=torch.bfloat16, generator=g),
+        )
+        y = compiled(x, w)
+        _assert_product(y / 2, x, w.t(), f"torch.compile {mode}")
+
+
+def test_the_operators_gradients():
+    g = torch.Generator(device="cuda").manual_seed(9)
+    for layout in ("row", "t"):
+        a, b = _operands(65, 200, 136, torch.bfloat16, layout, g)
+        a.requires_grad_(True)
+        b.requires_grad_(True)
+        y = ops.matmul(a, b)
+        grad = _randn(*y.shape, dtype=torch.bfloat16, generator=g)
+        y.backward(grad)
+        ad, bd = a.detach(), b.detach()
+        _assert_close(a.grad, reference(grad, bd.t()), grad @ bd.t(), torch.bfloat16, f"grad a, {layout}")
+        _assert_close(b.grad, reference(ad.t(), grad), ad.t() @ grad, torch.bfloat16, f"grad b, {layout}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Linear
+
+
+@pytest.mark.parametrize("features", [(256, 384), (264, 100)], ids=["aligned", "N=100"])
+@pytest.mark.parametrize("lead", [(), (3,)], ids=["2d", "3d"])
+@pytest.mark.parametrize("M", [1, 7, 63, 65])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_linear_matches_torch_linear(dtype, bias, M, lead, features):
+    K, N = features
+    torch.manual_seed(M * 7 + K)
+    lin = gluon_survey.Linear(K, N, bias=bias, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        lin.weight.normal_()  # weights of unit size, so the product is not all rounding
+        if bias:
+            lin.bias.normal_()
+    x = torch.randn(*lead, M, K, device="cuda").to(dtype)
+    y = lin(x)
+    assert y.shape == (*lead, M, N) and y.dtype == dtype
+    w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    _assert_close(y.detach(), ref, F.linear(x, w, b), dtype, f"Linear M={M} lead={lead}")
+
+
+def test_linear_from_linear_in_a_model_and_its_gradients():
+    torch.manual_seed(10)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 128))
+    model = model.to("cuda", torch.bfloat16)
+    swapped = torch.nn.Sequential(
+        gluon_survey.Linear.from_linear(model[0]), model[1], gluon_survey.Linear.from_linear(model[2])
+    )
+    x = torch.randn(4, 33, 256, device="cuda").to(torch.bfloat16)
+    y = swapped(x)
+    w0, b0, w2, b2 = (
+        p.detach().float() for p in (model[0].weight, model[0].bias, model[2].weight, model[2].bias)
+    )
+    ref = F.linear(F.linear(x.float(), w0, b0).relu(), w2, b2)
+    _assert_close(y.detach(), ref, model(x).detach(), torch.bfloat16, "swapped model")
+    y.float().square().mean().backward()
+    assert model[0].weight.grad is not None and model[0].weight.grad.shape == (512, 256)
+    assert torch.isfinite(model[0].weight.grad).all() and model[2].bias.grad.shape == (128,)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad inputs
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: (torch.randn(8, 8).half(), torch.randn(8, 8).half()), ValueError, "cuda"),
+        (lambda: (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda")), TypeError, "float16"),
+        (
+            lambda: (torch.randn(8, 8, device="cuda").half(), torch.randn(8, 8, device="cuda").bfloat16()),
+            TypeError,
+            "same dtype",
+        ),
+        (
+            lambda: (torch.randn(8, 16, device="cuda").half(), torch.randn(8, 8, device="cuda").half()),
+            ValueError,
+            "match",
+        ),
+    ],
+    ids=["cpu", "fp32", "mixed-dtype", "shape-mismatch"],
+)
+def test_bad_inputs_still_raise_after_good_calls(make, error, match):
+    good = torch.randn(8, 8, device="cuda").half()
+    api.matmul(good, good)
+    ops.matmul(good, good)
+    a, b = make()
+    for _ in range(2):
+        with pytest.raises(error, match=match):
+            api.matmul(a, b)
+        with pytest.raises(error, match=match):
+            ops.matmul(a, b)
+    with pytest.raises(TypeError, match="float16"):
+        gluon_survey.Linear(8, 8, device="cuda")(torch.randn(2, 8, device="cuda"))  # fp32 weights
