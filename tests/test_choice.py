@@ -98,7 +98,7 @@ def test_tune_narrows_candidates_by_m():
         M: [c.BLOCK_N for c in tune.candidates_for("swapab", M, (9, 0)).values()] for M in (1, 16, 17, 64)
     }
     assert widths == {1: [16], 16: [16], 17: [32], 64: [64]}
-    assert [c.BLOCK_N for c in tune.candidates_for("swapab", 128, (9, 0)).values()] == [64]
+    assert [c.BLOCK_N for c in tune.candidates_for("swapab", 128, (9, 0)).values()] == [128]
     assert tune.candidates_for("swapab", 1024, (9, 0)) == {}
     assert tune.candidates_for("splitk", 1024, (9, 0)) == {}
     assert set(tune.candidates_for("warpspec", 16, (9, 0))) == set(warpspec.candidates((9, 0)))
@@ -129,18 +129,29 @@ def test_auto_prepares_the_chosen_mode_with_the_chosen_config(table, monkeypatch
     assert launch.config["BLOCK_M"] == 16 and launch.config["swap_ab"] is True
     ((grid,), _, kwargs) = log[0]
     tiles = 4096 // 128
-    assert grid == tiles * kwargs["SPLIT_K"] and kwargs["SPLIT_K"] == splitk.split_for(tiles, 224, 132, 4)
+    slots = 132 * swapab.CONFIGS[9].blocks_per_sm()
+    assert grid == tiles * kwargs["SPLIT_K"] and kwargs["SPLIT_K"] == splitk.split_for(tiles, 224, slots, 4)
     assert kwargs["W_KMAJOR"] is True
 
 
-def test_split_for_fills_the_gpu_without_empty_slices():
-    assert splitk.split_for(tiles=32, k_steps=224, sm_count=132, min_steps=4) == 9  # 288 programs
-    assert splitk.split_for(tiles=448, k_steps=128, sm_count=132, min_steps=4) == 1
-    assert splitk.split_for(tiles=1, k_steps=3, sm_count=132, min_steps=4) == 1
-    for tiles, k_steps in [(1, 1000), (7, 13), (32, 64), (5, 17)]:
+def test_split_for_fills_one_wave_without_empty_slices():
+    assert splitk.split_for(tiles=32, k_steps=224, slots=132, min_steps=4) == 4  # 128 programs
+    assert splitk.split_for(tiles=32, k_steps=224, slots=396, min_steps=4) == 12  # 3 per SM: 384
+    assert splitk.split_for(tiles=448, k_steps=128, slots=132, min_steps=4) == 1
+    assert splitk.split_for(tiles=1, k_steps=3, slots=132, min_steps=4) == 1
+    for tiles, k_steps in [(1, 1000), (7, 13), (32, 64), (5, 17), (48, 64)]:
         split = splitk.split_for(tiles, k_steps, 132, 4)
         per = -(-k_steps // split)
         assert (split - 1) * per < k_steps and per >= min(4, k_steps), (tiles, k_steps, split)
+        assert tiles * split <= 132, "never a partial second wave"
+
+
+def test_programs_per_sm_follow_shared_memory():
+    assert swapab.CONFIGS[9].blocks_per_sm() == 3  # 4 stages of 18 KB
+    assert splitk.CONFIGS[9].blocks_per_sm() == 2  # 4 stages of 24 KB
+    from gluon_survey.kernels import persistent
+
+    assert persistent.CONFIGS[9].blocks_per_sm() == 1
 
 
 def test_swapab_reports_its_tile_in_cs_terms():

@@ -40,7 +40,7 @@ def candidates_for(mode: str, M: int, capability: tuple[int, int]) -> dict[str, 
     if mode == "swapab":
         if M > 128:
             return {}
-        width = min(64, max(16, 1 << (M - 1).bit_length()))  # the narrowest tile that holds M
+        width = min(128, max(16, 1 << (M - 1).bit_length()))  # the narrowest tile that holds M
         return {
             k: c for k, c in _provider(mode, capability).candidates(capability).items() if width == c.BLOCK_N
         }

@@ -20,6 +20,7 @@ from ..launch import B_LAYOUTS, CompileSpec, Launch, Target, b_layout, is_kmajor
 
 GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16}
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory per block on Hopper and B200
+SMEM_PER_SM = 228 * 1024  # shared memory per SM, of which each resident block also takes 1 KB
 
 # How a rung's C tile leaves: "after" (staged whole once the ring is dead, so the compiler gives
 # it the ring's memory), "sliced" (slices through EPILOGUE_BUFFERS small buffers that live beside
@@ -66,6 +67,10 @@ class GemmConfig:
         ring = self.STAGES * (self.a_rows * self.BLOCK_K + self.BLOCK_N * self.BLOCK_K) * elem_bytes
         staging = self.c_copies * self.c_buffers * self.BLOCK_M * self.epilogue_n * elem_bytes
         return max(ring, staging) if self.EPILOGUE == "after" else ring + staging
+
+    def blocks_per_sm(self, elem_bytes: int = 2) -> int:
+        """How many programs of this config share an SM, as far as shared memory goes."""
+        return max(1, SMEM_PER_SM // (self.smem_bytes(elem_bytes) + 1024))
 
     @property
     def a_rows(self) -> int:

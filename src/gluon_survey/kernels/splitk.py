@@ -61,21 +61,24 @@ class SplitKConfig(GemmConfig):
         return super().table() | {"split_k": self.SPLIT_K or "auto"}
 
 
-def split_for(tiles: int, k_steps: int, sm_count: int, min_steps: int) -> int:
-    """How many K slices per tile: enough programs for two per SM, each slice at least `min_steps`
-    K steps long; then the fewest slices that keep the slice length, so that no slice is empty."""
-    wanted = max(1, -(-2 * sm_count // tiles))
-    split = max(1, min(wanted, k_steps // min_steps))
+def split_for(tiles: int, k_steps: int, slots: int, min_steps: int) -> int:
+    """How many K slices per tile: as many as fill the GPU's `slots` (SMs x programs per SM) in
+    one wave without a partial second one (a wave 18 % full cost the first version a quarter of
+    its time: perf-notes entry 20), each slice at least `min_steps` K steps long; then the fewest
+    slices that keep the slice length, so that no slice is empty."""
+    if tiles >= slots:
+        return 1
+    split = max(1, min(slots // tiles, k_steps // min_steps))
     steps = -(-k_steps // split)
     return -(-k_steps // steps)
 
 
-# Hopper: 64-row tiles (one warpgroup's wgmma), 128 columns, 4 warps, so several programs share
-# an SM and more loads are in flight per SM; 6 stages of 24 KB.
+# Hopper: 64-row tiles (one warpgroup's wgmma), 128 columns, 4 warps; 4 stages of 24 KB, so two
+# programs share an SM (finer waves, and each one's reduction hides behind the other's loads).
 CONFIGS = {
-    9: SplitKConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, STAGES=6, num_warps=4, GROUP_M=8),
+    9: SplitKConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=8),
     # Blackwell: tcgen05's smallest M is 64 as well (a 64-lane TMEM block).
-    10: SplitKConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, STAGES=6, num_warps=4, GROUP_M=8),
+    10: SplitKConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=8),
 }
 
 __all__ = [
@@ -183,7 +186,7 @@ WORKSPACE = Workspace()
 def plan_split(cfg: SplitKConfig, tiles: int, K: int, sm_count: int) -> int:
     """SPLIT_K for `tiles` output tiles: the config's, or `split_for`'s; never an empty slice."""
     k_steps = max(1, triton.cdiv(K, cfg.BLOCK_K))
-    split = cfg.SPLIT_K or split_for(tiles, k_steps, sm_count, cfg.MIN_STEPS)
+    split = cfg.SPLIT_K or split_for(tiles, k_steps, sm_count * cfg.blocks_per_sm(), cfg.MIN_STEPS)
     return triton.cdiv(k_steps, triton.cdiv(k_steps, split))
 
 

@@ -42,13 +42,13 @@ class SwapABConfig(SplitKConfig):
         return super().table() | {"BLOCK_M": self.BLOCK_N, "BLOCK_N": self.BLOCK_M, "swap_ab": True}
 
 
-# 128 weight rows by 16 tokens, 8 stages of 18 KB: for M <= 16, the common decode batch. The same
-# tile on Blackwell (tcgen05 is as narrow as 8 columns at M = 128).
+# 128 weight rows by 16 tokens, 4 stages of 18 KB, so three programs share an SM: for M <= 16, the
+# common decode batch. The same tile on Blackwell (tcgen05 is as narrow as 8 columns at M = 128).
 CONFIGS = {
-    9: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=8, num_warps=4, GROUP_M=1),
-    10: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=8, num_warps=4, GROUP_M=1),
+    9: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=1),
+    10: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=1),
 }
-TOKENS = (16, 32, 64)  # tile widths `tune` tries: M up to 16, 32, 64 in one tile
+TOKENS = (16, 32, 64, 128)  # tile widths `tune` tries: M up to 16, 32, 64, 128 in one tile
 
 
 @gluon.jit
@@ -118,7 +118,12 @@ def _constexprs(cfg: SwapABConfig, capability: tuple[int, int], layout: str, spl
 def candidates(capability: tuple[int, int]) -> dict[str, SwapABConfig]:
     """The configs `gluon-survey tune` may pick, by label: the tile at each width of TOKENS."""
     base = CONFIGS[capability[0]]
-    return {c.label: c for c in (replace(base, BLOCK_N=t) for t in TOKENS)}
+    # 128 tokens: a 128x128 fp32 accumulator on 4 warps would spill (inspect), so 8 warps and 3 stages.
+    tiles = (
+        replace(base, BLOCK_N=t) if t < 128 else replace(base, BLOCK_N=t, STAGES=3, num_warps=8)
+        for t in TOKENS
+    )
+    return {c.label: c for c in tiles}
 
 
 def config_for(capability: tuple[int, int], K: int) -> SwapABConfig:
@@ -153,15 +158,18 @@ def prepare(a, b, out, target: Target, cfg: SwapABConfig | None = None) -> Launc
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
+    """Every config `tune` may pick (`candidates`), both B layouts, with the reduction compiled in."""
     if unsupported_reason(capability):
         return []
-    cfg = CONFIGS[capability[0]]
-    return splitk_specs(
-        "swapab",
-        swapab_kernel,
-        cfg,
-        dtype,
-        ("x_desc", "w_desc", "c_desc"),
-        lambda layout: [desc_signature(b, dtype) for b in _blocks(cfg, layout)],
-        lambda layout: _constexprs(cfg, capability, layout, 4),
-    )
+    specs = []
+    for cfg in candidates(capability).values():
+        specs += splitk_specs(
+            "swapab",
+            swapab_kernel,
+            cfg,
+            dtype,
+            ("x_desc", "w_desc", "c_desc"),
+            lambda layout, cfg=cfg: [desc_signature(b, dtype) for b in _blocks(cfg, layout)],
+            lambda layout, cfg=cfg: _constexprs(cfg, capability, layout, 4),
+        )
+    return specs
