@@ -3,7 +3,8 @@
 # it. Logs and results go under $OUT (the device tool's folder) or out/gpu. Run from the repo root;
 # uses the machine's own torch/triton (PYTHONPATH=src, nothing installed).
 #   STEPS=tests,bench (default), any of:
-#     tests     pytest -m gpu                                   -> pytest-gpu.log
+#     tests     pytest -m gpu (PYTEST_K: a -k expression; PYTEST_ARGS: more options, word-split)
+#                                                               -> pytest-gpu.log
 #     bench     the survey: MODES (default all), DTYPES, BENCH_ARGS -> results.jsonl, table.*, plot.png
 #     memcpy    rung 0, the copy ladder, fp16 and bf16          -> memcpy-<dtype>.json/.md
 #     overhead  host cost per call                              -> overhead.json/.txt
@@ -26,6 +27,7 @@ step() { [[ ",$STEPS," == *",$1,"* ]]; }
 } 2>&1 | tee "$OUT/env.txt"
 if step tests; then
   python3 -m pytest -m gpu tests -q -p no:cacheprovider --timeout=300 --timeout-method=thread ${PYTEST_ARGS:-} \
+    ${PYTEST_K:+-k "$PYTEST_K"} \
     2>&1 | tee "$OUT/pytest-gpu.log" | tail -25
 fi
 if step memcpy; then
