@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gluon_survey import __version__, registry
+from gluon_survey.driver import args as argtypes
 from gluon_survey.driver import shapes
 from gluon_survey.driver.settings import DEFAULTS, Settings
 from gluon_survey.launch import B_LAYOUTS
@@ -106,13 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     how.add_argument(
         "--min-ms",
-        type=_positive,
+        type=argtypes.positive,
         default=DEFAULTS.min_ms,
         help="timed GPU time per window; a paired cell has --rounds of them (default: %(default)g)",
     )
     how.add_argument(
         "--timeout",
-        type=_positive,
+        type=argtypes.positive,
         default=DEFAULTS.timeout_s,
         metavar="S",
         help="seconds per shape, compilation and autotuning included (default: %(default)g)",
@@ -128,14 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     how.add_argument(
         "--rounds",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=DEFAULTS.rounds,
         help="paired timing: timed windows of min-ms of the cell, each between two of cuBLAS's "
         "(default: %(default)s)",
     )
     how.add_argument(
         "--peak-tflops",
-        type=_positive,
+        type=argtypes.positive,
         metavar="TFLOPS",
         help="dense peak to report %% of peak against (default: datasheet value for this GPU)",
     )
@@ -322,36 +322,6 @@ def _emit(measured: Results, args: argparse.Namespace) -> None:
         print(f"{PROG}: nothing measured, no plot written", file=sys.stderr)
 
 
-def _positive(text: str) -> float:
-    """argparse type: a number > 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    """argparse type: a number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: a whole number > 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
-    return value
-
-
 def _pick(spec: str, allowed: Sequence[str], option: str) -> list[str]:
     """'fp16,BF16' -> ['fp16', 'bf16'], each checked against `allowed`."""
     picked = list(dict.fromkeys(p.strip().lower() for p in spec.split(",") if p.strip()))
@@ -409,7 +379,7 @@ def compare_runs(argv: Sequence[str]) -> int:
     parser.add_argument("new", type=Path, help="results file (.jsonl) of the run to judge")
     parser.add_argument(
         "--fail-on-regression",
-        type=_non_negative,
+        type=argtypes.non_negative,
         metavar="PCT",
         help="exit 1 when a result got more than PCT %% slower beyond the noise, stopped being measured, "
         "or is missing from NEW (PCT >= 0)",

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gluon_survey.driver import args as argtypes
 from gluon_survey.driver.settings import DEFAULTS, Settings
 
 PROG = "gluon-survey memcpy"
@@ -427,20 +428,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--mib",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=1024,
         help="MiB copied per call: the source buffer, read once and written once (default: %(default)s)",
     )
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp16", help="element type (default: fp16)")
     parser.add_argument(
         "--warmup-ms",
-        type=_non_negative,
+        type=argtypes.non_negative,
         default=DEFAULTS.warmup_ms,
         help="warm-up before each variant, to the GPU's steady clock (default: %(default)g)",
     )
     parser.add_argument(
         "--min-ms",
-        type=_positive,
+        type=argtypes.positive,
         default=DEFAULTS.min_ms,
         help="timed GPU time per variant (default: %(default)g)",
     )
@@ -550,36 +551,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: interrupted; the report covers what was measured", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 1 if any(r.status != "OK" for r in rows) else 0
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
-    return value
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
 
 
 if __name__ == "__main__":

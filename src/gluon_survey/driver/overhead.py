@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gluon_survey.driver import args as argtypes
 from gluon_survey.launch import B_LAYOUTS
 
 PROG = "gluon-survey overhead"
@@ -94,16 +95,6 @@ class Row:
 # Arguments
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -111,17 +102,26 @@ def build_parser() -> argparse.ArgumentParser:
         "replay and cuBLAS, for one small product (see the module docstring for the method).",
     )
     parser.add_argument("--mode", help="the survey mode to launch (default: matmul's default on this GPU)")
-    parser.add_argument("--m", type=_positive_int, default=16, help="rows of a (default: %(default)s)")
-    parser.add_argument("--n", type=_positive_int, default=4096, help="columns of b (default: %(default)s)")
-    parser.add_argument("--k", type=_positive_int, default=4096, help="the reduction (default: %(default)s)")
+    parser.add_argument(
+        "--m", type=argtypes.positive_int, default=16, help="rows of a (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--n", type=argtypes.positive_int, default=4096, help="columns of b (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--k", type=argtypes.positive_int, default=4096, help="the reduction (default: %(default)s)"
+    )
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="(default: %(default)s)")
     parser.add_argument("--b-layout", choices=B_LAYOUTS, default="t", help="(default: %(default)s)")
     parser.add_argument(
-        "--calls", type=_positive_int, default=200, help="calls enqueued per repeat (default: %(default)s)"
+        "--calls",
+        type=argtypes.positive_int,
+        default=200,
+        help="calls enqueued per repeat (default: %(default)s)",
     )
     parser.add_argument(
         "--repeats",
-        type=_positive_int,
+        type=argtypes.positive_int,
         default=21,
         help="medians over this many repeats (default: %(default)s)",
     )

@@ -73,28 +73,28 @@ def blocked_kernel(a_desc, b_desc, c_desc, MMA: gl.constexpr, B_KMAJOR: gl.const
     tma.store_wait(0)
 
 
-def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
-    return CONFIGS[capability[0]]
-
-
 def _constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
     return {"MMA": select_mma(capability), "B_KMAJOR": is_kmajor(layout), "GROUP_M": cfg.GROUP_M}
 
 
-RUNG = Rung("Blocked", blocked_kernel, _constexprs)
+RUNG = Rung("Blocked", blocked_kernel, _constexprs, configs=CONFIGS)
 
 
-def candidates(capability: tuple[int, int]) -> dict[str, object]:
-    """The configs `gluon-survey tune` may pick, by label."""
-    cfg = CONFIGS[capability[0]]
-    return {cfg.label: cfg}
+# The provider contract (gluon_survey/registry.py), answered by the Rung (looked up per call, so a
+# test may swap RUNG's kernel for a recorder).
+
+
+def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
+    return RUNG.config_for(capability, K)
+
+
+def candidates(capability: tuple[int, int]) -> dict[str, GemmConfig]:
+    return RUNG.candidates(capability)
 
 
 def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
-    return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
+    return RUNG.prepare(a, b, out, target, cfg)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
-    if unsupported_reason(capability):
-        return []
-    return RUNG.compile_specs(capability, dtype, [CONFIGS[capability[0]]])
+    return RUNG.specs(capability, dtype)

@@ -5,8 +5,8 @@ MMA is a constexpr argument of every rung kernel (`kernels/arch.py` picks it on 
 (No `from __future__ import annotations` here: aggregates check field types at run time.)
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import triton
 from triton import knobs
@@ -504,6 +504,28 @@ class Rung:
     kernel: object
     constexprs: Callable[[GemmConfig, tuple[int, int], str], dict[str, object]]
     persistent: bool = False
+    # One config per compute-capability major, for a rung whose provider functions are the Rung's
+    # (`config_for`, `candidates`, `prepare`, `specs`); warpspec chooses its own.
+    configs: Mapping[int, GemmConfig] = field(default_factory=dict)
+
+    # The provider contract (gluon_survey/registry.py), for a rung with one config per architecture.
+
+    def config_for(self, capability: tuple[int, int], K: int) -> GemmConfig:
+        return self.configs[capability[0]]
+
+    def candidates(self, capability: tuple[int, int]) -> dict[str, GemmConfig]:
+        """The configs `gluon-survey tune` may pick, by label."""
+        cfg = self.configs[capability[0]]
+        return {cfg.label: cfg}
+
+    def prepare(self, a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
+        return self.launch(a, b, out, target, cfg or self.config_for(target.capability, a.shape[1]))
+
+    def specs(self, capability: tuple[int, int], dtype: str) -> list[CompileSpec]:
+        """Compile specs of the config this architecture runs (none where it runs none)."""
+        if capability[0] not in self.configs:
+            return []
+        return self.compile_specs(capability, dtype, [self.configs[capability[0]]])
 
     def plan(self, a, b, out, target: Target, cfg: GemmConfig) -> Plan:
         """The launch plan for tensors like these (only their shapes, strides and dtype are read;

@@ -184,25 +184,25 @@ def persistent_kernel(
     invalidate_barriers(ready, STAGES)
 
 
-def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
-    return CONFIGS[capability[0]]
-
-
 # Its constexprs are Pipelined's: the same ring, now walked by a persistent program.
-RUNG = Rung("persistent", persistent_kernel, pipelined.constexprs, persistent=True)
+RUNG = Rung("persistent", persistent_kernel, pipelined.constexprs, persistent=True, configs=CONFIGS)
 
 
-def candidates(capability: tuple[int, int]) -> dict[str, object]:
-    """The configs `gluon-survey tune` may pick, by label."""
-    cfg = CONFIGS[capability[0]]
-    return {cfg.label: cfg}
+# The provider contract (gluon_survey/registry.py), answered by the Rung (looked up per call, so a
+# test may swap RUNG's kernel for a recorder).
+
+
+def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
+    return RUNG.config_for(capability, K)
+
+
+def candidates(capability: tuple[int, int]) -> dict[str, GemmConfig]:
+    return RUNG.candidates(capability)
 
 
 def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
-    return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
+    return RUNG.prepare(a, b, out, target, cfg)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
-    if unsupported_reason(capability):
-        return []
-    return RUNG.compile_specs(capability, dtype, [CONFIGS[capability[0]]])
+    return RUNG.specs(capability, dtype)

@@ -150,10 +150,6 @@ def pipelined_kernel(
     tma.store_wait(0)
 
 
-def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
-    return CONFIGS[capability[0]]
-
-
 def constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
     """The kernel's constexprs, for its launch and its compile specs alike (persistent's too)."""
     return {
@@ -164,20 +160,24 @@ def constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> dic
     }
 
 
-RUNG = Rung("Pipelined", pipelined_kernel, constexprs)
+RUNG = Rung("Pipelined", pipelined_kernel, constexprs, configs=CONFIGS)
 
 
-def candidates(capability: tuple[int, int]) -> dict[str, object]:
-    """The configs `gluon-survey tune` may pick, by label."""
-    cfg = CONFIGS[capability[0]]
-    return {cfg.label: cfg}
+# The provider contract (gluon_survey/registry.py), answered by the Rung (looked up per call, so a
+# test may swap RUNG's kernel for a recorder).
+
+
+def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
+    return RUNG.config_for(capability, K)
+
+
+def candidates(capability: tuple[int, int]) -> dict[str, GemmConfig]:
+    return RUNG.candidates(capability)
 
 
 def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
-    return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
+    return RUNG.prepare(a, b, out, target, cfg)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
-    if unsupported_reason(capability):
-        return []
-    return RUNG.compile_specs(capability, dtype, [CONFIGS[capability[0]]])
+    return RUNG.specs(capability, dtype)

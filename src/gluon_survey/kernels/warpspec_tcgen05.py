@@ -188,23 +188,23 @@ def _constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> di
     }
 
 
-RUNG = Rung("warpspec", warpspec_tcgen05_kernel, _constexprs, persistent=True)
+RUNG = Rung("warpspec", warpspec_tcgen05_kernel, _constexprs, persistent=True, configs={10: CONFIG})
+
+
+# The provider contract (gluon_survey/registry.py), answered by the Rung (looked up per call).
 
 
 def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
-    return CONFIG
+    return RUNG.config_for(capability, K)
 
 
 def candidates(capability: tuple[int, int]) -> dict[str, GemmConfig]:
-    """The configs `gluon-survey tune` may pick, by label."""
-    return {CONFIG.label: CONFIG}
+    return RUNG.candidates(capability)
 
 
 def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
-    return RUNG.launch(a, b, out, target, cfg or CONFIG)
+    return RUNG.prepare(a, b, out, target, cfg)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
-    if unsupported_reason(capability):
-        return []
-    return RUNG.compile_specs(capability, dtype, [CONFIG])
+    return RUNG.specs(capability, dtype)
