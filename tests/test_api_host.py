@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gluon_survey
+from bad_inputs import BAD_INPUTS
 from gluon_survey import api, ops
 from gluon_survey.baselines import torch_ops
 from gluon_survey.driver import cli, overhead
@@ -300,43 +301,7 @@ def test_prepare_returns_the_bare_launch_and_its_plan(host):
     assert host.builds == []  # prepare caches nothing
 
 
-@pytest.mark.parametrize(
-    "make, error, match",
-    [
-        (
-            lambda: (torch.empty(8, 8, dtype=torch.float16), torch.empty(8, 8, dtype=torch.float16)),
-            ValueError,
-            "cuda",
-        ),
-        (lambda: (torch.empty(8, 8, device="cuda"), torch.empty(8, 8, device="cuda")), TypeError, "float16"),
-        (
-            lambda: (
-                torch.empty(8, 8, device="cuda", dtype=torch.float16),
-                torch.empty(8, 8, device="cuda", dtype=torch.bfloat16),
-            ),
-            TypeError,
-            "same dtype",
-        ),
-        (
-            lambda: (
-                torch.empty(8, 16, device="cuda", dtype=torch.float16),
-                torch.empty(8, 8, device="cuda", dtype=torch.float16),
-            ),
-            ValueError,
-            "match",
-        ),
-        (
-            lambda: (
-                torch.empty(2, 8, 8, device="cuda", dtype=torch.float16),
-                torch.empty(8, 8, device="cuda", dtype=torch.float16),
-            ),
-            ValueError,
-            "2-D",
-        ),
-        (lambda: ([[1.0]], torch.empty(8, 8, device="cuda", dtype=torch.float16)), TypeError, "torch.Tensor"),
-    ],
-    ids=["cpu", "fp32", "mixed-dtype", "shape-mismatch", "3d", "not-a-tensor"],
-)
+@pytest.mark.parametrize(("make", "error", "match"), BAD_INPUTS)
 def test_bad_inputs_raise_every_time_and_cache_nothing(host, make, error, match):
     a, b = make()
     for _ in range(2):
@@ -687,3 +652,12 @@ def test_overhead_command_prints_and_writes_results(monkeypatch, tmp_path, capsy
     assert json.loads(out)["settings"]["mode"] == "warpspec"
     assert cli.main(["overhead", "--m", "1"]) == (1 if failed else 0)
     assert "M=1 N=4096" in capsys.readouterr().out
+
+
+def test_the_operator_refuses_a_non_tensor_as_matmul_does():
+    from gluon_survey import ops
+
+    b = torch.empty(8, 8, dtype=torch.float16)
+    for call in (api.matmul, ops.matmul):
+        with pytest.raises(TypeError, match=r"a must be a torch\.Tensor, got list"):
+            call([[1.0]], b)

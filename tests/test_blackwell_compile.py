@@ -24,6 +24,7 @@ import torch
 import triton
 from torch._subclasses.fake_tensor import FakeTensorMode  # CUDA-device tensors without a GPU
 
+from bad_inputs import BAD_INPUTS
 from gluon_survey import api, registry
 from gluon_survey.kernels import (
     arch,
@@ -259,42 +260,7 @@ def test_default_kernel_on_sm100_follows_the_rule(sm100, M, kernel):
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
-@pytest.mark.parametrize(
-    "make, error, match",
-    [
-        (
-            lambda: (torch.empty(8, 8, dtype=torch.float16), torch.empty(8, 8, dtype=torch.float16)),
-            ValueError,
-            "cuda",
-        ),
-        (lambda: (torch.empty(8, 8, device="cuda"), torch.empty(8, 8, device="cuda")), TypeError, "float16"),
-        (
-            lambda: (
-                torch.empty(8, 8, device="cuda", dtype=torch.float16),
-                torch.empty(8, 8, device="cuda", dtype=torch.bfloat16),
-            ),
-            TypeError,
-            "same dtype",
-        ),
-        (
-            lambda: (
-                torch.empty(8, 16, device="cuda", dtype=torch.float16),
-                torch.empty(8, 8, device="cuda", dtype=torch.float16),
-            ),
-            ValueError,
-            "match",
-        ),
-        (
-            lambda: (
-                torch.empty(2, 8, 8, device="cuda", dtype=torch.float16),
-                torch.empty(8, 8, device="cuda", dtype=torch.float16),
-            ),
-            ValueError,
-            "2-D",
-        ),
-    ],
-    ids=["cpu", "fp32", "mixed-dtype", "shape-mismatch", "3d"],
-)
+@pytest.mark.parametrize(("make", "error", "match"), BAD_INPUTS)
 def test_bad_inputs_raise_the_hopper_errors_on_sm100(sm100, make, error, match):
     a, b = make()
     for rung in RUNGS:

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from bad_inputs import BAD_INPUTS
 from gluon_survey import api, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
 from gluon_survey.kernels import persistent, splitk, swapab, warpspec
@@ -146,29 +147,7 @@ def test_unaligned_views_are_copied_not_misread():
     assert launch.config["aligned_copy"] == "a"
 
 
-@pytest.mark.parametrize(
-    "make, error, match",
-    [
-        (lambda: (torch.randn(8, 8).half(), torch.randn(8, 8).half()), ValueError, "cuda"),
-        (lambda: (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda")), TypeError, "float16"),
-        (
-            lambda: (torch.randn(8, 8, device="cuda").half(), torch.randn(8, 8, device="cuda").bfloat16()),
-            TypeError,
-            "same dtype",
-        ),
-        (
-            lambda: (torch.randn(8, 16, device="cuda").half(), torch.randn(8, 8, device="cuda").half()),
-            ValueError,
-            "match",
-        ),
-        (
-            lambda: (torch.randn(2, 8, 8, device="cuda").half(), torch.randn(8, 8, device="cuda").half()),
-            ValueError,
-            "2-D",
-        ),
-    ],
-    ids=["cpu", "fp32", "mixed-dtype", "shape-mismatch", "3d"],
-)
+@pytest.mark.parametrize(("make", "error", "match"), BAD_INPUTS)
 def test_bad_inputs_raise_clear_errors(make, error, match):
     a, b = make()
     for rung in RUNGS:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import gluon_survey
+from bad_inputs import BAD_INPUTS
 from gluon_survey import api, ops, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
 
@@ -286,24 +287,7 @@ def test_linear_from_linear_in_a_model_and_its_gradients():
 # Bad inputs
 
 
-@pytest.mark.parametrize(
-    "make, error, match",
-    [
-        (lambda: (torch.randn(8, 8).half(), torch.randn(8, 8).half()), ValueError, "cuda"),
-        (lambda: (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda")), TypeError, "float16"),
-        (
-            lambda: (torch.randn(8, 8, device="cuda").half(), torch.randn(8, 8, device="cuda").bfloat16()),
-            TypeError,
-            "same dtype",
-        ),
-        (
-            lambda: (torch.randn(8, 16, device="cuda").half(), torch.randn(8, 8, device="cuda").half()),
-            ValueError,
-            "match",
-        ),
-    ],
-    ids=["cpu", "fp32", "mixed-dtype", "shape-mismatch"],
-)
+@pytest.mark.parametrize(("make", "error", "match"), BAD_INPUTS)
 def test_bad_inputs_still_raise_after_good_calls(make, error, match):
     good = torch.randn(8, 8, device="cuda").half()
     api.matmul(good, good)

@@ -80,10 +80,15 @@ def target_of(device: torch.device) -> Target:
 # Validation and alignment
 
 
+def require_tensor(name: str, t: object) -> None:
+    """TypeError naming the argument unless `t` is a tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
 def _check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> None:
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        require_tensor(name, t)
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
         if t.dtype not in DTYPES:
@@ -103,8 +108,7 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) 
         )
     if out is not None:
         M, N = a.shape[0], b.shape[1]
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        require_tensor("out", out)
         if tuple(out.shape) != (M, N):
             raise ValueError(f"out has shape {tuple(out.shape)}, expected ({M}, {N})")
         if out.dtype != a.dtype:

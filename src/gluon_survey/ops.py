@@ -77,7 +77,11 @@ _OP = torch.ops.gluon_survey.matmul.default
 
 def matmul(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> torch.Tensor:
     """a @ b through the `gluon_survey::matmul` operator: `gluon_survey.matmul` (same arguments
-    and errors, no `out`) that torch.compile(fullgraph=True) and autograd can see through."""
+    and errors, no `out`) that torch.compile(fullgraph=True) and autograd can see through. A
+    non-tensor gets matmul's TypeError here, before the operator's schema would refuse it with a
+    RuntimeError."""
+    api.require_tensor("a", a)
+    api.require_tensor("b", b)
     return _OP(a, b, kernel or "")
 
 
