@@ -1,8 +1,10 @@
-"""gluon-survey: a ladder of Gluon GEMM kernels (Blocked -> Pipelined -> persistent -> warpspec)
-measured against cuBLAS, torch.compile and Triton. `matmul(a, b, kernel=...)` runs any mode of the
-survey; `explain(a, b)` says which kernel and config it would run and why. `ops.matmul` is the same
-as a PyTorch operator (torch.compile, autograd) and `Linear` a drop-in `torch.nn.Linear` on it;
-both live in `gluon_survey.ops`, imported (and the operator registered) on first use."""
+"""gluon-survey: a ladder of Gluon GEMM kernels (Blocked -> Pipelined -> persistent -> warpspec, and
+splitk -> swapab for few-token GEMMs) measured against cuBLAS, torch.compile and Triton.
+`matmul(a, b, kernel=...)` runs any mode of the survey (by default, per shape, the one measured
+fastest on this GPU); `explain(a, b)` says which kernel and config it would run and why.
+`ops.matmul` is the same as a PyTorch operator (torch.compile, autograd) and `Linear` a drop-in
+`torch.nn.Linear` on it; both live in `gluon_survey.ops`, imported (and the operator registered)
+on first use."""
 
 import importlib
 
