@@ -359,12 +359,13 @@ def block_shapes(cfg: GemmConfig, layout: str) -> tuple[list[int], list[int], li
     return [BM, BK], ([BN, BK] if is_kmajor(layout) else [BK, BN]), [BM, cfg.epilogue_n]
 
 
-def make_descriptors(a, b, c, cfg: GemmConfig, layout: str):
-    """Host TMA descriptors for A [M,K], B ([K,N], or the [N,K] weight behind a "t" view) and C [M,N]."""
+def make_descriptors(a, b, c, cfg: GemmConfig, layout: str, blocks=None):
+    """Host TMA descriptors for A [M,K], B ([K,N], or the [N,K] weight behind a "t" view) and C [M,N],
+    with the config's block shapes (`block_shapes`) or the (A, B, C) `blocks` given."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     gdt = GL_DTYPES[str(a.dtype).removeprefix("torch.")]
-    a_block, b_block, c_block = block_shapes(cfg, layout)
+    a_block, b_block, c_block = blocks or block_shapes(cfg, layout)
     b_src = b.t() if is_kmajor(layout) else b
     return (
         TensorDescriptor.from_tensor(a, a_block, smem_layout(a_block, gdt)),

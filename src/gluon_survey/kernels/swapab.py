@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 
 from ..launch import CompileSpec, Launch, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
-from .common import GL_DTYPES, b_operand, desc_signature, grouped_tile, smem_layout, store_tile, tma
+from .common import b_operand, desc_signature, grouped_tile, make_descriptors, store_tile, tma
 from .pipelined import ring_mma
 from .splitk import SplitKConfig, launch, split_reduce, splitk_specs
 
@@ -131,18 +131,9 @@ def config_for(capability: tuple[int, int], K: int) -> SwapABConfig:
 
 
 def prepare(a, b, out, target: Target, cfg: SwapABConfig | None = None) -> Launch:
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     cfg = cfg or config_for(target.capability, a.shape[1])
     layout = b_layout(b)
-    gdt = GL_DTYPES[str(a.dtype).removeprefix("torch.")]
-    x_block, w_block, c_block = _blocks(cfg, layout)
-    w_src = b.t() if is_kmajor(layout) else b
-    descs = (
-        TensorDescriptor.from_tensor(a, x_block, smem_layout(x_block, gdt)),
-        TensorDescriptor.from_tensor(w_src, w_block, smem_layout(w_block, gdt)),
-        TensorDescriptor.from_tensor(out, c_block, smem_layout(c_block, gdt)),
-    )
+    descs = make_descriptors(a, b, out, cfg, layout, _blocks(cfg, layout))
     tiles = triton.cdiv(out.shape[1], cfg.BLOCK_M) * triton.cdiv(out.shape[0], cfg.BLOCK_N)
     return launch(
         swapab_kernel,
