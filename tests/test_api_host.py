@@ -28,35 +28,12 @@ from gluon_survey.baselines import torch_ops
 from gluon_survey.driver import cli, overhead
 from gluon_survey.kernels import blocked, common, persistent, pipelined, warpspec
 from gluon_survey.launch import Target
+from recording import Launched, Recorder
 
 pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
 
 H100 = Target((9, 0), 132, "NVIDIA H100 80GB HBM3")
 RUNG_MODULES = (blocked, pipelined, persistent, warpspec)
-
-
-@dataclass
-class Launched:
-    kernel: str
-    grid: tuple
-    args: tuple
-    kwargs: dict
-
-
-class _Recorder:
-    """Stands in for a @gluon.jit kernel: `kernel[grid](*args, **kwargs)` records the launch."""
-
-    def __init__(self, name: str, log: list[Launched] | None):
-        self.name, self.log = name, log
-
-    def __getitem__(self, grid):
-        if self.log is None:  # for timing: a launch that does nothing
-            return _no_launch
-        return lambda *args, **kwargs: self.log.append(Launched(self.name, tuple(grid), args, kwargs))
-
-
-def _no_launch(*args, **kwargs):
-    pass
 
 
 @dataclass
@@ -74,7 +51,7 @@ def _fake_gpu(monkeypatch, log: list[Launched] | None) -> list[tuple]:
     for module in RUNG_MODULES:
         rung = module.RUNG
         monkeypatch.setattr(
-            module, "RUNG", dataclasses.replace(rung, kernel=_Recorder(rung.kernel.__name__, log))
+            module, "RUNG", dataclasses.replace(rung, kernel=Recorder(rung.kernel.__name__, log))
         )
     builds: list[tuple] = []
     build = api._build_plan

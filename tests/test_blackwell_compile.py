@@ -17,7 +17,6 @@ CPU only: `pytest -m compile tests/test_blackwell_compile.py`; passes with trito
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -41,6 +40,7 @@ from gluon_survey.kernels import (
 )
 from gluon_survey.launch import Target
 from kernel_reports import compiled_report, specs
+from recording import Launched, Recorder
 
 pytestmark = pytest.mark.compile
 
@@ -130,24 +130,6 @@ def test_architecture_is_chosen_once_on_the_host():
 # 2. The host side on a faked sm_100.
 
 
-@dataclass
-class Launched:
-    kernel: str
-    grid: tuple
-    args: tuple
-    kwargs: dict
-
-
-class _Recorder:
-    """Stands in for a @gluon.jit kernel: `kernel[grid](*args, **kwargs)` records the launch."""
-
-    def __init__(self, name: str, log: list[Launched]):
-        self.name, self.log = name, log
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.log.append(Launched(self.name, tuple(grid), args, kwargs))
-
-
 @pytest.fixture
 def sm100(monkeypatch) -> list[Launched]:
     """A B200 as far as the host code can tell; returns the list that launches are recorded in.
@@ -159,10 +141,10 @@ def sm100(monkeypatch) -> list[Launched]:
     for module in (blocked, pipelined, persistent, warpspec, warpspec_tcgen05):
         rung = module.RUNG
         monkeypatch.setattr(
-            module, "RUNG", dataclasses.replace(rung, kernel=_Recorder(rung.kernel.__name__, log))
+            module, "RUNG", dataclasses.replace(rung, kernel=Recorder(rung.kernel.__name__, log))
         )
-    monkeypatch.setattr(splitk, "splitk_kernel", _Recorder("splitk_kernel", log))
-    monkeypatch.setattr(swapab, "swapab_kernel", _Recorder("swapab_kernel", log))
+    monkeypatch.setattr(splitk, "splitk_kernel", Recorder("splitk_kernel", log))
+    monkeypatch.setattr(swapab, "swapab_kernel", Recorder("swapab_kernel", log))
     api.clear_plans()
     with FakeTensorMode():
         yield log

@@ -15,6 +15,7 @@ from gluon_survey import api, auto, choice
 from gluon_survey.driver import tune
 from gluon_survey.kernels import splitk, swapab, warpspec
 from gluon_survey.launch import Target
+from recording import Recorder
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -105,20 +106,12 @@ def test_tune_narrows_candidates_by_m():
     assert tune.candidates_for("torch", 16, (9, 0)) == {"cuBLAS": None}
 
 
-class _Recorder:
-    def __init__(self, log):
-        self.log = log
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.log.append((grid, args, kwargs))
-
-
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
 def test_auto_prepares_the_chosen_mode_with_the_chosen_config(table, monkeypatch):
     log: list = []
     target = Target((9, 0), 132, H100)
     monkeypatch.setattr(api, "target_of", lambda device: target)
-    monkeypatch.setattr(swapab, "swapab_kernel", _Recorder(log))
+    monkeypatch.setattr(swapab, "swapab_kernel", Recorder("swapab_kernel", log))
     with FakeTensorMode():
         a = torch.empty(16, 14336, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(4096, 14336, dtype=torch.bfloat16, device="cuda")
@@ -127,7 +120,8 @@ def test_auto_prepares_the_chosen_mode_with_the_chosen_config(table, monkeypatch
         launch.fn()
     assert launch.config["mode"] == "swapab" and "measured at M=16" in launch.config["why"]
     assert launch.config["BLOCK_M"] == 16 and launch.config["swap_ab"] is True
-    ((grid,), _, kwargs) = log[0]
+    (launched,) = log
+    ((grid,), kwargs) = launched.grid, launched.kwargs
     tiles = 4096 // 128
     slots = 132 * swapab.CONFIGS[9].blocks_per_sm()
     assert grid == tiles * kwargs["SPLIT_K"] and kwargs["SPLIT_K"] == splitk.split_for(tiles, 224, slots, 4)
