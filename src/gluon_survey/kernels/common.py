@@ -566,5 +566,25 @@ class Rung:
         return specs
 
 
+def provider_functions(rung: Callable[[], Rung]):
+    """The provider contract (gluon_survey/registry.py) of a rung module whose Rung answers it:
+    (config_for, candidates, prepare, compile_specs), each asking `rung()` on every call, so that
+    a test may swap the module's RUNG (its kernel for a recorder)."""
+
+    def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
+        return rung().config_for(capability, K)
+
+    def candidates(capability: tuple[int, int]) -> dict[str, GemmConfig]:
+        return rung().candidates(capability)
+
+    def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
+        return rung().prepare(a, b, out, target, cfg)
+
+    def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
+        return rung().specs(capability, dtype)
+
+    return config_for, candidates, prepare, compile_specs
+
+
 def num_tiles(M: int, N: int, cfg: GemmConfig) -> int:
     return triton.cdiv(M, cfg.a_rows) * triton.cdiv(N, cfg.BLOCK_N)

@@ -23,7 +23,6 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch import CompileSpec, Launch, Target
 from . import pipelined
 from .arch import unsupported_reason
 from .common import (
@@ -37,6 +36,7 @@ from .common import (
     invalidate_barriers,
     load_step,
     mbarrier,
+    provider_functions,
     stage_tile,
     store_staged_rest,
     store_staged_slice,
@@ -188,21 +188,5 @@ def persistent_kernel(
 RUNG = Rung("persistent", persistent_kernel, pipelined.constexprs, persistent=True, configs=CONFIGS)
 
 
-# The provider contract (gluon_survey/registry.py), answered by the Rung (looked up per call, so a
-# test may swap RUNG's kernel for a recorder).
-
-
-def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
-    return RUNG.config_for(capability, K)
-
-
-def candidates(capability: tuple[int, int]) -> dict[str, GemmConfig]:
-    return RUNG.candidates(capability)
-
-
-def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
-    return RUNG.prepare(a, b, out, target, cfg)
-
-
-def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
-    return RUNG.specs(capability, dtype)
+# The provider contract (gluon_survey/registry.py), answered by the Rung.
+config_for, candidates, prepare, compile_specs = provider_functions(lambda: RUNG)

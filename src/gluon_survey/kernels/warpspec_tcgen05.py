@@ -26,7 +26,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..compat import allocate_tensor_memory, tcgen05_commit, tcgen05_mma, tmem_load
-from ..launch import CompileSpec, Launch, Target, is_kmajor
+from ..launch import is_kmajor
 from .blackwell import TMEM_COLUMNS, acc_tmem_layout
 from .common import (
     GemmConfig,
@@ -37,6 +37,7 @@ from .common import (
     init_barriers,
     load_partition,
     mbarrier,
+    provider_functions,
     store_slice,
     tma,
 )
@@ -191,20 +192,5 @@ def _constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> di
 RUNG = Rung("warpspec", warpspec_tcgen05_kernel, _constexprs, persistent=True, configs={10: CONFIG})
 
 
-# The provider contract (gluon_survey/registry.py), answered by the Rung (looked up per call).
-
-
-def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
-    return RUNG.config_for(capability, K)
-
-
-def candidates(capability: tuple[int, int]) -> dict[str, GemmConfig]:
-    return RUNG.candidates(capability)
-
-
-def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
-    return RUNG.prepare(a, b, out, target, cfg)
-
-
-def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
-    return RUNG.specs(capability, dtype)
+# The provider contract (gluon_survey/registry.py), answered by the Rung.
+config_for, candidates, prepare, compile_specs = provider_functions(lambda: RUNG)
