@@ -56,9 +56,9 @@ def _fake_gpu(monkeypatch, log: list[Launched] | None) -> list[tuple]:
     builds: list[tuple] = []
     build = api._build_plan
 
-    def counting_build(kernel, a, b, out):
+    def counting_build(kernel, a, b, out, *fp8):
         builds.append((kernel, a, b, out))
-        return build(kernel, a, b, out)
+        return build(kernel, a, b, out, *fp8)
 
     monkeypatch.setattr(api, "_build_plan", counting_build)
     return builds

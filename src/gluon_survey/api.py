@@ -43,9 +43,11 @@ from dataclasses import dataclass
 import torch
 
 from . import registry
-from .launch import Launch, Target, b_layout
+from .launch import Launch, Scales, Target, b_layout
 
 DTYPES = (torch.float16, torch.bfloat16)
+FP8 = torch.float8_e4m3fn  # fp8 operands: e4m3, fp32 accumulation, dequantized in the epilogue
+FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)  # what an fp8 product may be written as
 _ALIGN = 16  # bytes: TMA base and stride alignment
 
 
@@ -86,14 +88,28 @@ def require_tensor(name: str, t: object) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> None:
+def _check_operands(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> str | None:
+    """Every check of matmul's arguments; returns the fp8 scaling ("tensor" or "row"), None for
+    fp16/bf16 operands."""
     for name, t in (("a", a), ("b", b)):
         require_tensor(name, t)
         if t.dim() != 2:
             raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
+        if t.dtype in (torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
             raise TypeError(
-                f"{name} is {t.dtype}; the survey's kernels take float16 or bfloat16 "
+                f"{name} is {t.dtype}; the survey's fp8 kernels take float8_e4m3fn (e4m3) for both "
+                f"operands (quantize with {name}.to(torch.float8_e4m3fn) and a scale)"
+            )
+        if t.dtype not in DTYPES and t.dtype != FP8:
+            raise TypeError(
+                f"{name} is {t.dtype}; the survey's kernels take float16, bfloat16 or float8_e4m3fn "
                 f"(convert with {name}.half() or {name}.bfloat16())"
             )
         if t.device.type != "cuda":
@@ -106,15 +122,78 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) 
         raise ValueError(
             f"shapes {tuple(a.shape)} @ {tuple(b.shape)} do not match: a.shape[1] must equal b.shape[0]"
         )
+    M, N = a.shape[0], b.shape[1]
+    scaling = _check_fp8(a, b, scale_a, scale_b, out_dtype) if a.dtype == FP8 else None
+    if scaling is None:
+        if scale_a is not None or scale_b is not None:
+            raise TypeError(f"scale_a / scale_b apply to float8_e4m3fn operands only; a is {a.dtype}")
+        if out_dtype is not None and out_dtype != a.dtype:
+            raise TypeError(f"out_dtype {out_dtype} differs from the inputs' {a.dtype}; it is for fp8 inputs")
     if out is not None:
-        M, N = a.shape[0], b.shape[1]
         require_tensor("out", out)
+        expected = result_dtype(a, out_dtype)
         if tuple(out.shape) != (M, N):
             raise ValueError(f"out has shape {tuple(out.shape)}, expected ({M}, {N})")
-        if out.dtype != a.dtype:
-            raise TypeError(f"out is {out.dtype}, expected {a.dtype} (the inputs' dtype)")
+        if out.dtype != expected:
+            raise TypeError(f"out is {out.dtype}, expected {expected}")
         if out.device != a.device:
             raise ValueError(f"out is on {out.device}, expected {a.device}")
+    return scaling
+
+
+def result_dtype(a: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.dtype:
+    """The dtype of a @ b: the inputs' for fp16/bf16; `out_dtype` (default bf16) for fp8."""
+    if a.dtype == FP8:
+        return out_dtype or torch.bfloat16
+    return a.dtype
+
+
+_SCALES_HELP = (
+    "fp8 operands need dequantization scales, fp32 CUDA tensors: per-tensor (scale_a and scale_b "
+    "of one element each) or row-wise (scale_a [M, 1], one per row of a; scale_b [1, N], one per "
+    "column of b)"
+)
+
+
+def _check_fp8(a, b, scale_a, scale_b, out_dtype) -> str:
+    """The fp8-only rules: scales (returns their kind), output dtype, K-major B."""
+    if scale_a is None or scale_b is None:
+        raise TypeError(f"{_SCALES_HELP}; got scale_a={_describe(scale_a)}, scale_b={_describe(scale_b)}")
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        require_tensor(name, t)
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} is {t.dtype}; scales are float32 (use {name}.float())")
+        if t.device != a.device:
+            raise ValueError(f"{name} is on {t.device}, expected {a.device} (the operands' GPU)")
+    M, N = a.shape[0], b.shape[1]
+    if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 2 and scale_b.dim() <= 2:
+        scaling = "tensor"
+    elif tuple(scale_a.shape) == (M, 1) and tuple(scale_b.shape) == (1, N):
+        scaling = "row"
+    else:
+        raise ValueError(
+            f"{_SCALES_HELP}; got scale_a {tuple(scale_a.shape)} and scale_b {tuple(scale_b.shape)} "
+            f"for M={M}, N={N}"
+        )
+    if out_dtype is not None and out_dtype not in FP8_OUT_DTYPES:
+        raise TypeError(f"out_dtype {out_dtype}: an fp8 product is written as torch.bfloat16 or float16")
+    if b_layout(b) != "t":
+        raise ValueError(
+            "fp8 MMAs read both operands K-major: pass b as the transpose view of a row-major "
+            "[N, K] weight (b = w.t(); from a [K, N] matrix: b.t().contiguous().t())"
+        )
+    return scaling
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"a tensor of shape {tuple(t.shape)}"
+    return type(t).__name__
+
+
+def _flat_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, kind: str) -> Scales:
+    """The scales as the providers take them (`launch.Scales`): flat, contiguous fp32."""
+    return Scales(scale_a.contiguous().view(-1), scale_b.contiguous().view(-1), kind)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -159,9 +238,14 @@ def _b_tma_ok(b: torch.Tensor) -> bool:
     return _tma_ok(b.t() if b_layout(b) == "t" else b)
 
 
-def _runnable(mode: str, device: torch.device) -> tuple[registry.Mode, Target]:
-    """The mode called `mode` and the GPU of `device`; RuntimeError when it cannot run there."""
+def _runnable(mode: str, device: torch.device, fp8: bool = False) -> tuple[registry.Mode, Target]:
+    """The mode called `mode` and the GPU of `device`; RuntimeError when it cannot run there,
+    TypeError when it has no fp8 kernel and the operands are fp8."""
     m = registry.get(mode)
+    if fp8 and not m.fp8:
+        raise TypeError(
+            f"mode {m.name!r} has no fp8 kernel; fp8 operands run in: {', '.join(registry.fp8_names())}"
+        )
     target = target_of(device)
     reason = m.unsupported_reason(target.capability)
     if reason:
@@ -169,25 +253,41 @@ def _runnable(mode: str, device: torch.device) -> tuple[registry.Mode, Target]:
     return m, target
 
 
-def prepare(mode: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> Launch:
-    """A ready launch of `mode` computing out = a @ b (validated, aligned, compiled lazily).
+def prepare(
+    mode: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> Launch:
+    """A ready launch of `mode` computing out = a @ b (validated, aligned, compiled lazily); for
+    fp8 operands out = (a @ b) * scale_a * scale_b.
 
     This is what the driver times: when an operand needs an aligned copy, that copy is made here,
     once, and is not part of `Launch.fn`; an output that needs one is copied back inside `fn`.
     """
-    _check_operands(a, b, out)
-    m, target = _runnable(mode, a.device)
+    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype)
+    m, target = _runnable(mode, a.device, scaling is not None)
     M, N = a.shape[0], b.shape[1]
     if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        out = torch.empty((M, N), dtype=result_dtype(a, out_dtype), device=a.device)
     if M == 0 or N == 0 or a.shape[1] == 0:
         return Launch(lambda: out.zero_(), {"impl": "empty or K=0: zeros"})
 
     a2, copied_a = _aligned(a)
     b2, copied_b = _aligned_b(b)
     c2 = out if _tma_ok(out) else _aligned_empty(M, N, out)
-    launch = m.provider(target.capability).prepare(a2, b2, c2, target)
+    provider = m.provider(target.capability)
+    if scaling is None:
+        launch = provider.prepare(a2, b2, c2, target)
+    else:
+        launch = provider.prepare(a2, b2, c2, target, scales=_flat_scales(scale_a, scale_b, scaling))
     config = launch.config  # the provider's own dict: autotuned modes fill it in on the first call
+    if scaling is not None:
+        config["scales"] = scaling
     copies = [n for n, c in (("a", copied_a), ("b", copied_b), ("out", c2 is not out)) if c]
     if copies:
         config["aligned_copy"] = ",".join(copies)
@@ -218,20 +318,29 @@ class MatmulPlan:
     tensors of that key: allocate `out` if None, copy the operands TMA cannot describe, launch,
     copy the result back where the output could not be written in place.
 
-    `run(a, b, out)` launches on TMA-describable tensors: a rung's `Plan.launch`, or for providers
-    without a plan their `prepare(...).fn()`; it writes `out` or returns the product (torch.compile).
-    None when M, N or K is 0: the result is zeros and nothing is launched."""
+    `run(a, b, out, scales)` launches on TMA-describable tensors: a rung's `Plan.launch`, or for
+    providers without a plan their `prepare(...).fn()`; it writes `out` or returns the product
+    (torch.compile). None when M, N or K is 0: the result is zeros and nothing is launched.
+    `scaling` is the fp8 scales' kind ("tensor" or "row"), None for fp16/bf16."""
 
     mode: str
     shape: tuple[int, int]  # (M, N): the output
-    dtype: torch.dtype
+    dtype: torch.dtype  # the output's
     device: torch.device
-    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None
+    run: Callable[..., object] | None
     copy_a: bool = False  # a needs an aligned copy
     copy_b: bool = False
     copy_out: bool = False  # out is computed into an aligned buffer and copied back
+    scaling: str | None = None
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        out: torch.Tensor | None = None,
+        scale_a: torch.Tensor | None = None,
+        scale_b: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if out is None:
             out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         if self.run is None:
@@ -239,7 +348,10 @@ class MatmulPlan:
         a2 = _aligned_copy(a) if self.copy_a else a
         b2 = _aligned_copy_b(b) if self.copy_b else b
         c2 = _aligned_empty(*self.shape, like=out) if self.copy_out else out
-        result = self.run(a2, b2, c2)
+        if self.scaling is None:
+            result = self.run(a2, b2, c2)
+        else:
+            result = self.run(a2, b2, c2, _flat_scales(scale_a, scale_b, self.scaling))
         if not isinstance(result, torch.Tensor):  # the product is in c2
             result = c2
         if result is not out:
@@ -251,11 +363,20 @@ _PLANS: dict[tuple, MatmulPlan] = {}
 _MAX_PLANS = 1024  # past this many keys the cache starts again from empty (simple and thread-safe)
 
 
-def _plan_key(kernel: str | None, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tuple:
+def _plan_key(
+    kernel: str | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> tuple:
     """Everything `_build_plan` reads of its arguments (module docstring); a key without `out`'s
-    part is shorter, so it never equals one with it. It also holds `target_of`, the function (not
-    its answer, which the device decides): tests that fake a GPU replace that function, and so
-    never meet a plan made for another GPU."""
+    part is shorter, so it never equals one with it, and fp8's scales and output dtype add a part
+    of their own. It also holds `target_of`, the function (not its answer, which the device
+    decides): tests that fake a GPU replace that function, and so never meet a plan made for
+    another GPU."""
     device = a.device
     key = (
         kernel,
@@ -271,37 +392,61 @@ def _plan_key(kernel: str | None, a: torch.Tensor, b: torch.Tensor, out: torch.T
         b.device,
         b.data_ptr() % _ALIGN == 0,
     )
+    if scale_a is not None or scale_b is not None or out_dtype is not None:
+        key = (*key, "fp8", out_dtype, *_scale_key(scale_a), *_scale_key(scale_b))
     if out is None:
         return key
     return (*key, out.shape, out.stride(), out.dtype, out.device, out.data_ptr() % _ALIGN == 0)
 
 
-def _build_plan(kernel: str | None, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> MatmulPlan:
+def _scale_key(t: torch.Tensor | None) -> tuple:
+    return (None,) if t is None else (t.shape, t.dtype, t.device)
+
+
+def _build_plan(
+    kernel: str | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor | None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> MatmulPlan:
     """The plan of a call's key, or the error the call raises. The provider's `prepare` sees
     stand-ins where copies will be made (empty buffers of the copies' layout), so nothing is
     computed here."""
-    _check_operands(a, b, out)
-    m, target = _runnable(kernel if kernel is not None else default_mode(a), a.device)
+    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype)
+    m, target = _runnable(kernel if kernel is not None else default_mode(a), a.device, scaling is not None)
     M, K, N = a.shape[0], a.shape[1], b.shape[1]
-    plan = functools.partial(MatmulPlan, m.name, (M, N), a.dtype, a.device)
+    dtype = result_dtype(a, out_dtype)
+    plan = functools.partial(MatmulPlan, m.name, (M, N), dtype, a.device)
     if M == 0 or N == 0 or K == 0:
-        return plan(None)
+        return plan(None, scaling=scaling)
     if out is None:  # what the plan will allocate
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        out = torch.empty((M, N), dtype=dtype, device=a.device)
     copy_a, copy_b, copy_out = not _tma_ok(a), not _b_tma_ok(b), not _tma_ok(out)
     a2 = _aligned_empty(M, K, a) if copy_a else a
     b2 = (_aligned_empty(N, K, b).t() if b_layout(b) == "t" else _aligned_empty(K, N, b)) if copy_b else b
     c2 = _aligned_empty(M, N, out) if copy_out else out
     provider = m.provider(target.capability)
-    reusable = getattr(provider.prepare(a2, b2, c2, target).fn, "plan", None)
+    if scaling is None:
+        reusable = getattr(provider.prepare(a2, b2, c2, target).fn, "plan", None)
+    else:
+        scales = _flat_scales(scale_a, scale_b, scaling)
+        reusable = getattr(provider.prepare(a2, b2, c2, target, scales=scales).fn, "plan", None)
     if reusable is not None:
         run = reusable.launch
-    else:
+    elif scaling is None:
 
         def run(a2, b2, c2):
             return provider.prepare(a2, b2, c2, target).fn()
 
-    return plan(run, copy_a, copy_b, copy_out)
+    else:
+
+        def run(a2, b2, c2, scales):
+            return provider.prepare(a2, b2, c2, target, scales=scales).fn()
+
+    return plan(run, copy_a, copy_b, copy_out, scaling)
 
 
 def clear_plans() -> None:
@@ -309,26 +454,43 @@ def clear_plans() -> None:
     _PLANS.clear()
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: str | None = None, out: torch.Tensor | None = None):
+def matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    kernel: str | None = None,
+    out: torch.Tensor | None = None,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+):
     """a @ b with one of the survey's kernels (`kernel` = a mode name; None = fastest for this GPU).
 
     a: [M, K]; b: [K, N] row-major or the transpose view of a contiguous [N, K] weight (`w.t()`,
-    no copy); fp16 or bf16 CUDA tensors; fp32 accumulation, result in the inputs' dtype. The
-    first call of a plan key does the checks and choices; repeated calls only launch (module
+    no copy); fp16 or bf16 CUDA tensors; fp32 accumulation, result in the inputs' dtype.
+
+    fp8: a and b float8_e4m3fn, b the transpose view of an [N, K] weight, and fp32 scales, the
+    result (a @ b) * scale_a * scale_b in `out_dtype` (bf16, the default, or fp16): per-tensor
+    (scale_a, scale_b of one element) or row-wise (scale_a [M, 1], scale_b [1, N]), as
+    `torch._scaled_mm` takes them.
+
+    The first call of a plan key does the checks and choices; repeated calls only launch (module
     docstring). Capturable in a CUDA graph once a first call has run outside the capture.
     """
     try:
-        key = _plan_key(kernel, a, b, out)
+        key = _plan_key(kernel, a, b, out, scale_a, scale_b, out_dtype)
     except Exception:
-        _check_operands(a, b, out)  # arguments that are not tensors: say which and why
+        _check_operands(a, b, out, scale_a, scale_b, out_dtype)  # not tensors: say which and why
         raise
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _build_plan(kernel, a, b, out)
+        plan = _build_plan(kernel, a, b, out, scale_a, scale_b, out_dtype)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
-    return plan(a, b, out)
+    if plan.scaling is None:
+        return plan(a, b, out)
+    return plan(a, b, out, scale_a, scale_b)
 
 
 def explain(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> str:

@@ -1,6 +1,7 @@
 """The few types every layer shares, in a module that imports nothing of the package: what a
 provider is given (`Target`: the GPU it launches on), what it returns (`Launch`), what `inspect`
-compiles (`CompileSpec`), and the one vocabulary of B layouts.
+compiles (`CompileSpec`), the fp8 scales a provider applies (`Scales`), and the one vocabulary of
+B layouts.
 
 B layouts, one spelling everywhere (CLI, results, configs, kernel labels, tests):
 
@@ -44,6 +45,44 @@ class Target:
     @property
     def arch(self) -> str:
         return f"sm_{self.capability[0]}{self.capability[1]}"
+
+
+SCALINGS = ("tensor", "row")
+
+
+@dataclass(frozen=True)
+class Scales:
+    """The dequantization scales of an fp8 product, out = (a @ b) * scale_a * scale_b, applied to
+    the fp32 accumulator in the epilogue. `gluon_survey.api` validates them and hands providers
+    flat, contiguous fp32 tensors on the operands' GPU:
+
+        kind "tensor"  a and b hold one element each (per-tensor scales);
+        kind "row"     a holds M elements (one per row of A: per token) and b holds N (one per
+                       column of B: per output channel of the weight).
+
+    `torch_a` / `torch_b` are the same scales in the shapes `torch._scaled_mm` takes: () for
+    per-tensor, [M, 1] and [1, N] for row-wise (views, no copy)."""
+
+    a: object  # torch.Tensor, fp32, flat
+    b: object
+    kind: str
+
+    def __post_init__(self):
+        if self.kind not in SCALINGS:
+            raise ValueError(f"unknown scaling {self.kind!r}; use one of {', '.join(SCALINGS)}")
+
+    @property
+    def code(self) -> int:
+        """The kernels' SCALING constexpr: 0 no scales, 1 per-tensor, 2 row-wise."""
+        return SCALINGS.index(self.kind) + 1
+
+    @property
+    def torch_a(self):
+        return self.a.view(()) if self.kind == "tensor" else self.a.view(-1, 1)
+
+    @property
+    def torch_b(self):
+        return self.b.view(()) if self.kind == "tensor" else self.b.view(1, -1)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ they run on; `warpspec` has a Hopper module and a Blackwell one). Every provider
         only, returns it as a new tensor, because writing into `out` would add a copy kernel to
         every timed call); its first call may JIT-compile or autotune.
 
+A mode with `fp8=True` also takes fp8 e4m3 operands: its provider's `prepare` then gets a
+keyword `scales: launch.Scales` (per-tensor or row-wise dequantization scales, applied to the fp32
+accumulator) and an `out` of bf16 or fp16, and B is always the transpose view of an [N, K] weight
+(fp8 wgmma reads both operands K-major); without fp8 operands `scales` is None or not passed.
+
 and, where it owns kernels, `compile_specs(capability, dtype) -> list[launch.CompileSpec]` for
 `gluon-survey inspect`. Importing a provider module must not need a GPU, so that `gluon-survey
 list` and `inspect` work anywhere.
@@ -37,6 +42,7 @@ class Mode:
     module: str  # provider module, imported lazily
     # Provider modules for particular architectures, by compute-capability major: (10, "...").
     arch_modules: tuple[tuple[int, str], ...] = ()
+    fp8: bool = False  # takes fp8 e4m3 operands with scales (module docstring)
 
     def module_for(self, capability: tuple[int, int] | None) -> str:
         """The provider module's name for a GPU of this capability (the default one without a GPU)."""
@@ -70,6 +76,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.pipelined",
+        fp8=True,
     ),
     Mode(
         "persistent",
@@ -78,6 +85,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.persistent",
+        fp8=True,
     ),
     Mode(
         "warpspec",
@@ -86,6 +94,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.warpspec",
         arch_modules=((10, "gluon_survey.kernels.warpspec_tcgen05"),),
+        fp8=True,
     ),
     Mode(
         "splitk",
@@ -109,6 +118,7 @@ MODES: tuple[Mode, ...] = (
         "choice",
         ("any CUDA GPU",),
         "gluon_survey.auto",
+        fp8=True,
     ),
     Mode(
         "triton",
@@ -116,6 +126,7 @@ MODES: tuple[Mode, ...] = (
         "baseline",
         ("sm_90", "sm_100", "sm_120"),
         "gluon_survey.baselines.triton_gemm",
+        fp8=True,
     ),
     Mode(
         "torch",
@@ -123,6 +134,7 @@ MODES: tuple[Mode, ...] = (
         "baseline",
         ("any CUDA GPU",),
         "gluon_survey.baselines.torch_ops",
+        fp8=True,
     ),
     Mode(
         "torch.compile",
@@ -160,6 +172,10 @@ def parse_modes(spec: str | None) -> list[Mode]:
             if mode not in out:
                 out.append(mode)
     return out
+
+
+def fp8_names() -> list[str]:
+    return [m.name for m in MODES if m.fp8]
 
 
 def supported_summary() -> str:
