@@ -13,6 +13,17 @@ class Launched:
     args: tuple
     kwargs: dict
 
+    @property
+    def descriptors(self) -> tuple:
+        """The A, B and C descriptors: the first three arguments of every rung kernel."""
+        return self.args[:3]
+
+    @property
+    def rest(self) -> tuple:
+        """What follows the descriptors: (scale_a, scale_b) for the rungs that take fp8 scales,
+        None and None for fp16/bf16 operands."""
+        return self.args[3:]
+
 
 class Recorder:
     def __init__(self, name: str, log: list[Launched] | None):

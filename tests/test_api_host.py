@@ -95,9 +95,10 @@ def test_a_repeated_call_reuses_its_plan_on_the_new_tensors(host, kernel):
     assert len(host.builds) == 1, "the second call of the same key built a plan again"
     one, two = host.launches
     assert (one.kernel, one.grid, one.kwargs) == (two.kernel, two.grid, two.kwargs)
-    for desc, tensor in zip(two.args, (second[0], second[1], second[2]), strict=True):
+    assert two.rest in ((), (None, None))  # no fp8 scales
+    for desc, tensor in zip(two.descriptors, (second[0], second[1], second[2]), strict=True):
         assert desc.base is tensor  # this call's tensors, not the first call's
-    for d1, d2 in zip(one.args, two.args, strict=True):
+    for d1, d2 in zip(one.descriptors, two.descriptors, strict=True):
         assert (d1.shape, d1.strides, d1.block_shape, d1.layout) == (
             d2.shape,
             d2.strides,
@@ -119,7 +120,7 @@ def test_matmul_launches_what_prepare_launches(host, rung):
             prepared.grid,
             prepared.kwargs,
         )
-        for d1, d2 in zip(prepared.args, launched.args, strict=True):
+        for d1, d2 in zip(prepared.descriptors, launched.descriptors, strict=True):
             assert d1.base is d2.base or d1.base.data_ptr() == d2.base.data_ptr()
             assert {f.name: getattr(d1, f.name) for f in dataclasses.fields(d1) if f.name != "base"} == {
                 f.name: getattr(d2, f.name) for f in dataclasses.fields(d2) if f.name != "base"
@@ -227,7 +228,7 @@ def test_aligned_copies_are_made_per_call_and_launched(host, copies):
     (plan,) = api._PLANS.values()
     assert (plan.copy_a, plan.copy_b, plan.copy_out) == (True, False, True)
     for launched in host.launches:
-        a_desc, b_desc, c_desc = launched.args
+        a_desc, b_desc, c_desc = launched.descriptors
         assert a_desc.base is not a and tuple(a_desc.base.shape) == (300, 199) and api._tma_ok(a_desc.base)
         assert b_desc.base is b
         assert c_desc.base is not out and api._tma_ok(c_desc.base)

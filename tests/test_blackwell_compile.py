@@ -182,7 +182,7 @@ def test_warpspec_prepare_on_sm100(sm100, shape, layout):
     launch, launched = _launch("warpspec", sm100, a, b, out)
     cfg = warpspec_tcgen05.CONFIG
     assert launched.kernel == "warpspec_tcgen05_kernel"
-    a_desc, b_desc, c_desc = launched.args
+    a_desc, b_desc, c_desc = launched.descriptors
     assert a_desc.block_shape == [cfg.BLOCK_M, cfg.BLOCK_K]
     if layout == "t":  # the [N, K] weight itself, K-major tiles
         assert list(b_desc.shape) == [N, K] and b_desc.block_shape == [cfg.BLOCK_N, cfg.BLOCK_K]
@@ -209,7 +209,7 @@ def test_mma_rung_prepare_on_sm100(sm100, rung, shape, layout):
     a, b, out = _operands(M, N, K, layout)
     launch, launched = _launch(rung, sm100, a, b, out)
     BM, BN, BK = (launch.config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-    a_desc, b_desc, c_desc = launched.args
+    a_desc, b_desc, c_desc = launched.descriptors
     assert launched.kwargs["MMA"] is blackwell.MMAv5
     kmajor = launched.kwargs["B_KMAJOR"]
     assert kmajor == (layout == "t")

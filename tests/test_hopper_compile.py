@@ -55,10 +55,10 @@ def test_config_computes_the_compilers_shared_memory(mode, dtype, index):
 
 @pytest.mark.parametrize(("mode", "dtype", "index"), [p for p in SPECS if p.values[0] == "warpspec"])
 def test_warpspec_reallocates_registers(mode, dtype, index):
-    _, r = compiled_report(mode, "sm_90a", dtype, index)
+    spec, r = compiled_report(mode, "sm_90a", dtype, index)
     assert r.count("USETMAXREG") > 0, r.sass
     assert r.setmaxnreg.get("dec"), "the producer warpgroup must give registers back"
-    assert max(r.setmaxnreg.get("inc", [0])) >= warpspec.CONSUMER_REGS, "the MMA warpgroups must grow"
+    assert max(r.setmaxnreg.get("inc", [0])) >= spec.config.CONSUMER_REGS, "the MMA warpgroups must grow"
 
 
 def test_inspect_json_lists_every_rung(capsys):
@@ -107,4 +107,7 @@ def test_shared_memory_arithmetic():
     assert blocked.smem_bytes() == max((64 + 256) * 128 * 2, 64 * 256 * 2)
     assert persistent.CONFIGS[9].smem_bytes() == 3 * (128 + 256) * 64 * 2 + 4 * 128 * 64 * 2
     assert warpspec.PINGPONG.smem_bytes() == 5 * (192 + 128) * 64 * 2 + 2 * 64 * 64 * 2
-    assert persistent.CONFIGS[9].smem_bytes(elem_bytes=1) * 2 == persistent.CONFIGS[9].smem_bytes()
+    # fp8: the same bytes per stage with twice the K; C stays 16-bit.
+    assert persistent.FP8_CONFIGS[9].smem_bytes() == 3 * (128 + 256) * 128 + 4 * 128 * 64 * 2
+    one_byte = replace(persistent.CONFIGS[9], ELEM_BYTES=1)
+    assert one_byte.smem_bytes() == 3 * (128 + 256) * 64 + 4 * 128 * 64 * 2

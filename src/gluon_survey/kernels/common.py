@@ -16,9 +16,14 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.runtime.driver import driver
 
 from ..compat import aggregate, tma_load, tma_store
-from ..launch import B_LAYOUTS, CompileSpec, Launch, Target, b_layout, is_kmajor
+from ..launch import B_LAYOUTS, CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 
-GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16}
+GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16, "float8_e4m3fn": gl.float8e4nv}
+FP8 = "float8_e4m3fn"
+# Signature type names, and the output dtype `inspect` compiles an fp8 kernel with.
+_SIGNATURE_TYPES = {"float16": "fp16", "bfloat16": "bf16", FP8: "fp8e4nv"}
+FP8_OUT = "bfloat16"
+OUT_BYTES = 2  # C is fp16 or bf16 (an fp8 product is written as bf16 or fp16 too)
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory per block on Hopper and B200
 SMEM_PER_SM = 228 * 1024  # shared memory per SM, of which each resident block also takes 1 KB
 
@@ -42,6 +47,7 @@ class GemmConfig:
     EPILOGUE: str = "after"
     EPILOGUE_N: int = 0  # columns of a C slice (0: the whole BLOCK_N)
     EPILOGUE_BUFFERS: int = 1  # "sliced": buffers the slices cycle through
+    ELEM_BYTES: int = 2  # bytes of an A or B element: 2 for fp16/bf16, 1 for an fp8 config
 
     def __post_init__(self):
         if self.EPILOGUE not in EPILOGUES:
@@ -62,15 +68,15 @@ class GemmConfig:
         """[BLOCK_M, epilogue_n] staging buffers for C: a deferred tile is staged whole."""
         return self.BLOCK_N // self.epilogue_n if self.EPILOGUE == "deferred" else self.EPILOGUE_BUFFERS
 
-    def smem_bytes(self, elem_bytes: int = 2) -> int:
+    def smem_bytes(self) -> int:
         """Shared memory of the operand ring and the C staging (the barriers' few bytes aside)."""
-        ring = self.STAGES * (self.a_rows * self.BLOCK_K + self.BLOCK_N * self.BLOCK_K) * elem_bytes
-        staging = self.c_copies * self.c_buffers * self.BLOCK_M * self.epilogue_n * elem_bytes
+        ring = self.STAGES * (self.a_rows * self.BLOCK_K + self.BLOCK_N * self.BLOCK_K) * self.ELEM_BYTES
+        staging = self.c_copies * self.c_buffers * self.BLOCK_M * self.epilogue_n * OUT_BYTES
         return max(ring, staging) if self.EPILOGUE == "after" else ring + staging
 
-    def blocks_per_sm(self, elem_bytes: int = 2) -> int:
+    def blocks_per_sm(self) -> int:
         """How many programs of this config share an SM, as far as shared memory goes."""
-        return max(1, SMEM_PER_SM // (self.smem_bytes(elem_bytes) + 1024))
+        return max(1, SMEM_PER_SM // (self.smem_bytes() + 1024))
 
     @property
     def a_rows(self) -> int:
@@ -89,7 +95,8 @@ class GemmConfig:
             "sliced": f" C{self.BLOCK_M}x{self.epilogue_n}x{self.c_buffers}",
             "deferred": f" C{self.BLOCK_M}x{self.epilogue_n}x{self.c_buffers} deferred",
         }[self.EPILOGUE]
-        return f"{self.a_rows}x{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps}{epilogue}"
+        fp8 = " fp8" if self.ELEM_BYTES == 1 else ""
+        return f"{self.a_rows}x{self.BLOCK_N}x{self.BLOCK_K}{fp8} s{self.STAGES} w{self.num_warps}{epilogue}"
 
     def table(self) -> dict[str, object]:
         """What a results row records of the config."""
@@ -241,10 +248,48 @@ def store_tile(c_desc, c_smem, acc, off_m, off_n):
 
 
 @gluon.jit
-def store_slice(c_desc, c_smem, part, off_m, off_n, PENDING: gl.constexpr):
+def scale_tile(acc, scale_a, scale_b, off_m, off_n, M, N, SCALING: gl.constexpr):
+    """fp8 dequantization of an fp32 accumulator tile at (off_m, off_n) of the [M, N] output:
+    SCALING 0 leaves it (fp16/bf16), 1 multiplies by the per-tensor scales *scale_a * *scale_b,
+    2 by row-wise scales, scale_a[row] * scale_b[column] (masked at M and N). A thread holds a
+    scale for each of its columns, so the epilogues call this per C slice, not per tile (a
+    256-wide tile's column scales alone would take 64 registers per thread)."""
+    if SCALING == 1:
+        acc = acc * (gl.load(scale_a) * gl.load(scale_b))
+    elif SCALING == 2:
+        layout: gl.constexpr = acc.type.layout
+        sa = _load_scales(scale_a, off_m, M, acc.shape[0], gl.SliceLayout(1, layout))
+        sb = _load_scales(scale_b, off_n, N, acc.shape[1], gl.SliceLayout(0, layout))
+        acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+    return acc
+
+
+@gluon.jit
+def _load_scales(scales, first, count, SIZE: gl.constexpr, layout: gl.constexpr):
+    """scales[first : first + SIZE] (0 past `count`) in `layout`. Loaded one element per thread
+    and then redistributed: loaded in the accumulator's slice layout directly, every thread would
+    compute a 64-bit address per column it holds, which spills a register-bound epilogue."""
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    index = first + gl.arange(0, SIZE, layout=flat)
+    return gl.convert_layout(gl.load(scales + index, mask=index < count, other=0.0), layout)
+
+
+@gluon.jit
+def store_slice(
+    c_desc,
+    c_smem,
+    part,
+    off_m,
+    off_n,
+    PENDING: gl.constexpr,
+    scale_a=None,
+    scale_b=None,
+    SCALING: gl.constexpr = 0,
+):
     """One slice of a sliced epilogue: wait until at most PENDING earlier TMA stores are still in
-    flight (so the one that last read `c_smem` has finished), then registers -> output dtype ->
-    `c_smem` -> TMA store at (off_m, off_n)."""
+    flight (so the one that last read `c_smem` has finished), then registers -> fp8 scales
+    (`scale_tile`) -> output dtype -> `c_smem` -> TMA store at (off_m, off_n)."""
+    part = scale_tile(part, scale_a, scale_b, off_m, off_n, c_desc.shape[0], c_desc.shape[1], SCALING)
     tma.store_wait(PENDING)
     c_smem.store(part.to(c_desc.dtype))
     fence_async_shared()
@@ -253,22 +298,46 @@ def store_slice(c_desc, c_smem, part, off_m, off_n, PENDING: gl.constexpr):
 
 @gluon.jit
 def store_tile_sliced(
-    c_desc, c_bufs, c, off_m, off_n, BUFFERS: gl.constexpr, BASE: gl.constexpr = 0, FIRST: gl.constexpr = 0
+    c_desc,
+    c_bufs,
+    c,
+    off_m,
+    off_n,
+    BUFFERS: gl.constexpr,
+    BASE: gl.constexpr = 0,
+    FIRST: gl.constexpr = 0,
+    scale_a=None,
+    scale_b=None,
+    SCALING: gl.constexpr = 0,
 ):
     """Epilogue in column slices: c [BM, BN] leaves as BN / SN slices of [BM, SN] (SN = the C
     descriptor's block width), slice i through buffer BASE + (FIRST + i) % BUFFERS of `c_bufs`. A
     buffer is rewritten only once its previous TMA store has read it (`store_wait` leaves the other
-    buffers' stores in flight). Halving c along N is a register renaming, no data moves."""
+    buffers' stores in flight). Halving c along N is a register renaming, no data moves. fp8
+    scales are applied per slice (`store_slice`)."""
     BLOCK_M: gl.constexpr = c.shape[0]
     WIDTH: gl.constexpr = c.shape[1]
     SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
     if WIDTH == SLICE_N:
-        store_slice(c_desc, c_bufs.index(BASE + FIRST % BUFFERS), c, off_m, off_n, BUFFERS - 1)
+        buf = c_bufs.index(BASE + FIRST % BUFFERS)
+        store_slice(c_desc, buf, c, off_m, off_n, BUFFERS - 1, scale_a, scale_b, SCALING)
     else:
         left, right = c.reshape([BLOCK_M, 2, WIDTH // 2]).permute(0, 2, 1).split()
         HALF: gl.constexpr = WIDTH // 2
-        store_tile_sliced(c_desc, c_bufs, left, off_m, off_n, BUFFERS, BASE, FIRST)
-        store_tile_sliced(c_desc, c_bufs, right, off_m, off_n + HALF, BUFFERS, BASE, FIRST + HALF // SLICE_N)
+        store_tile_sliced(c_desc, c_bufs, left, off_m, off_n, BUFFERS, BASE, FIRST, scale_a, scale_b, SCALING)
+        store_tile_sliced(
+            c_desc,
+            c_bufs,
+            right,
+            off_m,
+            off_n + HALF,
+            BUFFERS,
+            BASE,
+            FIRST + HALF // SLICE_N,
+            scale_a,
+            scale_b,
+            SCALING,
+        )
 
 
 # Deferred epilogue (persistent, and warpspec's cooperative design): tile i's C is staged whole in
@@ -278,28 +347,50 @@ def store_tile_sliced(
 
 
 @gluon.jit
-def _write_slices(c_bufs, c, FIRST: gl.constexpr = 0):
-    """c [BM, BN] -> output dtype -> shared memory, column slice i (c_bufs' width) into
-    c_bufs[FIRST + i]."""
+def _write_slices(
+    c_desc, c_bufs, c, off_m, off_n, scale_a, scale_b, SCALING: gl.constexpr, FIRST: gl.constexpr = 0
+):
+    """c [BM, BN], the tile at (off_m, off_n) -> fp8 scales -> output dtype -> shared memory,
+    column slice i (c_bufs' width) into c_bufs[FIRST + i]."""
     BLOCK_M: gl.constexpr = c.shape[0]
     WIDTH: gl.constexpr = c.shape[1]
     SLICE_N: gl.constexpr = c_bufs.shape[2]
     if WIDTH == SLICE_N:
+        c = scale_tile(
+            c, scale_a, scale_b, off_m, off_n + FIRST * SLICE_N, c_desc.shape[0], c_desc.shape[1], SCALING
+        )
         c_bufs.index(FIRST).store(c.to(c_bufs.dtype))
     else:
         left, right = c.reshape([BLOCK_M, 2, WIDTH // 2]).permute(0, 2, 1).split()
-        _write_slices(c_bufs, left, FIRST)
-        _write_slices(c_bufs, right, FIRST + WIDTH // 2 // SLICE_N)
+        _write_slices(c_desc, c_bufs, left, off_m, off_n, scale_a, scale_b, SCALING, FIRST)
+        _write_slices(
+            c_desc, c_bufs, right, off_m, off_n, scale_a, scale_b, SCALING, FIRST + WIDTH // 2 // SLICE_N
+        )
 
 
 @gluon.jit
-def stage_tile(c_desc, c_bufs, c, prev_m, prev_n, k_steps, spacing, pending):
-    """Deferred epilogue, at the end of a tile: store what the K loop left of the previous tile
-    (at prev_m, prev_n; `pending`: there is one), wait until it has left the staging buffers, then
-    stage c there slice by slice, fenced for the TMA stores of the next tile's loop."""
+def stage_tile(
+    c_desc,
+    c_bufs,
+    c,
+    prev_m,
+    prev_n,
+    k_steps,
+    spacing,
+    pending,
+    off_m=0,
+    off_n=0,
+    scale_a=None,
+    scale_b=None,
+    SCALING: gl.constexpr = 0,
+):
+    """Deferred epilogue, at the end of the tile at (off_m, off_n): store what the K loop left of
+    the previous tile (at prev_m, prev_n; `pending`: there is one), wait until it has left the
+    staging buffers, then stage c there slice by slice (fp8 scales applied per slice), fenced for
+    the TMA stores of the next tile's loop."""
     store_staged_rest(c_desc, c_bufs, prev_m, prev_n, k_steps, spacing, pending)
     tma.store_wait(0)
-    _write_slices(c_bufs, c)
+    _write_slices(c_desc, c_bufs, c, off_m, off_n, scale_a, scale_b, SCALING)
     fence_async_shared()
 
 
@@ -364,14 +455,17 @@ def make_descriptors(a, b, c, cfg: GemmConfig, layout: str, blocks=None):
     with the config's block shapes (`block_shapes`) or the (A, B, C) `blocks` given."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    gdt = GL_DTYPES[str(a.dtype).removeprefix("torch.")]
     a_block, b_block, c_block = blocks or block_shapes(cfg, layout)
     b_src = b.t() if is_kmajor(layout) else b
-    return (
-        TensorDescriptor.from_tensor(a, a_block, smem_layout(a_block, gdt)),
-        TensorDescriptor.from_tensor(b_src, b_block, smem_layout(b_block, gdt)),
-        TensorDescriptor.from_tensor(c, c_block, smem_layout(c_block, gdt)),
+    return tuple(
+        TensorDescriptor.from_tensor(t, block, smem_layout(block, gl_dtype(t)))
+        for t, block in ((a, a_block), (b_src, b_block), (c, c_block))
     )
+
+
+def gl_dtype(t):
+    """The Gluon dtype of a torch tensor."""
+    return GL_DTYPES[str(t.dtype).removeprefix("torch.")]
 
 
 def _rebased(template, base):
@@ -396,7 +490,7 @@ def templates_of(descriptors) -> tuple[object, ...]:
 def desc_signature(block_shape, dtype: str) -> str:
     """The signature string of a tensor-descriptor argument, for GPU-less compiles."""
     gdt = GL_DTYPES[dtype]
-    ty = {"float16": "fp16", "bfloat16": "bf16"}[dtype]
+    ty = _SIGNATURE_TYPES[dtype]
     return f"tensordesc<{ty}[{block_shape[0]}, {block_shape[1]}],{smem_layout(block_shape, gdt)!r}>"
 
 
@@ -469,22 +563,27 @@ class Plan:
     templates: tuple[object, object, object]  # A, B, C descriptors without a base
     cfg: GemmConfig
     extra: tuple[object, ...] = ()
+    scaled: bool = False  # the kernel takes (scale_a, scale_b) after the descriptors (`scale_args`)
 
     def descriptors(self, a, b, out) -> tuple[object, object, object]:
         ta, tb, tc = self.templates
         return _rebased(ta, a), _rebased(tb, b), _rebased(tc, out)
 
-    def launch(self, a, b, out) -> None:
-        """out = a @ b: descriptors for these tensors, then the kernel launch (written out: this
-        runs on every cached `matmul` call)."""
+    def launch(self, a, b, out, scales: Scales | None = None) -> None:
+        """out = a @ b (times fp8 `scales`): descriptors for these tensors, then the kernel launch
+        (written out: this runs on every cached `matmul` call)."""
         ta, tb, tc = self.templates
-        self.launcher(_rebased(ta, a), _rebased(tb, b), _rebased(tc, out), *self.extra)
+        if self.scaled:
+            sa, sb = scale_args(scales)
+            self.launcher(_rebased(ta, a), _rebased(tb, b), _rebased(tc, out), sa, sb, *self.extra)
+        else:
+            self.launcher(_rebased(ta, a), _rebased(tb, b), _rebased(tc, out), *self.extra)
 
-    def bind(self, a, b, out) -> Callable[[], None]:
+    def bind(self, a, b, out, scales: Scales | None = None) -> Callable[[], None]:
         """The bare launch on these tensors: the descriptors are made now, so `fn()` only launches
         the kernel (what the driver times). `fn.plan` is this plan, for callers that launch it again
         on other tensors of the same problem (`gluon_survey.api`'s plan cache)."""
-        args = (*self.descriptors(a, b, out), *self.extra)
+        args = (*self.descriptors(a, b, out), *(scale_args(scales) if self.scaled else ()), *self.extra)
         launcher = self.launcher
 
         def fn():
@@ -494,12 +593,25 @@ class Plan:
         return fn
 
 
+def scale_args(scales: Scales | None) -> tuple[object, object]:
+    """The (scale_a, scale_b) kernel arguments: the flat fp32 scales, or None, None without (a
+    None argument is a constexpr to Triton, so the fp16/bf16 kernels compile as if they had no
+    such arguments)."""
+    return (None, None) if scales is None else (scales.a, scales.b)
+
+
+def scaling_code(scales: Scales | None) -> int:
+    """The SCALING constexpr of `scale_tile`: 0 without scales."""
+    return 0 if scales is None else scales.code
+
+
 @dataclass(frozen=True)
 class Rung:
-    """The host side of a rung kernel that takes (a_desc, b_desc, c_desc, **constexprs): its
-    launch and its compile specs, built from the same `constexprs(cfg, capability, layout)`, so
-    that what `inspect` compiles is what `prepare` launches. Persistent kernels get one program
-    per SM (or per tile, when there are fewer tiles), the others one per tile."""
+    """The host side of a rung kernel that takes (a_desc, b_desc, c_desc, **constexprs), or with
+    `scaled` (a_desc, b_desc, c_desc, scale_a, scale_b, **constexprs, SCALING): its launch and its
+    compile specs, built from the same `constexprs(cfg, capability, layout)`, so that what
+    `inspect` compiles is what `prepare` launches. Persistent kernels get one program per SM (or
+    per tile, when there are fewer tiles), the others one per tile."""
 
     mode: str
     kernel: object
@@ -508,54 +620,80 @@ class Rung:
     # One config per compute-capability major, for a rung whose provider functions are the Rung's
     # (`config_for`, `candidates`, `prepare`, `specs`); warpspec chooses its own.
     configs: Mapping[int, GemmConfig] = field(default_factory=dict)
+    # The same for fp8 operands (ELEM_BYTES 1), for a rung that takes scales (`scaled`).
+    fp8_configs: Mapping[int, GemmConfig] = field(default_factory=dict)
+    scaled: bool = False
+
+    def configs_of(self, fp8: bool) -> Mapping[int, GemmConfig]:
+        return self.fp8_configs if fp8 else self.configs
 
     # The provider contract (gluon_survey/registry.py), for a rung with one config per architecture.
 
-    def config_for(self, capability: tuple[int, int], K: int) -> GemmConfig:
-        return self.configs[capability[0]]
+    def config_for(self, capability: tuple[int, int], K: int, fp8: bool = False) -> GemmConfig:
+        return self.configs_of(fp8)[capability[0]]
 
-    def candidates(self, capability: tuple[int, int]) -> dict[str, GemmConfig]:
+    def candidates(self, capability: tuple[int, int], fp8: bool = False) -> dict[str, GemmConfig]:
         """The configs `gluon-survey tune` may pick, by label."""
-        cfg = self.configs[capability[0]]
+        cfg = self.configs_of(fp8)[capability[0]]
         return {cfg.label: cfg}
 
-    def prepare(self, a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
-        return self.launch(a, b, out, target, cfg or self.config_for(target.capability, a.shape[1]))
+    def prepare(
+        self, a, b, out, target: Target, cfg: GemmConfig | None = None, scales: Scales | None = None
+    ) -> Launch:
+        cfg = cfg or self.config_for(target.capability, a.shape[1], scales is not None)
+        return self.launch(a, b, out, target, cfg, scales)
 
     def specs(self, capability: tuple[int, int], dtype: str) -> list[CompileSpec]:
         """Compile specs of the config this architecture runs (none where it runs none)."""
-        if capability[0] not in self.configs:
+        configs = self.configs_of(dtype == FP8)
+        if capability[0] not in configs:
             return []
-        return self.compile_specs(capability, dtype, [self.configs[capability[0]]])
+        return self.compile_specs(capability, dtype, [configs[capability[0]]])
 
-    def plan(self, a, b, out, target: Target, cfg: GemmConfig) -> Plan:
+    def plan(self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None) -> Plan:
         """The launch plan for tensors like these (only their shapes, strides and dtype are read;
         bases must be 16-byte aligned): descriptors' block shapes and layouts, grid, constexprs."""
         layout = b_layout(b)
         templates = templates_of(make_descriptors(a, b, out, cfg, layout))
         tiles = num_tiles(*out.shape, cfg)
         grid = (min(target.sm_count, tiles) if self.persistent else tiles,)
-        kw = self.constexprs(cfg, target.capability, layout)
-        return Plan(Launcher(self.kernel, grid, kw, cfg.num_warps), templates, cfg)
+        kw = self.kernel_constexprs(cfg, target.capability, layout, scaling_code(scales))
+        return Plan(Launcher(self.kernel, grid, kw, cfg.num_warps), templates, cfg, scaled=self.scaled)
 
-    def launch(self, a, b, out, target: Target, cfg: GemmConfig) -> Launch:
+    def kernel_constexprs(self, cfg, capability, layout: str, scaling: int) -> dict[str, object]:
+        """`constexprs`, and SCALING last for a scaled kernel (its last parameter)."""
+        kw = self.constexprs(cfg, capability, layout)
+        return kw | {"SCALING": scaling} if self.scaled else kw
+
+    def launch(self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None) -> Launch:
         """A ready launch of out = a @ b; `Launch.fn.plan` launches the same on other tensors."""
-        return Launch(self.plan(a, b, out, target, cfg).bind(a, b, out), cfg.table())
+        if (scales is not None) != (cfg.ELEM_BYTES == 1):
+            kind = "fp8" if cfg.ELEM_BYTES == 1 else "16-bit"
+            raise ValueError(f"{self.mode}: config {cfg.label} is for {kind} operands")
+        plan = self.plan(a, b, out, target, cfg, scales)
+        return Launch(plan.bind(a, b, out, scales), cfg.table())
 
     def compile_specs(self, capability: tuple[int, int], dtype: str, configs) -> list[CompileSpec]:
-        """One spec per config and B layout, for `gluon-survey inspect`."""
+        """One spec per config and B layout, for `gluon-survey inspect`; fp8 (K-major B only)
+        with row-wise scales, the epilogue that does the most."""
         specs = []
+        fp8 = dtype == FP8
         for cfg in configs:
-            for layout in B_LAYOUTS:
-                values = self.constexprs(cfg, capability, layout)
+            for layout in ("t",) if fp8 else B_LAYOUTS:
+                values = self.kernel_constexprs(cfg, capability, layout, 2 if fp8 else 0)
                 blocks = block_shapes(cfg, layout)
+                dtypes = (dtype, dtype, FP8_OUT if fp8 else dtype)
                 signature = {
-                    arg: desc_signature(block, dtype) for arg, block in zip(DESC_ARGS, blocks, strict=True)
+                    arg: desc_signature(block, dt)
+                    for arg, block, dt in zip(DESC_ARGS, blocks, dtypes, strict=True)
                 }
+                if self.scaled:
+                    signature |= {"scale_a": "*fp32", "scale_b": "*fp32"} if fp8 else {}
+                    values = ({} if fp8 else {"scale_a": None, "scale_b": None}) | values
                 specs.append(
                     CompileSpec(
                         self.mode,
-                        f"{self.kernel.__name__} {cfg.label} B={layout}",
+                        f"{self.kernel.__name__} {cfg.label} B={layout}" + (" scales=row" if fp8 else ""),
                         self.kernel,
                         signature | dict.fromkeys(values, "constexpr"),
                         values,
@@ -571,14 +709,16 @@ def provider_functions(rung: Callable[[], Rung]):
     (config_for, candidates, prepare, compile_specs), each asking `rung()` on every call, so that
     a test may swap the module's RUNG (its kernel for a recorder)."""
 
-    def config_for(capability: tuple[int, int], K: int) -> GemmConfig:
-        return rung().config_for(capability, K)
+    def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> GemmConfig:
+        return rung().config_for(capability, K, fp8)
 
-    def candidates(capability: tuple[int, int]) -> dict[str, GemmConfig]:
-        return rung().candidates(capability)
+    def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, GemmConfig]:
+        return rung().candidates(capability, fp8)
 
-    def prepare(a, b, out, target: Target, cfg: GemmConfig | None = None) -> Launch:
-        return rung().prepare(a, b, out, target, cfg)
+    def prepare(
+        a, b, out, target: Target, cfg: GemmConfig | None = None, scales: Scales | None = None
+    ) -> Launch:
+        return rung().prepare(a, b, out, target, cfg, scales)
 
     def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
         return rung().specs(capability, dtype)

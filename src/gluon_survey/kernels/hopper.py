@@ -3,6 +3,7 @@ registers of the warps that issue it. `WGMMA` implements the MMA interface every
 calls (`kernels/arch.py` says which one a GPU gets):
 
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, num_warps)   # fresh accumulator, use_acc=False
+                                                                # (dtype: the operands')
     mma = mma.issue(a_smem, b_smem)                             # async C += A @ B
     mma = mma.wait(num_outstanding)                             # at most that many MMAs in flight
     acc, mma = mma.take_result()                                # fp32 registers; accumulator reset
@@ -23,10 +24,11 @@ from ..compat import aggregate
 
 
 @gluon.constexpr_function
-def wgmma_layout(BLOCK_M, BLOCK_N, num_warps):
+def wgmma_layout(BLOCK_M, BLOCK_N, num_warps, operand_bits=16):
     """The wgmma accumulator layout: warps tile M in steps of 16 rows (a warpgroup covers 64), the
     rest go along N; the instruction's n is the largest multiple of 8 (<= 256) that divides the
-    per-warp N extent, because a wider wgmma does more work per instruction issued."""
+    per-warp N extent, because a wider wgmma does more work per instruction issued. Its k is 32
+    bytes of operands: 16 fp16/bf16 elements, 32 fp8 ones."""
     warps_m, warps_n = 4, 1
     while warps_m * warps_n < num_warps:
         if 16 * warps_m < BLOCK_M:
@@ -36,7 +38,7 @@ def wgmma_layout(BLOCK_M, BLOCK_N, num_warps):
     n_per_warp = BLOCK_N // warps_n
     instr_n = max(n for n in range(8, min(256, n_per_warp) + 1, 8) if n_per_warp % n == 0)
     return gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[warps_m, warps_n], instr_shape=[16, instr_n, 16]
+        version=[3, 0], warps_per_cta=[warps_m, warps_n], instr_shape=[16, instr_n, 256 // operand_bits]
     )
 
 
@@ -57,7 +59,7 @@ class WGMMA:
     def initialize(
         dtype: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr
     ):
-        layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps)
+        layout: gl.constexpr = wgmma_layout(BLOCK_M, BLOCK_N, num_warps, dtype.primitive_bitwidth)
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout)
         return WGMMA(warpgroup_mma_init(acc), gl.to_tensor(False))
 

@@ -72,7 +72,42 @@ CONFIGS = {
     ),
 }
 
-__all__ = ["CONFIGS", "compile_specs", "config_for", "persistent_kernel", "prepare", "unsupported_reason"]
+# fp8 (e4m3): the same tiles with 128-wide K steps (same bytes per stage, twice the MMA work per
+# step); Hopper's 3 stages of 48 KB + the bf16 C tile, 208 KB. Blackwell 4 x 32 KB + 32 KB.
+FP8_CONFIGS = {
+    9: GemmConfig(
+        BLOCK_M=128,
+        BLOCK_N=256,
+        BLOCK_K=128,
+        STAGES=3,
+        num_warps=8,
+        GROUP_M=16,
+        EPILOGUE="deferred",
+        EPILOGUE_N=64,
+        ELEM_BYTES=1,
+    ),
+    10: GemmConfig(
+        BLOCK_M=128,
+        BLOCK_N=128,
+        BLOCK_K=128,
+        STAGES=4,
+        num_warps=4,
+        GROUP_M=8,
+        EPILOGUE="deferred",
+        EPILOGUE_N=64,
+        ELEM_BYTES=1,
+    ),
+}
+
+__all__ = [
+    "CONFIGS",
+    "FP8_CONFIGS",
+    "compile_specs",
+    "config_for",
+    "persistent_kernel",
+    "prepare",
+    "unsupported_reason",
+]
 
 
 @gluon.jit
@@ -131,10 +166,13 @@ def persistent_kernel(
     a_desc,
     b_desc,
     c_desc,
+    scale_a,
+    scale_b,
     MMA: gl.constexpr,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
@@ -146,7 +184,7 @@ def persistent_kernel(
 
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_bufs = gl.allocate_shared_memory(dtype, [SLICES] + c_desc.block_type.shape, c_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [SLICES] + c_desc.block_type.shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
 
@@ -177,7 +215,22 @@ def persistent_kernel(
             ring = ring.next()
         acc, mma = mma.take_result()
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
-        stage_tile(c_desc, c_bufs, acc, prev_m, prev_n, k_steps, spacing, tile != gl.program_id(0))
+        pending = tile != gl.program_id(0)
+        stage_tile(
+            c_desc,
+            c_bufs,
+            acc,
+            prev_m,
+            prev_n,
+            k_steps,
+            spacing,
+            pending,
+            off_m,
+            off_n,
+            scale_a,
+            scale_b,
+            SCALING,
+        )
         prev_m, prev_n = off_m, off_n
     store_staged_rest(c_desc, c_bufs, prev_m, prev_n, 0, spacing, True)
     tma.store_wait(0)
@@ -185,7 +238,15 @@ def persistent_kernel(
 
 
 # Its constexprs are Pipelined's: the same ring, now walked by a persistent program.
-RUNG = Rung("persistent", persistent_kernel, pipelined.constexprs, persistent=True, configs=CONFIGS)
+RUNG = Rung(
+    "persistent",
+    persistent_kernel,
+    pipelined.constexprs,
+    persistent=True,
+    configs=CONFIGS,
+    fp8_configs=FP8_CONFIGS,
+    scaled=True,
+)
 
 
 # The provider contract (gluon_survey/registry.py), answered by the Rung.

@@ -28,13 +28,13 @@ warp-specialized rung is `warpspec_tcgen05.py` (the registry picks it on sm_100)
 (No `from __future__ import annotations` here: aggregates check field types at run time.)
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..compat import aggregate
-from ..launch import CompileSpec, Launch, Target, is_kmajor
+from ..launch import CompileSpec, Launch, Scales, Target, is_kmajor
 from .common import (
     GemmConfig,
     Ring,
@@ -58,6 +58,10 @@ from .hopper import WGMMA
 class WarpSpecConfig(GemmConfig):
     CONSUMERS: int = 2  # 2: ping-pong, 4 warps each; 1: cooperative, num_warps on one tile
     BOXES: int = 1  # A boxes of BLOCK_M rows per tile, an accumulator each: a tile is BOXES * BLOCK_M tall
+    # setmaxnreg: registers per thread of the second consumer warpgroup (the first gets the rest) and
+    # of the TMA warp, which needs only addresses and counters. 2 x 128 x 232 + 128 x 40 <= 64 K.
+    CONSUMER_REGS: int = 232
+    PRODUCER_REGS: int = 40
 
     def __post_init__(self):
         if not 1 <= self.BOXES <= 3:
@@ -115,16 +119,31 @@ COOPERATIVE = WarpSpecConfig(
     EPILOGUE_N=64,
     CONSUMERS=1,
 )
+# fp8 (e4m3): the same designs with 128-wide K steps: a stage holds the same bytes (128-byte rows)
+# and each MMA step does twice the work at twice the rate. Ping-pong 5 x 40 KB + 2 x 8 KB,
+# cooperative 3 x 48 KB + 64 KB (C stays bf16).
+# Ping-pong's row-wise scales cost a consumer a few registers more than 232 with triton 3.9 (8 B
+# of spills), so its TMA warp gives up 16 more: 240 and 24 (no spills with 3.6 and 3.9).
+PINGPONG_FP8 = replace(PINGPONG, BLOCK_K=128, ELEM_BYTES=1, CONSUMER_REGS=240, PRODUCER_REGS=24)
+COOPERATIVE_FP8 = replace(COOPERATIVE, BLOCK_K=128, ELEM_BYTES=1)
 COOPERATIVE_FROM_K = 8192  # the measured crossover (entry 17)
-CONSUMER_REGS = 232  # registers per thread of the second consumer warpgroup (the first gets the rest)
-PRODUCER_REGS = 40  # the TMA warp needs only addresses and counters
 
-__all__ = ["COOPERATIVE", "PINGPONG", "compile_specs", "config_for", "prepare", "unsupported_reason"]
+__all__ = [
+    "COOPERATIVE",
+    "COOPERATIVE_FP8",
+    "PINGPONG",
+    "PINGPONG_FP8",
+    "compile_specs",
+    "config_for",
+    "prepare",
+    "unsupported_reason",
+]
 
 
-def config_for(capability: tuple[int, int], K: int) -> WarpSpecConfig:
+def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> WarpSpecConfig:
     """Ping-pong while the epilogue is worth hiding completely, cooperative from K = 8192."""
-    return COOPERATIVE if K >= COOPERATIVE_FROM_K else PINGPONG
+    pingpong, cooperative = (PINGPONG_FP8, COOPERATIVE_FP8) if fp8 else (PINGPONG, COOPERATIVE)
+    return cooperative if K >= COOPERATIVE_FROM_K else pingpong
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
@@ -198,12 +217,22 @@ def _boxes_take(mmas):
 
 @gluon.jit
 def _consumer(
-    c_desc, s, K, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr, ME: gl.constexpr, CONSUMERS: gl.constexpr
+    c_desc,
+    scale_a,
+    scale_b,
+    s,
+    K,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    ME: gl.constexpr,
+    CONSUMERS: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
     """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program and multiplies each
     of its A boxes into an accumulator of its own. Two consumers alternate on the tensor cores
     through the `turns` barriers and store C in slices; one alone never waits for a turn and
-    defers its C store into the next tile's K loop."""
+    defers its C store into the next tile's K loop. fp8 scales are applied to each C slice as it
+    is stored (`scale_tile`)."""
     PINGPONG: gl.constexpr = CONSUMERS == 2
     BOX_M: gl.constexpr = s.a_bufs.shape[1]
     BLOCK_N: gl.constexpr = s.b_bufs.shape[1] if B_KMAJOR else s.b_bufs.shape[2]
@@ -218,7 +247,7 @@ def _consumer(
     my_turn = s.turns.index(ME)
     their_turn = s.turns.index((ME + 1) % CONSUMERS)
 
-    mmas = _boxes_init(BOXES, c_desc.dtype, BOX_M, BLOCK_N)
+    mmas = _boxes_init(BOXES, s.a_bufs.dtype, BOX_M, BLOCK_N)
     spacing = deferred_store_spacing(k_steps)
     prev_m = gl.program_id(0) * 0  # cooperative: where the staged tile goes (none before the first)
     prev_n = prev_m
@@ -258,9 +287,26 @@ def _consumer(
                     EPILOGUE_BUFFERS,
                     ME * EPILOGUE_BUFFERS,
                     i * SLICES,
+                    scale_a,
+                    scale_b,
+                    SCALING,
                 )
         else:
-            stage_tile(c_desc, s.c_bufs, accs[0], prev_m, prev_n, k_steps, spacing, t > ME)
+            stage_tile(
+                c_desc,
+                s.c_bufs,
+                accs[0],
+                prev_m,
+                prev_n,
+                k_steps,
+                spacing,
+                t > ME,
+                off_m,
+                off_n,
+                scale_a,
+                scale_b,
+                SCALING,
+            )
             prev_m = off_m
             prev_n = off_n
     if not PINGPONG:
@@ -273,6 +319,8 @@ def warpspec_kernel(
     a_desc,
     b_desc,
     c_desc,
+    scale_a,
+    scale_b,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
@@ -281,12 +329,13 @@ def warpspec_kernel(
     C_BUFFERS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES * BOXES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(
-        dtype, [CONSUMERS * C_BUFFERS] + c_desc.block_type.shape, c_desc.layout
+        c_desc.dtype, [CONSUMERS * C_BUFFERS] + c_desc.block_type.shape, c_desc.layout
     )
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -301,8 +350,8 @@ def warpspec_kernel(
     if CONSUMERS == 2:  # ping-pong: consumer 0 is the default partition, consumer 1 a 4-warp worker
         gl.warp_specialize(
             [
-                (_consumer, (c_desc, s, K, B_KMAJOR, GROUP_M, 0, 2)),
-                (_consumer, (c_desc, s, K, B_KMAJOR, GROUP_M, 1, 2)),
+                (_consumer, (c_desc, scale_a, scale_b, s, K, B_KMAJOR, GROUP_M, 0, 2, SCALING)),
+                (_consumer, (c_desc, scale_a, scale_b, s, K, B_KMAJOR, GROUP_M, 1, 2, SCALING)),
                 (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [4, 1],
@@ -311,7 +360,7 @@ def warpspec_kernel(
     else:  # cooperative: both warpgroups of the default partition share one tile
         gl.warp_specialize(
             [
-                (_consumer, (c_desc, s, K, B_KMAJOR, GROUP_M, 0, 1)),
+                (_consumer, (c_desc, scale_a, scale_b, s, K, B_KMAJOR, GROUP_M, 0, 1, SCALING)),
                 (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [1],
@@ -327,24 +376,31 @@ def _constexprs(cfg: WarpSpecConfig, capability: tuple[int, int], layout: str) -
         "BOXES": cfg.BOXES,
         "CONSUMERS": cfg.CONSUMERS,
         "C_BUFFERS": cfg.c_buffers,
-        "CONSUMER_REGS": CONSUMER_REGS,
-        "PRODUCER_REGS": PRODUCER_REGS,
+        "CONSUMER_REGS": cfg.CONSUMER_REGS,
+        "PRODUCER_REGS": cfg.PRODUCER_REGS,
     }
 
 
-RUNG = Rung("warpspec", warpspec_kernel, _constexprs, persistent=True)
+RUNG = Rung("warpspec", warpspec_kernel, _constexprs, persistent=True, scaled=True)
 
 
-def candidates(capability: tuple[int, int]) -> dict[str, WarpSpecConfig]:
+def _designs(fp8: bool) -> tuple[WarpSpecConfig, WarpSpecConfig]:
+    return (PINGPONG_FP8, COOPERATIVE_FP8) if fp8 else (PINGPONG, COOPERATIVE)
+
+
+def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, WarpSpecConfig]:
     """The configs `gluon-survey tune` may pick, by label: both designs at any K."""
-    return {cfg.label: cfg for cfg in (PINGPONG, COOPERATIVE)}
+    return {cfg.label: cfg for cfg in _designs(fp8)}
 
 
-def prepare(a, b, out, target: Target, cfg: WarpSpecConfig | None = None) -> Launch:
-    return RUNG.launch(a, b, out, target, cfg or config_for(target.capability, a.shape[1]))
+def prepare(
+    a, b, out, target: Target, cfg: WarpSpecConfig | None = None, scales: Scales | None = None
+) -> Launch:
+    cfg = cfg or config_for(target.capability, a.shape[1], scales is not None)
+    return RUNG.launch(a, b, out, target, cfg, scales)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     if unsupported_reason(capability):
         return []
-    return RUNG.compile_specs(capability, dtype, [PINGPONG, COOPERATIVE])
+    return RUNG.compile_specs(capability, dtype, list(_designs(dtype == "float8_e4m3fn")))

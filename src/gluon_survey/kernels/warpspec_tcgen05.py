@@ -22,6 +22,8 @@ Compiled and instruction-checked for sm_100a by this project; not run by it (doc
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -55,13 +57,22 @@ CONFIG = GemmConfig(
     EPILOGUE_N=64,
     EPILOGUE_BUFFERS=2,
 )
+# fp8 (e4m3): 128-wide K steps, so a stage holds the same 48 KB (tcgen05's f8f6f4 kind).
+FP8_CONFIG = replace(CONFIG, BLOCK_K=128, ELEM_BYTES=1)
 # Registers per thread requested for the TMA warp and the MMA warp. setmaxnreg acts on whole
 # warpgroups and the two 1-warp workers share one, so both run with the larger value (SASS:
 # USETMAXREG.DEALLOC 0x28); the epilogue warpgroup grows into what they give up.
 LOAD_REGS = 40  # addresses, grouped-order coordinates, counters
 MMA_REGS = 24  # barrier waits and one MMA per K step
 
-__all__ = ["CONFIG", "compile_specs", "prepare", "unsupported_reason", "warpspec_tcgen05_kernel"]
+__all__ = [
+    "CONFIG",
+    "FP8_CONFIG",
+    "compile_specs",
+    "prepare",
+    "unsupported_reason",
+    "warpspec_tcgen05_kernel",
+]
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
@@ -100,11 +111,22 @@ def _mma_partition(
 
 @gluon.jit
 def _epilogue_partition(
-    c_desc, c_bufs, acc_bufs, acc_ready, acc_empty, num_pid_m, num_pid_n, my_tiles, GROUP_M: gl.constexpr
+    c_desc,
+    scale_a,
+    scale_b,
+    c_bufs,
+    acc_bufs,
+    acc_ready,
+    acc_empty,
+    num_pid_m,
+    num_pid_n,
+    my_tiles,
+    GROUP_M: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
     """Epilogue warps: per tile, wait for its accumulator, move it out slice by slice (TMEM ->
-    registers -> output dtype -> smem -> TMA store), and hand the buffer back to the MMA warp as
-    soon as the last slice is in registers."""
+    registers -> fp8 scales -> output dtype -> smem -> TMA store), and hand the buffer back to the
+    MMA warp as soon as the last slice is in registers."""
     BLOCK_M: gl.constexpr = acc_bufs.shape[1]
     BLOCK_N: gl.constexpr = acc_bufs.shape[2]
     SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -117,11 +139,12 @@ def _epilogue_partition(
         acc_ring.wait_filled(acc_ready)
         acc = acc_bufs.index(acc_ring.slot())
         for i in gl.static_range(SLICES):
-            part = tmem_load(acc.slice(i * SLICE_N, SLICE_N)).to(c_desc.dtype)
+            part = tmem_load(acc.slice(i * SLICE_N, SLICE_N))
             if i == SLICES - 1:
                 mbarrier.arrive(acc_empty.index(acc_ring.slot()))  # the MMA warp may overwrite it
             off_n = pid_n * BLOCK_N + i * SLICE_N
-            store_slice(c_desc, c_bufs.index(i % BUFFERS), part, pid_m * BLOCK_M, off_n, BUFFERS - 1)
+            buf = c_bufs.index(i % BUFFERS)
+            store_slice(c_desc, buf, part, pid_m * BLOCK_M, off_n, BUFFERS - 1, scale_a, scale_b, SCALING)
     tma.store_wait(0)
 
 
@@ -130,12 +153,15 @@ def warpspec_tcgen05_kernel(
     a_desc,
     b_desc,
     c_desc,
+    scale_a,
+    scale_b,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     EPILOGUE_BUFFERS: gl.constexpr,
     LOAD_REGS: gl.constexpr,
     MMA_REGS: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
@@ -150,7 +176,7 @@ def warpspec_tcgen05_kernel(
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_shape: gl.constexpr = [EPILOGUE_BUFFERS] + c_desc.block_type.shape
-    c_bufs = gl.allocate_shared_memory(dtype, c_shape, c_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, c_shape, c_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     acc_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -165,7 +191,20 @@ def warpspec_tcgen05_kernel(
         [
             (
                 _epilogue_partition,
-                (c_desc, c_bufs, acc_bufs, acc_ready, acc_empty, num_pid_m, num_pid_n, my_tiles, GROUP_M),
+                (
+                    c_desc,
+                    scale_a,
+                    scale_b,
+                    c_bufs,
+                    acc_bufs,
+                    acc_ready,
+                    acc_empty,
+                    num_pid_m,
+                    num_pid_n,
+                    my_tiles,
+                    GROUP_M,
+                    SCALING,
+                ),
             ),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             (
@@ -189,7 +228,15 @@ def _constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> di
     }
 
 
-RUNG = Rung("warpspec", warpspec_tcgen05_kernel, _constexprs, persistent=True, configs={10: CONFIG})
+RUNG = Rung(
+    "warpspec",
+    warpspec_tcgen05_kernel,
+    _constexprs,
+    persistent=True,
+    configs={10: CONFIG},
+    fp8_configs={10: FP8_CONFIG},
+    scaled=True,
+)
 
 
 # The provider contract (gluon_survey/registry.py), answered by the Rung.
