@@ -493,17 +493,26 @@ def matmul(
     return plan(a, b, out, scale_a, scale_b)
 
 
-def explain(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> str:
-    """Which kernel and config `matmul(a, b, kernel=kernel)` would run, and why. Nothing is launched
-    (an operand TMA cannot describe is copied, as `matmul` would)."""
-    _check_operands(a, b, None)
+def explain(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    kernel: str | None = None,
+    *,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> str:
+    """Which kernel and config `matmul(a, b, kernel=kernel, ...)` would run, and why. Nothing is
+    launched (an operand TMA cannot describe is copied, as `matmul` would)."""
+    fp8 = {"scale_a": scale_a, "scale_b": scale_b, "out_dtype": out_dtype}
+    _check_operands(a, b, None, **fp8)
     cap = capability_of(a.device)
     mode = registry.get(kernel if kernel is not None else default_mode(a))
     reason = mode.unsupported_reason(cap)
     if reason:
         return f"{mode.name}: cannot run here ({reason})"
     layout = {"t": "t (transpose view of a [N,K] weight)", "row": "row"}[b_layout(b)]
-    config = dict(prepare(mode.name, a, b).config)  # descriptors and config only: nothing is launched
+    config = dict(prepare(mode.name, a, b, **fp8).config)  # descriptors and config only: nothing is launched
     chosen = config.pop("mode", None)  # `auto` says what it chose, and why
     lines = [f"mode: {mode.name} - {mode.summary}"]
     if chosen is not None:

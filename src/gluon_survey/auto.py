@@ -9,21 +9,25 @@ import torch
 
 from . import registry
 from .choice import choose
-from .launch import Launch, Target, b_layout
+from .launch import Launch, Scales, Target, b_layout
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_FP8_NAMES = {"tensor": "fp8", "row": "fp8-row"}  # the driver's dtype names of the two scalings
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return None  # on a GPU without Gluon rungs the rule picks cuBLAS
 
 
-def prepare(a, b, out, target: Target) -> Launch:
+def prepare(a, b, out, target: Target, scales: Scales | None = None) -> Launch:
     M, K = a.shape
-    choice = choose(M, b.shape[1], K, _DTYPE_NAMES[a.dtype], b_layout(b), target.capability, target.name)
+    dtype = _DTYPE_NAMES[a.dtype] if scales is None else _FP8_NAMES[scales.kind]
+    choice = choose(M, b.shape[1], K, dtype, b_layout(b), target.capability, target.name)
     provider = registry.get(choice.mode).provider(target.capability)
+    fp8 = {} if scales is None else {"scales": scales}
     if choice.config is None:
-        launch = provider.prepare(a, b, out, target)
+        launch = provider.prepare(a, b, out, target, **fp8)
     else:
-        launch = provider.prepare(a, b, out, target, provider.candidates(target.capability)[choice.config])
+        cfg = provider.candidates(target.capability, **({"fp8": True} if fp8 else {}))[choice.config]
+        launch = provider.prepare(a, b, out, target, cfg, **fp8)
     return Launch(launch.fn, {"mode": choice.mode, **launch.config, "why": choice.why})

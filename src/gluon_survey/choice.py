@@ -11,7 +11,9 @@ is the range of M nearer to one measured M than to any other (`explain` prints i
 
 **The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, M <= 64
 tokens: `swapab` (the tokens become the MMA's narrow N, K split to fill the SMs); M <= 256:
-`splitk`; larger: `warpspec` (its own choice by K). Other GPUs: cuBLAS (`torch`).
+`splitk`; larger: `warpspec` (its own choice by K). fp8 (dtype "fp8", per-tensor scales, or
+"fp8-row"): `warpspec` from M = 257, cuBLAS fp8 below (split-K and swap-AB have no fp8 kernel).
+Other GPUs: cuBLAS (`torch`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 TABLES = Path(__file__).resolve().parent / "tables"
 NEAR = 4.0  # an entry answers for M within this factor of its own
+FP8_GLUON_FROM_M = 256  # fp8 has no split-K or swap-AB rung: below this M the rule keeps cuBLAS
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,14 @@ def _tables() -> tuple[dict, ...]:
     return tuple(json.loads(p.read_text()) for p in sorted(TABLES.glob("*.json")))
 
 
-def rule(M: int, capability: tuple[int, int]) -> Choice:
+def rule(M: int, capability: tuple[int, int], fp8: bool = False) -> Choice:
     """The documented choice without a measured entry (module docstring)."""
+    if fp8 and capability[0] in (9, 10):
+        if M <= FP8_GLUON_FROM_M:
+            return Choice(
+                "torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8 (no small-M fp8 rung)"
+            )
+        return Choice("warpspec", None, f"rule: fp8 with M > {FP8_GLUON_FROM_M}: the warp-specialized rung")
     if capability[0] not in (9, 10):
         return Choice("torch", None, f"rule: no Gluon rung runs on sm_{capability[0]}{capability[1]}")
     if M <= 64:
@@ -87,7 +96,7 @@ def choose(
                 f"{best['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS ({best['cublas_ms'] * 1e3:.1f} us)"
             )
             return Choice(best["mode"], best["config"], why)
-    choice = rule(M, capability)
+    choice = rule(M, capability, dtype.startswith("fp8"))
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
     return Choice(choice.mode, choice.config, f"{choice.why} (table {table['name']} has no entry near it)")

@@ -1,0 +1,228 @@
+"""The fp8 rungs on a real GPU: e4m3 operands with per-tensor and row-wise scales, ragged shapes,
+NaN-poisoned outputs, against the fp32 product of the upcast operands times the scales, with the
+tolerance taken from cuBLAS fp8's own error (`torch._scaled_mm`) on the same inputs; and every bad
+fp8 input getting its error. Run on the GPU machine: pytest -m gpu."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gluon_survey import api, registry
+from gluon_survey.driver.check import rel_error
+
+pytestmark = pytest.mark.gpu
+
+FP8 = torch.float8_e4m3fn
+FP8_MODES = [m.name for m in registry.MODES if m.fp8 and m.kind != "choice"] + ["auto"]
+# Tile-aligned, ragged in M and N, one token, K tails (K a multiple of 16: fp8 rows of 16 bytes),
+# deep K (the cooperative design from K = 8192).
+SHAPES = [
+    (256, 512, 256),
+    (1, 4096, 4096),
+    (65, 520, 528),
+    (300, 1000, 272),
+    (1000, 3000, 8192),
+    (127, 264, 16),
+]
+
+
+@pytest.fixture(autouse=True)
+def _needs_hopper():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability()[0] not in (9, 10):
+        pytest.skip("the fp8 rungs need sm_90 or sm_100")
+
+
+def quantize(x: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (fp32) -> (e4m3 values, fp32 scale) with x ~ values * scale: amax / 448 per tensor or per row."""
+    amax = x.abs().amax(dim=1, keepdim=True) if rowwise else x.abs().amax()
+    scale = (amax / 448.0).clamp(min=1e-12).float()
+    return (x / scale).to(FP8), scale
+
+
+def fp8_inputs(M, N, K, scaling, seed=0):
+    """a [M, K], b = w.t() of an [N, K] weight, and their scales in `torch._scaled_mm`'s shapes."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a32 = torch.randn(M, K, generator=g, device="cuda")
+    w32 = torch.randn(N, K, generator=g, device="cuda") * 0.5
+    a, sa = quantize(a32, scaling == "row")
+    w, sw = quantize(w32, scaling == "row")
+    if scaling == "row":
+        return a, w.t(), sa, sw.t().contiguous()  # [M, 1] and [1, N]
+    return a, w.t(), sa, sw
+
+
+def fp8_reference(a, b, sa, sb) -> torch.Tensor:
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return (a.float() @ b.float()) * sa * sb
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def assert_close(out, a, b, sa, sb):
+    ref = fp8_reference(a, b, sa, sb)
+    cublas = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    cublas_err = rel_error(cublas, ref)
+    err = rel_error(out, ref)
+    assert not torch.isnan(out).any(), "output has NaN: some tile was never written"
+    assert err <= 2 * cublas_err + 2.0**-8 / 4, f"rel error {err:.3e} vs cuBLAS fp8 {cublas_err:.3e}"
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_matches_reference(mode, shape, scaling):
+    M, N, K = shape
+    a, b, sa, sb = fp8_inputs(M, N, K, scaling, seed=hash((mode, shape)) % 1000)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    result = api.matmul(a, b, kernel=mode, out=out, scale_a=sa, scale_b=sb)
+    torch.cuda.synchronize()
+    assert result is out
+    assert_close(out, a, b, sa, sb)
+
+
+@pytest.mark.parametrize("mode", ["Pipelined", "persistent", "warpspec"])
+def test_fp8_repeated_calls_use_the_new_scales(mode):
+    """A cached plan takes each call's scales (and tensors): a second call with other values gives
+    the other answer; fp16 output too."""
+    a, b, sa, sb = fp8_inputs(300, 520, 1024, "row", seed=3)
+    first = api.matmul(a, b, kernel=mode, scale_a=sa, scale_b=sb)
+    a2, b2, sa2, sb2 = fp8_inputs(300, 520, 1024, "row", seed=4)
+    second = api.matmul(a2, b2, kernel=mode, scale_a=sa2 * 2, scale_b=sb2)
+    half = api.matmul(a, b, kernel=mode, scale_a=sa, scale_b=sb, out_dtype=torch.float16)
+    torch.cuda.synchronize()
+    assert first.dtype == torch.bfloat16 and half.dtype == torch.float16
+    assert_close(first, a, b, sa, sb)
+    assert_close(second, a2, b2, sa2 * 2, sb2)
+    assert rel_error(half.float(), fp8_reference(a, b, sa, sb)) < 2e-3
+
+
+def test_fp8_in_a_cuda_graph():
+    a, b, sa, sb = fp8_inputs(64, 4096, 4096, "tensor", seed=5)
+    out = torch.empty(64, 4096, dtype=torch.bfloat16, device="cuda")
+    api.matmul(a, b, kernel="warpspec", out=out, scale_a=sa, scale_b=sb)  # plan and compile first
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        api.matmul(a, b, kernel="warpspec", out=out, scale_a=sa, scale_b=sb)
+    out.fill_(float("nan"))
+    sa.mul_(3.0)  # the graph reads the scale tensors at replay
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, a, b, sa, sb)
+
+
+def _q(*shape):
+    return torch.randn(*shape, device="cuda").to(FP8)
+
+
+def _one():
+    return torch.ones((), device="cuda")
+
+
+BAD_FP8 = [
+    pytest.param(
+        lambda: (_q(8, 32), _q(16, 32).t(), {}), TypeError, "need dequantization scales", id="no-scales"
+    ),
+    pytest.param(
+        lambda: (_q(8, 32), _q(16, 32).t(), {"scale_a": _one()}), TypeError, "scale_b=None", id="one-scale"
+    ),
+    pytest.param(
+        lambda: (_q(8, 32), _q(32, 16), {"scale_a": _one(), "scale_b": _one()}),
+        ValueError,
+        "K-major",
+        id="row-major-b",
+    ),
+    pytest.param(
+        lambda: (_q(8, 32), _q(16, 32).t(), {"scale_a": _one().half(), "scale_b": _one()}),
+        TypeError,
+        "float32",
+        id="fp16-scale",
+    ),
+    pytest.param(
+        lambda: (_q(8, 32), _q(16, 32).t(), {"scale_a": torch.ones(()), "scale_b": _one()}),
+        ValueError,
+        "scale_a is on cpu",
+        id="cpu-scale",
+    ),
+    pytest.param(
+        lambda: (
+            _q(8, 32),
+            _q(16, 32).t(),
+            {"scale_a": torch.ones(8, 1, device="cuda"), "scale_b": _one()},
+        ),
+        ValueError,
+        "row-wise",
+        id="mixed-scalings",
+    ),
+    pytest.param(
+        lambda: (
+            _q(8, 32),
+            _q(16, 32).t(),
+            {"scale_a": torch.ones(8, 1, device="cuda"), "scale_b": torch.ones(16, 1, device="cuda")},
+        ),
+        ValueError,
+        r"got scale_a \(8, 1\) and scale_b \(16, 1\)",
+        id="wrong-scale-shape",
+    ),
+    pytest.param(
+        lambda: (
+            torch.randn(8, 32, device="cuda").to(torch.float8_e5m2),
+            torch.randn(16, 32, device="cuda").to(torch.float8_e5m2).t(),
+            {"scale_a": _one(), "scale_b": _one()},
+        ),
+        TypeError,
+        "float8_e4m3fn",
+        id="e5m2",
+    ),
+    pytest.param(
+        lambda: (
+            _q(8, 32),
+            torch.randn(16, 32, device="cuda").to(torch.float8_e5m2).t(),
+            {"scale_a": _one(), "scale_b": _one()},
+        ),
+        TypeError,
+        "float8_e4m3fn",
+        id="mixed-fp8",
+    ),
+    pytest.param(
+        lambda: (
+            torch.randn(8, 32, device="cuda").half(),
+            torch.randn(16, 32, device="cuda").half().t(),
+            {"scale_a": _one(), "scale_b": _one()},
+        ),
+        TypeError,
+        "fp8 operands only|float8_e4m3fn operands only",
+        id="scales-on-fp16",
+    ),
+    pytest.param(
+        lambda: (
+            _q(8, 32),
+            _q(16, 32).t(),
+            {"scale_a": _one(), "scale_b": _one(), "out_dtype": torch.float32},
+        ),
+        TypeError,
+        "out_dtype",
+        id="fp32-out",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "error", "match"), BAD_FP8)
+def test_bad_fp8_inputs_get_clear_errors(make, error, match):
+    a, b, kwargs = make()
+    with pytest.raises(error, match=match):
+        api.matmul(a, b, kernel="warpspec", **kwargs)
+    with pytest.raises(error, match=match):
+        api.prepare("warpspec", a, b, **kwargs)
+
+
+@pytest.mark.parametrize("mode", [m.name for m in registry.MODES if not m.fp8])
+def test_modes_without_fp8_say_which_have_it(mode):
+    a, b, sa, sb = fp8_inputs(16, 256, 256, "tensor")
+    with pytest.raises(TypeError, match=r"no fp8 kernel.*warpspec"):
+        api.matmul(a, b, kernel=mode, scale_a=sa, scale_b=sb)
