@@ -3,8 +3,10 @@ worker, hang it, or multiply on the CPU, and the hooks that put them in place of
 
     _crash   the first call aborts the worker process (SIGABRT)
     _hang    the first call never returns
-    _ok_cpu  torch.matmul on CPU tensors, timed by the host's wall clock; paired with a CPU
-             "cuBLAS" (torch.matmul again), so paired timing runs too
+    _ok_cpu  torch.matmul on CPU tensors (torch._scaled_mm for fp8 and fp8-row), timed by the
+             host's wall clock; paired with a CPU "cuBLAS" (the same again), so paired timing
+             runs too
+    _fp16_cpu  _ok_cpu without fp8 kernels (`registry.Mode.fp8` False): its fp8 tasks are SKIPPED
 
 `WORKER_COMMAND` starts `fake_worker.py`, a worker whose providers are these (hand it to
 `runner.run_sweep(..., worker_command=...)`); `install(setattr)` makes the CLI of this process use
@@ -24,7 +26,7 @@ import torch
 from gluon_survey import registry
 from gluon_survey.driver import cli, runner
 from gluon_survey.driver.timing import WallClock
-from gluon_survey.driver.worker import Provider
+from gluon_survey.driver.worker import Provider, cublas_product
 from gluon_survey.launch import Launch
 
 HERE = Path(__file__).resolve().parent
@@ -32,11 +34,12 @@ WORKER_COMMAND = (sys.executable, str(HERE / "fake_worker.py"))
 CLI_COMMAND = (sys.executable, str(HERE / "fake_cli.py"))
 CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}  # what the _ok_cpu rows say they ran
 MODES = tuple(
-    registry.Mode(name, summary, "test", ("cpu",), __name__)
-    for name, summary in (
-        ("_crash", "aborts the worker process"),
-        ("_hang", "never returns"),
-        ("_ok_cpu", "torch.matmul on the CPU, wall-clock timer"),
+    registry.Mode(name, summary, "test", ("cpu",), __name__, fp8=fp8)
+    for name, summary, fp8 in (
+        ("_crash", "aborts the worker process", False),
+        ("_hang", "never returns", False),
+        ("_ok_cpu", "torch.matmul (fp8: torch._scaled_mm) on the CPU, wall-clock timer", True),
+        ("_fp16_cpu", "torch.matmul on the CPU, wall-clock timer, no fp8", False),
     )
 )
 
@@ -50,19 +53,21 @@ def fake_provider(mode_name: str) -> Provider:
     """The provider of a fake mode: CPU tensors, a wall-clock timer, no L2 rotation."""
     torch.set_num_threads(1)  # steadier wall-clock times on a shared CI machine
 
-    def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
+    def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor) -> Launch:
         if mode_name == "_crash":
             return Launch(os.abort)
         if mode_name == "_hang":
             return Launch(threading.Event().wait)
-        if mode_name == "_ok_cpu":
-            return Launch(lambda: torch.matmul(a, b, out=out), dict(CONFIG))
+        if mode_name in ("_ok_cpu", "_fp16_cpu"):
+            return Launch(lambda: cublas_product(a, b, out, **scales), dict(CONFIG))
         raise KeyError(f"not a fake mode: {mode_name!r}")
 
-    def baseline(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
-        return Launch(lambda: torch.matmul(a, b, out=out))
+    def baseline(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor) -> Launch:
+        return Launch(lambda: cublas_product(a, b, out, **scales))
 
-    return Provider("cpu", prepare, WallClock(), None, 0, lambda: 1 << 30, baseline=baseline)
+    fp8 = any(m.fp8 for m in MODES if m.name == mode_name)
+    no_fp8 = None if fp8 else f"mode {mode_name!r} has no fp8 kernel (a fake)"
+    return Provider("cpu", prepare, WallClock(), None, 0, lambda: 1 << 30, baseline=baseline, no_fp8=no_fp8)
 
 
 def install(setattr: Callable[[object, str, object], None]) -> None:

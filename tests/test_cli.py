@@ -374,3 +374,104 @@ def test_compare_piped_keeps_the_shape_column_readable(tmp_path, monkeypatch, ca
         paths.append(_results_file(tmp_path, sample.rows, name))
     assert main(["compare", *map(str, paths)]) == 0
     _assert_shapes_intact(capsys.readouterr().out, 3)
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 15: --dtype fp8 and fp8-row
+
+
+def _tasks_of(sweeps):
+    ((_, tasks, *_), _) = sweeps[-1]
+    return [(t.dtype, t.b_layout, t.shape.K) for t in tasks]
+
+
+def test_fp8_dtypes_default_to_the_t_layout_and_fp16_keeps_row(sweeps, tmp_path):
+    path = tmp_path / "r.jsonl"
+    argv = ["torch", "--dtype", "fp16,FP8,fp8-row", "--k", "512,1024", "--results", str(path)]
+    assert main(argv) == 0
+    assert _tasks_of(sweeps) == [
+        ("fp16", "row", 512),
+        ("fp16", "row", 1024),
+        ("fp8", "t", 512),
+        ("fp8", "t", 1024),
+        ("fp8-row", "t", 512),
+        ("fp8-row", "t", 1024),
+    ]
+    settings = load(path).settings
+    assert settings["dtypes"] == ["fp16", "fp8", "fp8-row"] and settings["b_layouts"] == ["row", "t"]
+    assert "fp8" in settings["tolerance"] and "bf16" in settings["tolerance"]
+
+
+def test_an_explicit_t_layout_runs_every_dtype_in_it(sweeps, tmp_path):
+    argv = ["torch", "--dtype", "bf16,fp8", "--k", "512", "--b-layout", "t"]
+    assert main([*argv, "--results", str(tmp_path / "r.jsonl")]) == 0
+    assert _tasks_of(sweeps) == [("bf16", "t", 512), ("fp8", "t", 512)]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "layout"), [("fp8", "row"), ("fp8-row", "row"), ("fp16,fp8", "row,t"), ("fp8-row", "t,row")]
+)
+def test_fp8_with_the_row_layout_is_a_usage_error_that_names_the_fix(sweeps, tmp_path, capsys, dtype, layout):
+    path = tmp_path / "r.jsonl"
+    assert main(["torch", "--dtype", dtype, "--b-layout", layout, "--results", str(path)]) == 2
+    assert sweeps == [] and not path.exists()
+    err = capsys.readouterr().err
+    assert err.startswith("usage: gluon-survey")  # argparse's error: usage, then the message
+    (line,) = [x for x in err.splitlines() if "error:" in x]
+    assert "gluon-survey: error: argument --b-layout: --dtype fp8" in line
+    assert "runs with B layout t only" in line and "not row" in line
+    assert "pass --b-layout t, or leave --b-layout out" in line
+
+
+def test_fp16_with_the_row_layout_is_still_fine(sweeps, tmp_path):
+    argv = ["torch", "--dtype", "fp16", "--k", "512", "--b-layout", "row"]
+    assert main([*argv, "--results", str(tmp_path / "r.jsonl")]) == 0
+    assert _tasks_of(sweeps) == [("fp16", "row", 512)]
+
+
+def test_help_names_the_fp8_dtypes(capsys):
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fp8 (e4m3 operands with per-tensor fp32 scales, bf16 out)" in out
+    assert "fp8-row (e4m3 with row-wise scales" in out
+    assert "t for fp8 and fp8-row" in out
+
+
+def test_fp8_peaks_come_from_the_fp8_column(sweeps, tmp_path, monkeypatch):
+    from gluon_survey.driver import hardware
+
+    monkeypatch.setattr(hardware, "gpu_info", lambda command: {"name": "NVIDIA H100 80GB HBM3"})
+    path = tmp_path / "r.jsonl"
+    assert main(["torch", "--dtype", "bf16,fp8-row", "--k", "512", "--results", str(path)]) == 0
+    peaks = load(path).settings["peaks"]
+    assert peaks["bf16"]["tflops"] == 989.4 and peaks["fp8-row"]["tflops"] == 1979.0
+    ((_, _, _, _, dtype_peaks, _), _) = sweeps[0]
+    assert dtype_peaks == {"bf16": 989.4, "fp8-row": 1979.0}  # what the runner divides by
+
+
+@pytest.mark.timeout(120)
+def test_an_fp8_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
+    path = tmp_path / "r.jsonl"
+    argv = shlex.split("_ok_cpu,_fp16_cpu --m 32 --n 48 --k 64 --dtype fp16,fp8,fp8-row --seed 2")
+    argv += shlex.split("--warmup-ms 2 --min-ms 5 --rounds 2 --format csv --peak-tflops 1000")
+    assert main([*argv, "--results", str(path)]) == 0  # SKIPPED is not a failure
+    saved = load(path)
+    got = {(r.mode, r.dtype, r.b_layout): r for r in saved.rows}
+    assert list(got) == [
+        ("_ok_cpu", "fp16", "row"),
+        ("_ok_cpu", "fp8", "t"),
+        ("_ok_cpu", "fp8-row", "t"),
+        ("_fp16_cpu", "fp16", "row"),
+        ("_fp16_cpu", "fp8", "t"),
+        ("_fp16_cpu", "fp8-row", "t"),
+    ]
+    for dtype in ("fp8", "fp8-row"):
+        r = got[("_ok_cpu", dtype, "t")]
+        assert r.status == "OK" and r.rel_err <= r.tol and r.cublas_err > 0
+        assert r.tol == pytest.approx(2 * r.cublas_err + 0.25 * 2**-8)  # bf16's roundoff
+        assert len(r.x_rounds) == 2 and r.tflops > 0 and r.pct_peak == pytest.approx(r.tflops / 10)
+        skipped = got[("_fp16_cpu", dtype, "t")]
+        assert skipped.status == "SKIPPED" and "no fp8 kernel" in skipped.error
+    assert got[("_fp16_cpu", "fp16", "row")].status == "OK"
+    out = capsys.readouterr().out
+    assert "_ok_cpu,32,48,64,fp8-row,t,OK" in out and "_fp16_cpu,32,48,64,fp8,t,SKIPPED" in out

@@ -15,6 +15,12 @@ from gluon_survey.driver import hardware
         ("NVIDIA B200", "fp16", 2250.0),
         ("NVIDIA GB200", "fp16", 2500.0),  # not the B200 entry, although "B200" is in the name
         ("NVIDIA A100-SXM4-80GB", "fp16", 312.0),
+        # fp8 e4m3: the datasheets' sparse figures halved
+        ("NVIDIA H100 80GB HBM3", "fp8", 1979.0),
+        ("NVIDIA H100 PCIe", "fp8", 1513.0),
+        ("NVIDIA H200", "fp8-row", 1979.0),
+        ("NVIDIA B200", "fp8", 4500.0),
+        ("NVIDIA GB200", "fp8-row", 5000.0),
     ],
 )
 def test_dense_datasheet_peaks(name, dtype, peak):
@@ -23,13 +29,22 @@ def test_dense_datasheet_peaks(name, dtype, peak):
     assert "datasheet" in source and "dense" in source and dtype in source
 
 
+def test_fp8_and_fp8_row_share_the_fp8_tensor_core_peak():
+    per_tensor, source = hardware.peak_tflops("NVIDIA H100 80GB HBM3", "fp8")
+    rowwise, row_source = hardware.peak_tflops("NVIDIA H100 80GB HBM3", "fp8-row")
+    assert per_tensor == rowwise == 1979.0
+    assert source.endswith("(fp8)") and row_source.endswith("(fp8, for fp8-row)")
+
+
 def test_unknown_gpu_or_dtype_says_so():
     assert hardware.peak_tflops("NVIDIA GeForce RTX 4090", "fp16") == (
         None,
         "unknown GPU 'NVIDIA GeForce RTX 4090': no datasheet peak; pass --peak-tflops",
     )
-    value, source = hardware.peak_tflops("NVIDIA H100 80GB HBM3", "fp8")
-    assert value is None and "no fp8 peak" in source
+    value, source = hardware.peak_tflops("NVIDIA A100-SXM4-80GB", "fp8")  # no fp8 tensor cores
+    assert value is None and source == "no fp8 peak for A100 in the table; pass --peak-tflops"
+    value, source = hardware.peak_tflops("NVIDIA H100 80GB HBM3", "fp32")
+    assert value is None and "no fp32 peak" in source
     assert hardware.peak_tflops(None, "fp16") == (None, "no GPU, no peak")
 
 

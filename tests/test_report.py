@@ -204,3 +204,39 @@ def test_committed_tables_regenerate_identically(run):
 
     folder = RESULTS / run
     assert report.format_markdown(load(folder / "results.jsonl")) == (folder / "table.md").read_text()
+
+
+def _fp8(r, dtype, peak=1979.0):
+    """`r` as an fp8 / fp8-row row (B layout t), its metrics against the fp8 peak."""
+    return replace(r, dtype=dtype, b_layout="t").with_metrics(peak)
+
+
+def test_fp8_rows_get_tables_of_their_own_against_the_fp8_peak():
+    fp8_peak = {"tflops": 1979.0, "source": "NVIDIA H100 SXM datasheet, dense (fp8)"}
+    sample = results(
+        [
+            row("Pipelined", ms=0.1),  # fp16, B row: 687.19 TFLOP/s
+            row("torch", ms=0.08),
+            _fp8(row("Pipelined", ms=0.05), "fp8"),  # 1374.39 TFLOP/s: above the fp16 peak, not fp8's
+            _fp8(row("torch", ms=0.04), "fp8"),  # 1717.99
+            _fp8(row("Pipelined", ms=0.0625), "fp8-row"),  # 1099.51
+            _fp8(row("torch", ms=0.05), "fp8-row"),
+        ]
+    )
+    sample.settings["peaks"] = {**sample.settings["peaks"], "fp8": fp8_peak, "fp8-row": fp8_peak}
+    pivots = report.pivots(sample)
+    assert [p.title for p in pivots] == ["fp16, B row", "fp8, B t", "fp8-row, B t"]
+    fp8, fp8_row = pivots[1], pivots[2]
+    assert fp8.geomean["Pipelined"].lines == ["1374.4", "0.80x", f"{100 * 1374.39 / 1979:.0f}% peak"]
+    assert fp8_row.geomean["Pipelined"].lines == ["1099.5", "0.80x", f"{100 * 1099.51 / 1979:.0f}% peak"]
+    assert all(r.measured for r in sample.rows)  # not ABOVE PEAK: fp8 has its own peak
+    text = report.format_markdown(sample)
+    assert "#### fp8, B t" in text and "#### fp8-row, B t" in text
+    headers = [line for line in report.format_legacy(sample.rows).splitlines() if line.startswith("Mode: ")]
+    assert headers[2:4] == [
+        "Mode: Pipelined (fp8, B t, M=8192, N=8192)",
+        "Mode: torch (fp8, B t, M=8192, N=8192)",
+    ]
+    buf = io.StringIO()
+    report.print_table(sample, Console(file=buf, width=200, color_system=None))
+    assert "Peak fp8-row: 1979 TFLOP/s (NVIDIA H100 SXM datasheet, dense (fp8))" in buf.getvalue()

@@ -1,5 +1,6 @@
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -126,3 +127,16 @@ def test_cli_compare_fail_on_regression_exit_code(tmp_path, capsys):
     assert "regression: Blocked 8192x8192x512 fp16 B=row: 16.7 % slower" in capsys.readouterr().err
     assert main(["compare", str(old), str(new), "--fail-on-regression", "20"]) == 0
     assert main(["compare", str(old), str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_fp8_and_fp8_row_results_are_kept_apart():
+    def fp8(r, dtype):
+        return replace(r, dtype=dtype, b_layout="t").with_metrics(1979.0)
+
+    old = [fp8(row(ms=0.05), "fp8"), fp8(row(ms=0.05), "fp8-row"), row(ms=0.1)]
+    new = [fp8(row(ms=0.05), "fp8"), fp8(row(ms=0.07), "fp8-row")]
+    assert len({r.key for r in old}) == 3
+    deltas = compare(old, new)
+    assert [(d.new.dtype, d.verdict) for d in deltas] == [("fp8", "same"), ("fp8-row", "slower")]
+    assert [(r.dtype, r.b_layout) for r in missing(old, new)] == [("fp16", "row")]
+    assert old[0].pct_peak == pytest.approx(100 * old[0].tflops / 1979.0)

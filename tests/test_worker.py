@@ -194,3 +194,108 @@ def test_settings_may_come_as_json_with_the_defaults_for_what_is_missing(monkeyp
     assert row["status"] == "OK" and len(row["x_rounds"]) == defaults.rounds  # paired by default
     assert (seen["warmup_ms"], seen["rewarm_ms"]) == (defaults.warmup_ms, defaults.rewarm_ms)
     assert seen["max_iters"] == 50
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 15: fp8 tasks (e4m3 operands, fp32 scales, bf16 out)
+
+FP8_TASKS = [{"M": 48, "N": 40, "K": 96, "dtype": d, "b_layout": "t"} for d in ("fp8", "fp8-row")]
+
+
+def scaled_mm(a, b, out, scale_a, scale_b):
+    return Launch(lambda: torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out))
+
+
+@pytest.mark.parametrize("task", FP8_TASKS, ids=lambda t: t["dtype"])
+def test_an_fp8_task_passes_its_scales_and_is_judged_on_bf16(task):
+    seen = []
+
+    def prepare(a, b, out, **scales):
+        seen.append((a, b, out, scales))
+        return scaled_mm(a, b, out, **scales)
+
+    baselines = []
+
+    def baseline(a, b, out, **scales):
+        baselines.append((a, b, scales))
+        return scaled_mm(a, b, out, **scales)
+
+    row = measure(cpu(prepare, l2_bytes=1 << 20, baseline=baseline), task, PAIRED, lambda _: None)
+    assert row["status"] == "OK" and row["cublas_err"] > 0 and row["rel_err"] <= row["tol"]
+    assert row["tol"] == pytest.approx(2 * row["cublas_err"] + 0.25 * 2**-8)  # bf16's roundoff
+    assert row["l2_copies"] > 1 and len(seen) == row["l2_copies"]
+    for a, b, out, scales in seen:
+        assert a.dtype == b.dtype == torch.float8_e4m3fn and b.t().is_contiguous()
+        assert out.dtype == torch.bfloat16 and out.shape == (48, 40)
+        assert set(scales) == {"scale_a", "scale_b"}
+        assert all(s.dtype == torch.float32 for s in scales.values())
+        shapes = [tuple(scales["scale_a"].shape), tuple(scales["scale_b"].shape)]
+        assert shapes == ([(), ()] if task["dtype"] == "fp8" else [(48, 1), (1, 40)])
+    # the paired cuBLAS gets the very same operands and scales
+    assert [(a, b) for a, b, _ in baselines] == [(a, b) for a, b, _, _ in seen]
+    assert all(x["scale_a"] is y["scale_a"] for (*_, x), (*_, y) in zip(baselines, seen, strict=True))
+
+
+@pytest.mark.parametrize("task", FP8_TASKS, ids=lambda t: t["dtype"])
+def test_an_fp8_kernel_that_drops_a_scale_fails(task):
+    def forgets_scale_b(a, b, out, scale_a, scale_b):
+        one = torch.ones_like(scale_b)
+        return scaled_mm(a, b, out, scale_a, one)
+
+    row = measure(cpu(forgets_scale_b), task, SETTINGS, lambda _: None)
+    assert row["status"] == "FAILED" and row["error"].startswith("rel_err")
+
+    def ignores_the_scales(a, b, out, **scales):  # the bare e4m3 product
+        return Launch(lambda: out.copy_(a.float() @ b.float()))
+
+    row = measure(cpu(ignores_the_scales), task, SETTINGS, lambda _: None)
+    assert row["status"] == "FAILED"
+
+
+def test_an_fp8_task_of_a_mode_without_fp8_kernels_is_skipped():
+    calls = []
+
+    def prepare(a, b, out):  # no scale keywords: it must never see an fp8 task
+        calls.append(a.dtype)
+        return matmul(a, b, out)
+
+    provider = cpu(prepare, no_fp8="mode 'Blocked' has no fp8 kernel; fp8 operands run in: Pipelined")
+    for task in FP8_TASKS:
+        row = run_task(provider, task, SETTINGS, lambda _: None)
+        assert row == {"status": "SKIPPED", "error": provider.no_fp8}
+    assert calls == []
+    assert run_task(provider, TASK, SETTINGS, lambda _: None)["status"] == "OK"  # fp16 still runs
+
+
+def test_the_apis_fp8_type_error_is_an_error_row_not_a_crash():
+    def prepare(a, b, out, **scales):  # what api.prepare raises for a mode without fp8 kernels
+        raise TypeError("mode 'Blocked' has no fp8 kernel; fp8 operands run in: Pipelined, torch")
+
+    row = run_task(cpu(prepare), FP8_TASKS[0], SETTINGS, lambda _: None)
+    assert row["status"] == "ERROR" and row["error"].startswith("TypeError: mode 'Blocked' has no fp8")
+
+
+def test_cuda_provider_knows_which_modes_take_fp8(monkeypatch):
+    from gluon_survey import api, registry
+    from gluon_survey.driver.worker import cuda_provider
+
+    monkeypatch.setattr(api, "capability", lambda: None)  # no GPU: nothing is set up
+    blocked = cuda_provider("Blocked")
+    assert blocked.no_fp8 == (
+        f"mode 'Blocked' has no fp8 kernel; fp8 operands run in: {', '.join(registry.fp8_names())}"
+    )
+    assert cuda_provider("Pipelined").no_fp8 is None and cuda_provider("torch").no_fp8 is None
+
+
+@pytest.mark.parametrize("task", FP8_TASKS, ids=lambda t: t["dtype"])
+def test_the_paired_cublas_launch_is_scaled_mm_into_bf16(task):
+    from gluon_survey.driver.check import make_inputs, reference, rel_error
+    from gluon_survey.driver.shapes import Shape
+    from gluon_survey.driver.worker import _cublas_launch
+
+    inputs = make_inputs(Shape(task["M"], task["N"], task["K"]), task["dtype"], "t", 0, "cpu")
+    out = torch.full((task["M"], task["N"]), math.nan, dtype=torch.bfloat16)
+    _cublas_launch(inputs.a, inputs.b, out, **inputs.scales).fn()
+    expected = torch._scaled_mm(inputs.a, inputs.b, inputs.scale_a, inputs.scale_b, out_dtype=torch.bfloat16)
+    assert torch.equal(out, expected)
+    assert rel_error(out, reference(*inputs, **inputs.scales)) < 2**-8

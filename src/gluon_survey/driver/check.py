@@ -4,6 +4,15 @@ Every mode is checked on the same inputs (`make_inputs` is deterministic in the 
 provider's subprocess rebuilds the very same tensors) against `reference`, the fp32 product of
 those low-precision inputs. A result passes when its relative Frobenius error is within
 `tolerance(cublas_err, dtype)`, a bound relative to cuBLAS's own error on the same inputs.
+
+The survey's dtypes are named in `DTYPE_SPECS`, the one table of what each one means:
+
+    fp16, bf16  operands and result in that dtype, no scales; B "row" (default) or "t".
+    fp8         float8_e4m3fn operands with per-tensor fp32 scales (one each for a and b), the
+                result (a @ b) * scale_a * scale_b written as bf16; B "t" only (fp8 MMAs read both
+                operands K-major).
+    fp8-row     the same with row-wise scales: scale_a [M, 1] (one per row of A) and scale_b
+                [1, N] (one per row of the [N, K] weight, i.e. per column of B).
 """
 
 from __future__ import annotations
@@ -18,47 +27,152 @@ import torch
 from gluon_survey.driver.shapes import Shape
 from gluon_survey.launch import B_LAYOUTS
 
-DTYPES: dict[str, torch.dtype] = {"fp16": torch.float16, "bf16": torch.bfloat16}
+FP8 = torch.float8_e4m3fn  # the fp8 operands' type (gluon_survey.api.FP8)
+FP8_MAX = torch.finfo(FP8).max  # 448: the largest e4m3 magnitude, what a tensor's (or row's) amax maps to
 
-# Unit roundoff u = 2**-(mantissa bits + 1): the largest relative error of rounding to the dtype.
+
+@dataclass(frozen=True)
+class DtypeSpec:
+    """What one `--dtype` name means for the driver."""
+
+    name: str
+    operand: torch.dtype  # a and b
+    output: torch.dtype  # out; the tolerance's unit roundoff is this dtype's
+    scaling: str | None = None  # fp8: "tensor" or "row" (`launch.SCALINGS`); None: no scales
+    b_layouts: tuple[str, ...] = B_LAYOUTS  # the B layouts it runs in; the first is the default
+    peak: str = ""  # the column of `hardware`'s peak table: which tensor-core rate bounds it
+
+    @property
+    def default_b_layout(self) -> str:
+        return self.b_layouts[0]
+
+
+DTYPE_SPECS: dict[str, DtypeSpec] = {
+    s.name: s
+    for s in (
+        DtypeSpec("fp16", torch.float16, torch.float16, peak="fp16"),
+        DtypeSpec("bf16", torch.bfloat16, torch.bfloat16, peak="bf16"),
+        DtypeSpec("fp8", FP8, torch.bfloat16, "tensor", ("t",), peak="fp8"),
+        DtypeSpec("fp8-row", FP8, torch.bfloat16, "row", ("t",), peak="fp8"),
+    )
+}
+
+# dtype name -> operand dtype (the names `--dtype` takes)
+DTYPES: dict[str, torch.dtype] = {name: s.operand for name, s in DTYPE_SPECS.items()}
+
+# Unit roundoff u = 2**-(mantissa bits + 1) of an OUTPUT dtype: the largest relative error of
+# rounding to it (fp8's results are bf16, so its tolerance takes bf16's u).
 UNIT_ROUNDOFF: dict[torch.dtype, float] = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
-TOLERANCE_RULE = "rel_err <= 2 * cublas_err + unit_roundoff / 4 (fp16 u = 2**-11, bf16 u = 2**-8)"
+TOLERANCE_RULE = (
+    "rel_err <= 2 * cublas_err + unit_roundoff / 4, u of the output dtype (fp16 u = 2**-11, bf16 u = 2**-8; "
+    "fp8 and fp8-row write bf16), cublas_err that of cuBLAS (torch._scaled_mm for fp8)"
+)
 
 
-def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """'fp16' / 'bf16' (or a torch dtype) -> the torch dtype; ValueError for anything else."""
+def dtype_spec(dtype: str | torch.dtype) -> DtypeSpec:
+    """The spec of a dtype name ('fp16', 'fp8-row', ...) or torch dtype (float8_e4m3fn is 'fp8',
+    per-tensor scales); ValueError for anything else."""
     if isinstance(dtype, torch.dtype):
-        if dtype not in UNIT_ROUNDOFF:
-            raise ValueError(f"unsupported dtype {dtype}; use one of {', '.join(DTYPES)}")
-        return dtype
+        for spec in DTYPE_SPECS.values():
+            if spec.operand == dtype:
+                return spec
+        raise ValueError(f"unsupported dtype {dtype}; use one of {', '.join(DTYPES)}")
     try:
-        return DTYPES[dtype]
+        return DTYPE_SPECS[dtype]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}") from None
 
 
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """'fp16' / 'bf16' / 'fp8' / 'fp8-row' (or a torch dtype) -> the operands' torch dtype;
+    ValueError for anything else."""
+    return dtype_spec(dtype).operand
+
+
+def output_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The dtype of the product: the operands' for fp16/bf16, bf16 for fp8 (`api.result_dtype`)."""
+    return dtype_spec(dtype).output
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One input set: a [M, K], b [K, N] and, for fp8, the fp32 scales the kernel is given.
+
+    It unpacks as the operands, `a, b = make_inputs(...)`, as fp16/bf16 callers always have; an
+    fp8 caller passes `**inputs.scales` on as well (to `api.prepare`, `reference`, ...)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale_a: torch.Tensor | None = None  # fp32: () per-tensor, [M, 1] row-wise
+    scale_b: torch.Tensor | None = None  # fp32: () per-tensor, [1, N] row-wise
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter((self.a, self.b))
+
+    @property
+    def scales(self) -> dict[str, torch.Tensor]:
+        """{'scale_a': ..., 'scale_b': ...} for fp8, {} otherwise: keyword arguments to pass on."""
+        if self.scale_a is None or self.scale_b is None:
+            return {}
+        return {"scale_a": self.scale_a, "scale_b": self.scale_b}
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor of the set (for its size in bytes)."""
+        return (self.a, self.b, *self.scales.values())
+
+
 def make_inputs(
     shape: Shape, dtype: str | torch.dtype, b_layout: str, seed: int, device: str | torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Inputs:
     """a [M, K] and b [K, N]: standard normal values rounded to `dtype`, reproducible from `seed`.
 
     b_layout (`gluon_survey.launch.B_LAYOUTS`) "row" gives a contiguous [K, N] b; "t" gives the
     transpose view of a contiguous [N, K] weight, as `x @ w.t()` in a linear layer. Values are
-    drawn in fp32 by a generator on `device` and then rounded, so the same (seed, device type)
-    always yields the same tensors.
+    drawn in fp32 by a generator on `device` (a first, then b, or the weight) and then rounded, so
+    the same (seed, device type) always yields the same tensors.
+
+    fp8 / fp8-row (`quantize`): the same fp32 draws, quantized to e4m3 with the scale
+    amax / 448 of the whole tensor (fp8) or of each row of A and of the [N, K] weight (fp8-row);
+    B layout "t" only.
     """
     if b_layout not in B_LAYOUTS:
         raise ValueError(f"unknown B layout {b_layout!r}; use one of {', '.join(B_LAYOUTS)}")
-    dtype = torch_dtype(dtype)
+    spec = dtype_spec(dtype)
+    if b_layout not in spec.b_layouts:
+        raise ValueError(
+            f"{spec.name} runs with B layout {' or '.join(spec.b_layouts)} only, not {b_layout!r} "
+            "(fp8 MMAs read B K-major: the transpose view of an [N, K] weight)"
+        )
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*size: int) -> torch.Tensor:
-        return torch.randn(*size, generator=gen, device=device, dtype=torch.float32).to(dtype)
+        return torch.randn(*size, generator=gen, device=device, dtype=torch.float32)
 
     a = randn(shape.M, shape.K)
-    b = randn(shape.K, shape.N) if b_layout == "row" else randn(shape.N, shape.K).t()
-    return a, b
+    w = randn(shape.K, shape.N) if b_layout == "row" else randn(shape.N, shape.K)  # b = w or w.t()
+    if spec.scaling is None:
+        a, w = a.to(spec.operand), w.to(spec.operand)
+        return Inputs(a, w if b_layout == "row" else w.t())
+    a, scale_a = quantize(a, rowwise=spec.scaling == "row")
+    w, scale_w = quantize(w, rowwise=spec.scaling == "row")
+    scale_b = scale_w if spec.scaling == "tensor" else scale_w.reshape(1, shape.N)
+    return Inputs(a, w.t(), scale_a, scale_b)
+
+
+def quantize(x: torch.Tensor, rowwise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 `x` [R, C] as e4m3 and the fp32 scale that dequantizes it, x ~ q * scale.
+
+    scale = amax / 448, of the whole tensor (shape ()) or per row (shape [R, 1]), so that the
+    largest magnitude lands on e4m3's largest value; q = (x / scale).to(float8_e4m3fn), clamped to
+    +-448 first (a quotient that rounds a hair above 448 stays finite). A row or tensor of zeros
+    gets scale 1, never 0.
+    """
+    amax = x.abs().amax(dim=1, keepdim=True) if rowwise else x.abs().amax()
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
 
 
 @contextmanager
@@ -72,11 +186,23 @@ def _no_tf32() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
-def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def reference(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The fp32 product of the low-precision inputs: what an exact kernel would compute before
-    rounding its result to the output dtype."""
+    rounding its result to the output dtype. With fp8 scales (`Inputs.scales`), the product of the
+    upcast e4m3 operands times scale_a and scale_b, as the kernels dequantize their fp32
+    accumulator (the scales broadcast: () per-tensor, [M, 1] and [1, N] row-wise)."""
     with _no_tf32():
-        return a.float() @ b.float()
+        product = a.float() @ b.float()
+    if scale_a is not None:
+        product = product * scale_a
+    if scale_b is not None:
+        product = product * scale_b
+    return product
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -95,12 +221,12 @@ def tolerance(cublas_err: float, dtype: str | torch.dtype) -> float:
 
     cuBLAS's error on these inputs is dominated by rounding the fp32 accumulator to the output
     dtype, which every correct kernel pays too; the factor 2 leaves room for another
-    accumulation order or a split-K reduction. The floor of a quarter of the dtype's unit
-    roundoff (fp16 2**-11, bf16 2**-8) covers shapes where cuBLAS is (nearly) exact, e.g. a tiny
-    K, so a kernel is not failed for one last-bit difference. A skipped tile or a wrong operand
-    gives an error of order 1, far above the bound.
+    accumulation order or a split-K reduction. The floor of a quarter of the output dtype's unit
+    roundoff (fp16 2**-11, bf16 2**-8; fp8's output is bf16) covers shapes where cuBLAS is
+    (nearly) exact, e.g. a tiny K, so a kernel is not failed for one last-bit difference. A
+    skipped tile or a wrong operand gives an error of order 1, far above the bound.
     """
-    return 2.0 * cublas_err + 0.25 * UNIT_ROUNDOFF[torch_dtype(dtype)]
+    return 2.0 * cublas_err + 0.25 * UNIT_ROUNDOFF[output_dtype(dtype)]
 
 
 @dataclass(frozen=True)

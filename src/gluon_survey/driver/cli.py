@@ -13,9 +13,9 @@ The timing command writes every row to a JSON Lines results file as it is measur
 out/results-<run id>.jsonl), then prints the report, and ends by naming the results file (also
 when interrupted or when the report cannot be written). Exit status: 0 when every row is OK or
 SKIPPED, 1 when any is FAILED, ERROR or TIMEOUT or the report cannot be written, 2 for a usage
-error (checked before anything is measured: modes, sizes, --output and --plot paths) or a machine
-without a CUDA GPU, 130 when interrupted (the rows measured so far are kept and reported).
-`report` exits 1 for a results file without rows, `compare --fail-on-regression` 1 for a
+error (checked before anything is measured: modes, dtypes and B layouts, sizes, --output and --plot
+paths) or a machine without a CUDA GPU, 130 when interrupted (the rows measured so far are kept and
+reported). `report` exits 1 for a results file without rows, `compare --fail-on-regression` 1 for a
 regression or a result missing from NEW.
 """
 
@@ -78,7 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, case-insensitive (default: every mode): {', '.join(registry.names())}",
     )
     what = parser.add_argument_group("what to measure")
-    what.add_argument("--dtype", default="fp16", help="comma-separated: fp16, bf16 (default: %(default)s)")
+    what.add_argument(
+        "--dtype",
+        default="fp16",
+        help="comma-separated: fp16, bf16, fp8 (e4m3 operands with per-tensor fp32 scales, bf16 out), "
+        "fp8-row (e4m3 with row-wise scales: one per row of A and per column of B, bf16 out) "
+        "(default: %(default)s)",
+    )
     for dim, default in _DIMS:
         what.add_argument(
             f"--{dim}",
@@ -94,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     what.add_argument(
         "--b-layout",
-        default="row",
-        help="comma-separated: row (B is [K, N]), t (B is w.t() of a [N, K] weight) (default: %(default)s)",
+        help="comma-separated: row (B is [K, N]), t (B is w.t() of a [N, K] weight) (default: row for "
+        "fp16 and bf16; t for fp8 and fp8-row, which run with t only)",
     )
     how = parser.add_argument_group("how to measure")
     how.add_argument(
@@ -188,17 +194,22 @@ def _output_path_error(args: argparse.Namespace) -> str | None:
 
 def run(argv: Sequence[str]) -> int:
     """The timing command (see `build_parser`)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     from gluon_survey.driver import runner
     from gluon_survey.driver.check import DTYPES
 
     try:
         modes = [mode.name for mode in registry.parse_modes(args.modes)]
         dtypes = _pick(args.dtype, DTYPES, "--dtype")
-        layouts = _pick(args.b_layout, B_LAYOUTS, "--b-layout")
+        layouts = _pick(args.b_layout, B_LAYOUTS, "--b-layout") if args.b_layout is not None else None
         sweep = shapes.resolve(args.shapes, args.m, args.n, args.k)
     except (KeyError, ValueError) as exc:
         return _usage_error(exc.args[0] if exc.args else str(exc))
+    try:
+        layouts_of = layouts_per_dtype(dtypes, layouts)
+    except ValueError as exc:
+        parser.error(str(exc))
     bad_path = _output_path_error(args)
     if bad_path:
         return _usage_error(bad_path)
@@ -215,7 +226,32 @@ def run(argv: Sequence[str]) -> int:
         )
         return 2
     command = shlex.join([PROG, *argv])  # recorded as typed, to reproduce the run
-    return _sweep(args, modes, runner.make_tasks(sweep, dtypes, layouts), command)
+    tasks = [task for d in dtypes for task in runner.make_tasks(sweep, [d], layouts_of[d])]
+    return _sweep(args, modes, tasks, command)
+
+
+def layouts_per_dtype(dtypes: Sequence[str], layouts: Sequence[str] | None) -> dict[str, list[str]]:
+    """The B layouts each dtype runs in: `layouts` (from --b-layout) for every dtype, or without it
+    each dtype's default (`check.DtypeSpec.default_b_layout`: row for fp16/bf16, t for fp8).
+    ValueError, naming the fix, when a dtype cannot run in a layout asked for (fp8 with row)."""
+    from gluon_survey.driver.check import DTYPE_SPECS
+
+    out: dict[str, list[str]] = {}
+    for dtype in dtypes:
+        spec = DTYPE_SPECS[dtype]
+        if layouts is None:
+            out[dtype] = [spec.default_b_layout]
+            continue
+        bad = [lay for lay in layouts if lay not in spec.b_layouts]
+        if bad:
+            raise ValueError(
+                f"argument --b-layout: --dtype {dtype} runs with B layout {', '.join(spec.b_layouts)} only "
+                f"(fp8 MMAs read B K-major, the transpose view of an [N, K] weight), not "
+                f"{', '.join(bad)}; pass --b-layout t, or leave --b-layout out (then fp16/bf16 run "
+                f"with row and fp8 with t), or run the fp8 dtypes in a separate command"
+            )
+        out[dtype] = list(layouts)
+    return out
 
 
 def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], command: str) -> int:

@@ -18,33 +18,48 @@ import sys
 import threading
 from pathlib import Path
 
-# Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets. Matched as a
-# case-insensitive substring of the device name, first match wins, so the more specific names come
-# first ("H100 PCIe" before "H100", "GB200" before "B200"). A plain "H100" is the SXM part
-# (torch reports it as "NVIDIA H100 80GB HBM3").
+# Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets, per tensor-core
+# input type: "fp16", "bf16", "fp8" (e4m3/e5m2; the `--dtype`s fp8 and fp8-row both read the fp8
+# column, `check.DtypeSpec.peak`). Matched as a case-insensitive substring of the device name,
+# first match wins, so the more specific names come first ("H100 PCIe" before "H100", "GB200"
+# before "B200"). A plain "H100" is the SXM part (torch reports it as "NVIDIA H100 80GB HBM3").
+# The datasheets print the fp8 rates with sparsity; the dense figure is half of it (H100 SXM /
+# H200 3,958 -> 1,979; H100 PCIe 3,026 -> 1,513; HGX B200 72 PFLOPS per 8 GPUs -> 4,500 per GPU;
+# GB200 NVL72 720 PFLOPS per 72 GPUs -> 5,000 per GPU). The A100 has no fp8 tensor cores.
 _PEAKS: tuple[tuple[str, dict[str, float], str], ...] = (
-    ("H100 PCIe", {"fp16": 756.0, "bf16": 756.0}, "NVIDIA H100 PCIe datasheet, dense"),
-    ("H100", {"fp16": 989.4, "bf16": 989.4}, "NVIDIA H100 SXM datasheet, dense"),
-    ("H200", {"fp16": 989.4, "bf16": 989.4}, "NVIDIA H200 SXM datasheet, dense"),
-    ("GB200", {"fp16": 2500.0, "bf16": 2500.0}, "NVIDIA GB200 datasheet, per GPU, dense"),
-    ("B200", {"fp16": 2250.0, "bf16": 2250.0}, "NVIDIA HGX B200 datasheet, per GPU, dense"),
+    ("H100 PCIe", {"fp16": 756.0, "bf16": 756.0, "fp8": 1513.0}, "NVIDIA H100 PCIe datasheet, dense"),
+    ("H100", {"fp16": 989.4, "bf16": 989.4, "fp8": 1979.0}, "NVIDIA H100 SXM datasheet, dense"),
+    ("H200", {"fp16": 989.4, "bf16": 989.4, "fp8": 1979.0}, "NVIDIA H200 SXM datasheet, dense"),
+    ("GB200", {"fp16": 2500.0, "bf16": 2500.0, "fp8": 5000.0}, "NVIDIA GB200 datasheet, per GPU, dense"),
+    ("B200", {"fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0}, "NVIDIA HGX B200 datasheet, per GPU, dense"),
     ("A100", {"fp16": 312.0, "bf16": 312.0}, "NVIDIA A100 datasheet, dense"),
 )
 
 
 def peak_tflops(name: str | None, dtype: str) -> tuple[float | None, str]:
-    """The dense datasheet peak of GPU `name` for `dtype` ("fp16"/"bf16"), and where it comes from.
+    """The dense datasheet peak of GPU `name` for `dtype` (a `--dtype` name: "fp16", "bf16", "fp8",
+    "fp8-row"), and where it comes from.
 
     (None, why) when the GPU or the dtype is not in the table; `--peak-tflops` overrides it.
     """
     if not name:
         return None, "no GPU, no peak"
+    column = _peak_column(dtype)
+    label = dtype if column == dtype else f"{column}, for {dtype}"
     for key, peaks, source in _PEAKS:
         if key.lower() in name.lower():
-            if dtype in peaks:
-                return peaks[dtype], f"{source} ({dtype})"
+            if column in peaks:
+                return peaks[column], f"{source} ({label})"
             return None, f"no {dtype} peak for {key} in the table; pass --peak-tflops"
     return None, f"unknown GPU {name!r}: no datasheet peak; pass --peak-tflops"
+
+
+def _peak_column(dtype: str) -> str:
+    """The peak table's column for a `--dtype` name (`check.DTYPE_SPECS`); other names as given."""
+    from gluon_survey.driver.check import DTYPE_SPECS
+
+    spec = DTYPE_SPECS.get(dtype)
+    return spec.peak if spec is not None else dtype
 
 
 # HBM bandwidth in GB/s (1 GB = 1e9 bytes) from NVIDIA's datasheets, matched like _PEAKS (the more

@@ -12,25 +12,29 @@ goes to stderr, which the parent keeps the tail of for error messages. After an 
 the CUDA context unusable (an illegal address is sticky) the worker exits between tasks, and the
 parent starts a fresh one for the rest.
 
-Per task: inputs from the seed (`check.make_inputs`); `gluon_survey.api.prepare`, the first call
-(`compile_s`: prepare + first call, autotuning included); a NaN-filled output, one call, the check
-against the fp32 reference with the tolerance rule; then, only if correct, the cold-L2 timing over
-rotated input sets (each prepared and called once first), with all outputs NaN-filled before the
-timer starts and re-checked after it (a launch that does nothing after its first call fails).
-With `paired` set, cuBLAS (`torch.matmul`) is timed on the same rotated inputs in windows that
-alternate with the mode's (`timing.time_paired`: cuBLAS, mode, cuBLAS, ..., `rounds` windows of
-the mode), and the row keeps cuBLAS's median over its windows (`cublas_ms`), the ratio in each
-round (`x_rounds`) and how far cuBLAS's last window is from its first (`cublas_drift`): a GPU at
-its power limit changes clock with temperature over a run, so the ratio to a cuBLAS timed minutes
-apart moves by a few per cent, and to one timed alongside it does not. NVML's mean SM clock and
-power over the timed windows go into the row too. A
-launch whose `fn()` returns its product instead of writing `out` (the torch.compile baseline) is
-judged on the tensor it returns.
+Per task: inputs from the seed (`check.make_inputs`; for fp8 / fp8-row, e4m3 operands and the
+fp32 scales that go with them); `gluon_survey.api.prepare`, the first call (`compile_s`: prepare +
+first call, autotuning included); a NaN-filled output, one call, the check against the fp32
+reference with the tolerance rule; then, only if correct, the cold-L2 timing over rotated input
+sets (each prepared and called once first), with all outputs NaN-filled before the timer starts and
+re-checked after it (a launch that does nothing after its first call fails). With `paired` set,
+cuBLAS (`cublas_product`: `torch.matmul`, or `torch._scaled_mm` for fp8) is timed on the same
+rotated inputs in windows that alternate with the mode's (`timing.time_paired`: cuBLAS, mode,
+cuBLAS, ..., `rounds` windows of the mode), and the row keeps cuBLAS's median over its windows
+(`cublas_ms`), the ratio in each round (`x_rounds`) and how far cuBLAS's last window is from its
+first (`cublas_drift`): a GPU at its power limit changes clock with temperature over a run, so the
+ratio to a cuBLAS timed minutes apart moves by a few per cent, and to one timed alongside it does
+not. NVML's mean SM clock and power over the timed windows go into the row too. A launch whose
+`fn()` returns its product instead of writing `out` (the torch.compile baseline) is judged on the
+tensor it returns.
 
 How a mode is run is a `Provider`, made once per worker by the factory `main` is given:
 `cuda_provider` (the default: a registered mode through `gluon_survey.api` on the current CUDA
-device). The tests hand `main` providers of their own (CPU tensors, a wall-clock timer, launches
-that crash or hang) to test the isolation machinery on a machine without a GPU.
+device). A provider's `prepare` and `baseline` take (a, b, out) and, for fp8 tasks, the keywords
+scale_a and scale_b; the fp8 tasks of a mode without fp8 kernels (`registry.Mode.fp8`) are SKIPPED,
+saying which modes have them (`Provider.no_fp8`). The tests hand `main` providers of their own (CPU
+tensors, a wall-clock timer, launches that crash or hang) to test the isolation machinery on a
+machine without a GPU.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from gluon_survey.driver.settings import Settings
 if TYPE_CHECKING:
     import torch
 
+    from gluon_survey.driver.check import Inputs
     from gluon_survey.driver.timing import Clock
     from gluon_survey.launch import Launch
 
@@ -73,6 +78,7 @@ class Provider:
     # timed in windows alternating with this mode's on every task (see `measure`).
     baseline: Callable[..., Launch] | None = None
     telemetry: Callable[[], Any] = contextlib.nullcontext  # a context manager with .result()
+    no_fp8: str | None = None  # why the mode cannot take fp8 operands (its fp8 tasks are SKIPPED)
 
 
 def cuda_provider(mode_name: str) -> Provider:
@@ -85,8 +91,8 @@ def cuda_provider(mode_name: str) -> Provider:
 
     mode = registry.get(mode_name)
 
-    def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
-        return api.prepare(mode.name, a, b, out)
+    def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor) -> Launch:
+        return api.prepare(mode.name, a, b, out, **scales)
 
     def budget() -> int:
         return min(COPIES_BUDGET_BYTES, torch.cuda.mem_get_info()[0] // 2)
@@ -98,23 +104,49 @@ def cuda_provider(mode_name: str) -> Provider:
         except RuntimeError:  # a sticky error (illegal address, ...) poisons the context for good
             return False
 
+    no_fp8 = None
+    if not mode.fp8:
+        no_fp8 = (
+            f"mode {mode.name!r} has no fp8 kernel; fp8 operands run in: {', '.join(registry.fp8_names())}"
+        )
     capability = api.capability()
     if capability is None:  # no GPU: every task is SKIPPED, nothing is timed
-        return Provider("cuda", prepare, WallClock(), mode.unsupported_reason(None), 0, budget)
+        return Provider("cuda", prepare, WallClock(), mode.unsupported_reason(None), 0, budget, no_fp8=no_fp8)
     l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     reason = mode.unsupported_reason(capability)
     baseline = None if mode.name == registry.BASELINE else _cublas_launch
     telemetry = telemetry_for_current_device
-    return Provider("cuda", prepare, CudaEventClock(), reason, l2_bytes, budget, healthy, baseline, telemetry)
+    return Provider(
+        "cuda", prepare, CudaEventClock(), reason, l2_bytes, budget, healthy, baseline, telemetry, no_fp8
+    )
 
 
-def _cublas_launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
-    """The paired baseline's launch: what the `torch` mode times, cuBLAS through torch.matmul."""
+def _cublas_launch(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+) -> Launch:
+    """The paired baseline's launch: what the `torch` mode times, cuBLAS through
+    `torch.matmul(a, b, out=out)`, or for fp8 operands (scales given) through
+    `torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out)`: bf16 out, as the
+    Gluon kernels write. Both also run on CPU tensors (the tests' providers)."""
     import torch
 
     from gluon_survey.launch import Launch
 
-    return Launch(lambda: torch.matmul(a, b, out=out))
+    if scale_a is None and scale_b is None:
+        return Launch(lambda: torch.matmul(a, b, out=out))
+    return Launch(lambda: torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out))
+
+
+def cublas_product(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor
+) -> torch.Tensor:
+    """cuBLAS's a @ b (times the fp8 scales, when given) written into `out` (`_cublas_launch`)."""
+    _cublas_launch(a, b, out, **scales).fn()
+    return out
 
 
 @dataclass
@@ -122,18 +154,25 @@ class _Target:
     """One input set, its launch, and where its last result is: `out`, or the tensor `fn()`
     returned (the torch.compile baseline returns its product instead of writing `out`)."""
 
-    a: torch.Tensor
-    b: torch.Tensor
+    inputs: Inputs
     out: torch.Tensor
     launch: Launch
     output: torch.Tensor
 
     @classmethod
-    def prepared(cls, provider: Provider, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> _Target:
+    def prepared(cls, provider: Provider, inputs: Inputs, out: torch.Tensor) -> _Target:
         """Prepared and called once: the first call compiles or autotunes, outside any timing."""
-        target = cls(a, b, out, provider.prepare(a, b, out), out)
+        target = cls(inputs, out, provider.prepare(inputs.a, inputs.b, out, **inputs.scales), out)
         target.call()
         return target
+
+    @property
+    def a(self) -> torch.Tensor:
+        return self.inputs.a
+
+    @property
+    def b(self) -> torch.Tensor:
+        return self.inputs.b
 
     def call(self) -> None:
         result = self.launch.fn()
@@ -156,7 +195,7 @@ def measure(
     is a `Settings`, or its JSON (fields it lacks take the defaults)."""
     import torch
 
-    from gluon_survey.driver.check import check, make_inputs, reference, rel_error
+    from gluon_survey.driver.check import check, make_inputs, output_dtype, reference, rel_error
     from gluon_survey.driver.shapes import Shape
     from gluon_survey.driver.timing import copies_for_cold_l2, time_fn, time_paired
 
@@ -165,21 +204,25 @@ def measure(
     shape = Shape(task["M"], task["N"], task["K"])
     dtype, layout, seed = task["dtype"], task["b_layout"], settings.seed
 
-    def input_set(i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        a, b = make_inputs(shape, dtype, layout, seed + i, provider.device)
-        return a, b, torch.empty(shape.M, shape.N, dtype=a.dtype, device=provider.device)
+    def input_set(i: int) -> tuple[Inputs, torch.Tensor]:
+        inputs = make_inputs(shape, dtype, layout, seed + i, provider.device)
+        return inputs, torch.empty(shape.M, shape.N, dtype=output_dtype(dtype), device=provider.device)
 
     phase("compiling/autotuning")
-    inputs = input_set(0)
+    inputs, out = input_set(0)
     start = time.perf_counter()
-    first = _Target.prepared(provider, *inputs)
+    first = _Target.prepared(provider, inputs, out)
     provider.clock.synchronize()
     row: dict[str, Any] = {"compile_s": time.perf_counter() - start, "timer": provider.clock.name}
     row["config"] = dict(first.launch.config)  # after the first call: autotuned choices included
 
     phase("checking")
-    ref = reference(first.a, first.b)
-    cublas_err = rel_error(torch.matmul(first.a, first.b), ref)
+    ref = reference(first.a, first.b, **inputs.scales)
+    try:
+        cublas_out = cublas_product(first.a, first.b, torch.empty_like(out), **inputs.scales)
+    except RuntimeError as exc:  # e.g. torch._scaled_mm wants M, N, K that fp8 cuBLAS can take
+        raise RuntimeError(f"cuBLAS, whose error sets the tolerance, cannot run this task: {exc}") from exc
+    cublas_err = rel_error(cublas_out, ref)
     first.out.fill_(math.nan)
     first.call()
     provider.clock.synchronize()
@@ -190,8 +233,8 @@ def measure(
 
     phase("timing")
     paired = provider.baseline is not None and settings.paired
-    bytes_per_set = sum(t.numel() * t.element_size() for t in inputs)
-    bytes_per_set += first.out.numel() * first.out.element_size() if paired else 0
+    outputs = (out, out) if paired else (out,)  # paired: cuBLAS writes an output of its own
+    bytes_per_set = sum(t.numel() * t.element_size() for t in (*inputs.tensors, *outputs))
     n_copies = copies_for_cold_l2(bytes_per_set, provider.l2_bytes, provider.memory_budget())
     targets = [first] + [_Target.prepared(provider, *input_set(i)) for i in range(1, n_copies)]
     for target in targets:
@@ -200,7 +243,10 @@ def measure(
     bounds = {"min_ms": settings.min_ms, "min_iters": settings.min_iters, "max_iters": settings.max_iters}
     launches = [t.timed_call for t in targets]
     if paired:  # cuBLAS on the same inputs, into outputs of its own (ours stay NaN-poisoned)
-        cublas = [provider.baseline(t.a, t.b, torch.empty_like(t.out)).fn for t in targets]  # type: ignore[misc]
+        cublas = [
+            provider.baseline(t.a, t.b, torch.empty_like(t.out), **t.inputs.scales).fn  # type: ignore[misc]
+            for t in targets
+        ]
         with provider.telemetry() as telemetry:
             pair = time_paired(
                 lambda i: launches[i],
@@ -248,9 +294,12 @@ def run_task(
     settings: Settings | dict[str, Any],
     phase: Callable[[str], None],
 ) -> dict:
-    """`measure`, with an unsupported mode SKIPPED and an exception turned into an ERROR row."""
+    """`measure`, with an unsupported mode (or an fp8 task of a mode without fp8 kernels) SKIPPED
+    and an exception turned into an ERROR row."""
     if provider.unsupported:
         return {"status": "SKIPPED", "error": provider.unsupported}
+    if provider.no_fp8 and _is_fp8(task["dtype"]):
+        return {"status": "SKIPPED", "error": provider.no_fp8}
     try:
         return measure(provider, task, settings, phase)
     except Exception as exc:
@@ -258,6 +307,16 @@ def run_task(
         return _error_row(exc)
     finally:
         _release_memory(provider.device)
+
+
+def _is_fp8(dtype: str) -> bool:
+    """Whether the task's dtype has fp8 operands (ValueError for an unknown name: an ERROR row)."""
+    from gluon_survey.driver.check import dtype_spec
+
+    try:
+        return dtype_spec(dtype).scaling is not None
+    except ValueError:
+        return False  # `measure` reports the unknown dtype
 
 
 def _error_row(exc: BaseException) -> dict:
