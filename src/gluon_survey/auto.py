@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import registry
-from .choice import choose
+from .choice import Choice, choose
 from .launch import Launch, Scales, Target, b_layout
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -23,6 +23,8 @@ def prepare(a, b, out, target: Target, scales: Scales | None = None) -> Launch:
     M, K = a.shape
     dtype = _DTYPE_NAMES[a.dtype] if scales is None else _FP8_NAMES[scales.kind]
     choice = choose(M, b.shape[1], K, dtype, b_layout(b), target.capability, target.name)
+    if scales is not None and choice.mode == "torch" and (b.shape[1] % 16 or K % 16):
+        choice = Choice("warpspec", None, f"{choice.why}; but cuBLAS fp8 needs N and K multiples of 16")
     provider = registry.get(choice.mode).provider(target.capability)
     fp8 = {} if scales is None else {"scales": scales}
     if choice.config is None:
