@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import types
+from collections import Counter
 
 import pytest
 import triton
@@ -45,6 +47,14 @@ def _triton_spec(capability: tuple[int, int], index: int = 0) -> CompileSpec:
     return triton_gemm.compile_specs(capability, "float16")[index]
 
 
+def _fp8_spec(capability: tuple[int, int], index: int = 0, scaling: int | None = None) -> CompileSpec:
+    """The triton baseline's fp8 spec (e4m3 operands, bf16 C, row-wise scales unless `scaling`)."""
+    spec = triton_gemm.compile_specs(capability, "float8_e4m3fn")[index]
+    if scaling is not None:
+        spec = dataclasses.replace(spec, constexprs={**spec.constexprs, "SCALING": scaling})
+    return spec
+
+
 @pytest.fixture(scope="module")
 def hopper_triton() -> gi.Compiled:
     """The triton baseline's 128x256x64 / 3 stages / 8 warps config, compiled for sm_90a."""
@@ -63,6 +73,8 @@ def test_triton_baseline_hopper_uses_wgmma_and_tma_without_spills(hopper_triton:
     assert sass["HGMMA.64x256x16.F32"] == sass["HGMMA"]  # instruction n = the full 256-wide tile
     assert sass["UTMALDG"] > 0 and sass["UTMASTG"] > 0  # TMA loads and the TMA store
     assert sass["LDL"] == 0 and sass["STL"] == 0
+    # no fp8 scales (None, SCALING 0): no scale loads, no multiply in the epilogue
+    assert sass["LDG"] == 0 and sass["FMUL"] == 0 and sass["QGMMA"] == 0
     usage = gi.resource_usage(hopper_triton.cubin)
     assert usage.spill_bytes == 0
     assert 0 < usage.registers <= 255
@@ -70,6 +82,45 @@ def test_triton_baseline_hopper_uses_wgmma_and_tma_without_spills(hopper_triton:
     # The prune's shared-memory model matches the compiler's allocation up to the mbarriers.
     cfg = triton_gemm._config(256, 3, 8)
     assert 0 <= hopper_triton.shared_bytes - triton_gemm.smem_bytes(cfg, 2) < 1024
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    ("index", "scaling"), [(0, 2), (1, 2), (0, 1)], ids=["256-row", "128-row", "256-tensor"]
+)
+def test_triton_baseline_fp8_hopper_uses_qgmma_without_spills(index: int, scaling: int) -> None:
+    """fp8 e4m3 on sm_90a: `tl.dot` of e4m3 tiles is QGMMA (wgmma .e4m3, fp32 accumulator), one
+    instruction per 64 rows a warpgroup owns per 32 of the 128-wide K step, as wide as the tile;
+    the scales' epilogue keeps every value in registers."""
+    spec = _fp8_spec((9, 0), index, scaling)
+    compiled = gi.compile_spec(spec, "sm_90a")
+    text = gi.disassemble(compiled.cubin)
+    sass = gi.count_opcodes(text)
+    bn, warps = spec.constexprs["BLOCK_N"], spec.options["num_warps"]
+    assert sass["HGMMA"] == 0
+    rows_per_warpgroup = 128 // (warps // 4)
+    assert sass["QGMMA"] == (rows_per_warpgroup // 64) * (128 // 32)  # 4 (8 warps) or 8 (4 warps)
+    assert Counter(re.findall(r"\bQGMMA\.[\w.]+", text)) == {f"QGMMA.64x{bn}x32.F32.E4M3.E4M3": sass["QGMMA"]}
+    assert sass["UTMALDG"] > 0 and sass["UTMASTG"] > 0
+    assert sass["LDL"] == 0 and sass["STL"] == 0
+    assert sass["FMUL"] >= 128  # the scales applied to the 128 accumulator values a thread holds
+    usage = gi.resource_usage(compiled.cubin)
+    assert usage.spill_bytes == 0 and 0 < usage.registers <= 255
+    assert compiled.num_warps == warps
+    # shared memory: the model (1-byte operand stages, a bf16 C tile) up to the mbarriers and, for
+    # row-wise scales, the BLOCK_N fp32 column scales moved into the accumulator's layout
+    cfg = triton_gemm._config(bn, spec.options["num_stages"], warps, elem_bytes=1)
+    scratch = bn * 4 if scaling == 2 else 0
+    assert 0 <= compiled.shared_bytes - triton_gemm.smem_bytes(cfg, 1, 2) - scratch < 1024
+
+
+@pytest.mark.compile
+def test_triton_baseline_fp8_blackwell_uses_tcgen05() -> None:
+    compiled = gi.compile_spec(_fp8_spec((10, 0)), "sm_100a")
+    sass = gi.sass_counts(compiled.cubin)
+    assert sass["UTCQMMA"] > 0 and sass["QGMMA"] == 0 and sass["HGMMA"] == 0
+    assert sass["UTMALDG"] > 0 and sass["LDL"] == 0 and sass["STL"] == 0
+    assert gi.resource_usage(compiled.cubin).spill_bytes == 0
 
 
 @pytest.mark.compile

@@ -4,20 +4,51 @@ taken against.
 Nothing is prepared: PyTorch picks the cuBLAS algorithm per call (its heuristics, cached by cuBLASLt),
 and a transposed-view `b` or a padded `out` row stride are passed to cuBLAS as leading dimensions, so
 the operands are used in place exactly as the Gluon rungs use them.
+
+**fp8** (issue 15): with `scales` (`launch.Scales`), `torch._scaled_mm(a, b, scale_a, scale_b,
+out_dtype=out.dtype, out=out)`, cuBLASLt's fp8 GEMM: e4m3 operands, `a` row-major and `b` the
+transpose view of an [N, K] weight (the column-major operand `_scaled_mm` requires), the scales
+in its shapes (`Scales.torch_a` / `torch_b`: () per-tensor, [M, 1] and [1, N] row-wise). It runs
+with `_scaled_mm`'s default `use_fast_accum=False`: cuBLAS promotes the tensor cores' partial
+sums to fp32 (the plain-Triton kernel uses the fast accumulation, see `triton_gemm`). Row-wise
+scaling goes to cuBLASLt's outer-vector scaling where PyTorch was built with cuBLAS >= 12.9, and
+to PyTorch's CUTLASS kernel otherwise (bf16 output only there). `_scaled_mm` takes K and N only as
+multiples of 16: other shapes raise a ValueError here rather than deep inside PyTorch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from gluon_survey.launch import Launch, Target
+from gluon_survey.launch import Launch, Scales, Target
+
+FP8_ALIGN = 16  # torch._scaled_mm: K and N (mat1.size(1), mat2's sizes) must be multiples of 16
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
-    """cuBLAS runs on every CUDA GPU PyTorch supports."""
+    """cuBLAS runs on every CUDA GPU PyTorch supports (fp8 needs sm_89+; `_scaled_mm` says so)."""
     return None
 
 
-def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, target: Target | None = None) -> Launch:
-    """out = a @ b through `torch.matmul(..., out=out)`; the call allocates nothing."""
-    return Launch(lambda: torch.matmul(a, b, out=out), {"impl": "cuBLAS"})
+def prepare(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    target: Target | None = None,
+    scales: Scales | None = None,
+) -> Launch:
+    """out = a @ b through `torch.matmul(..., out=out)`, or for fp8 operands out = (a @ b) * scales
+    through `torch._scaled_mm(..., out=out)`; the call allocates nothing."""
+    if scales is None:
+        return Launch(lambda: torch.matmul(a, b, out=out), {"impl": "cuBLAS"})
+    k, n = b.shape
+    if k % FP8_ALIGN or n % FP8_ALIGN:
+        raise ValueError(
+            f"torch._scaled_mm (cuBLAS fp8) needs K and N to be multiples of {FP8_ALIGN}; got K={k}, N={n}"
+        )
+    scale_a, scale_b = scales.torch_a, scales.torch_b
+
+    def fn() -> torch.Tensor:
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out.dtype, out=out)
+
+    return Launch(fn, {"impl": "cuBLAS fp8 (torch._scaled_mm)"})
