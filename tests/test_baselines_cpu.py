@@ -321,7 +321,7 @@ def test_torch_ops_fp8_calls_scaled_mm_into_out(kind: str) -> None:
     scales = Scales(torch.rand(n_a) + 0.5, torch.rand(n_b) + 0.5, kind)
     out = torch.full((M, N + 8), float("nan"), dtype=torch.bfloat16)[:, :N]
     launch = torch_ops.prepare(a, w.T, out, scales=scales)
-    assert launch.config == {"impl": "cuBLAS fp8 (torch._scaled_mm)"}
+    assert launch.config == {"impl": "cuBLAS fp8 (torch._scaled_mm, fast accumulation)"}
     assert launch.fn() is out
     ref = (a.float() @ w.float().T) * scales.torch_a * scales.torch_b
     torch.testing.assert_close(out.float(), ref, rtol=2**-8, atol=1e-5)
