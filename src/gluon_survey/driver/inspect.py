@@ -68,11 +68,14 @@ DTYPES = {
     "half": "float16",
     "bf16": "bfloat16",
     "bfloat16": "bfloat16",
+    "fp8": "float8_e4m3fn",  # e4m3 operands, bf16 C, row-wise scales (the modes with `fp8`)
+    "float8_e4m3fn": "float8_e4m3fn",
 }
 
 # Instruction families whose full opcodes (with modifiers) are also counted.
 FULL_FORM_FAMILIES = (
     "HGMMA",
+    "QGMMA",  # wgmma with fp8 operands
     "HMMA",
     "UTC",  # tcgen05: UTCHMMA, UTCQMMA, ..., UTCBAR, UTCATOMSWS, UTCCP
     "LDTM",
@@ -96,7 +99,7 @@ COUNT_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("USETMAXREG", ("USETMAXREG",)),
 )
 ALWAYS_SHOWN = ("TMA ld/st", "LDL/STL")
-_MMA_OPCODE = re.compile(r"HGMMA|HMMA|UTC\w*MMA")  # tensor-core MMA base mnemonics
+_MMA_OPCODE = re.compile(r"[HQ]GMMA|HMMA|UTC\w*MMA")  # tensor-core MMA base mnemonics (QGMMA: fp8)
 
 # One SASS instruction line: "/*0a50*/   @!UP0 HGMMA.64x256x16.F32 R24, gdesc[UR8].tnspB, R24 ;"
 _SASS_LINE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Za-z0-9_.]*)")
@@ -416,6 +419,10 @@ def collect(
     jobs: list[KernelReport | tuple[CompileSpec, str]] = []  # rows as they are, or specs to compile
     notes: list[str] = []
     for mode in modes:
+        if dtype == DTYPES["fp8"] and not mode.fp8:
+            if explicit:
+                notes.append(f"{mode.name}: no fp8 kernel")
+            continue
         for arch in archs:
             label, capability = parse_arch(arch)
             try:

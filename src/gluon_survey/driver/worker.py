@@ -130,15 +130,19 @@ def _cublas_launch(
 ) -> Launch:
     """The paired baseline's launch: what the `torch` mode times, cuBLAS through
     `torch.matmul(a, b, out=out)`, or for fp8 operands (scales given) through
-    `torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out)`: bf16 out, as the
-    Gluon kernels write. Both also run on CPU tensors (the tests' providers)."""
+    `torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out, use_fast_accum=True)`:
+    bf16 out, as the Gluon kernels write, and the fast accumulation, as they accumulate (the
+    `torch` mode's call, baselines/torch_ops.py says why). Both also run on CPU tensors (the
+    tests' providers)."""
     import torch
 
     from gluon_survey.launch import Launch
 
     if scale_a is None and scale_b is None:
         return Launch(lambda: torch.matmul(a, b, out=out))
-    return Launch(lambda: torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out))
+    return Launch(
+        lambda: torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out, use_fast_accum=True)
+    )
 
 
 def cublas_product(
