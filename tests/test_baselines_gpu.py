@@ -175,7 +175,7 @@ def test_fp8_prepare_writes_a_correct_product_into_out(mode, shape, scaling):
     launch.fn()
     torch.cuda.synchronize()
     if mode == "torch":
-        assert launch.config["impl"] == "cuBLAS fp8 (torch._scaled_mm)"
+        assert launch.config["impl"] == "cuBLAS fp8 (torch._scaled_mm, fast accumulation)"
     else:  # the fp8 half of the autotuning space: 128-byte K rows
         assert launch.config["BLOCK_K"] == 128 and launch.config["BLOCK_M"] == 128
     verdict = _fp8_verdict(out, a, b, scale_a, scale_b)
