@@ -12,7 +12,8 @@ is the range of M nearer to one measured M than to any other (`explain` prints i
 **The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, M <= 64
 tokens: `swapab` (the tokens become the MMA's narrow N, K split to fill the SMs); M <= 256:
 `splitk`; larger: `warpspec` (its own choice by K). fp8 (dtype "fp8", per-tensor scales, or
-"fp8-row"): `warpspec` from M = 257, cuBLAS fp8 below (split-K and swap-AB have no fp8 kernel).
+"fp8-row"): `warpspec` from M = 2049, cuBLAS fp8 below (split-K and swap-AB have no fp8 kernel;
+warpspec lost to cuBLAS fp8 at M = 1024 on the H100).
 Other GPUs: cuBLAS (`torch`).
 """
 
@@ -26,7 +27,10 @@ from pathlib import Path
 
 TABLES = Path(__file__).resolve().parent / "tables"
 NEAR = 4.0  # an entry answers for M within this factor of its own
-FP8_GLUON_FROM_M = 256  # fp8 has no split-K or swap-AB rung: below this M the rule keeps cuBLAS
+# fp8: warpspec measured 1.01-1.03x cuBLAS fp8 at M = 8192 and 0.87-0.88x at M = 1024 over the
+# llm shapes (results/h100-fp8-llm); there is no split-K or swap-AB rung in fp8. So the rule keeps
+# cuBLAS fp8 up to this M and runs warpspec above it.
+FP8_GLUON_FROM_M = 2048
 
 
 @dataclass(frozen=True)
