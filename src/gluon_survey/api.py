@@ -196,6 +196,13 @@ def _flat_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, kind: str) -> Sca
     return Scales(scale_a.contiguous().view(-1), scale_b.contiguous().view(-1), kind)
 
 
+def _provider_prepare(provider, a, b, out, target: Target, scales: Scales | None) -> Launch:
+    """`provider.prepare`, with `scales=` only for fp8 (providers without fp8 take no such keyword)."""
+    if scales is None:
+        return provider.prepare(a, b, out, target)
+    return provider.prepare(a, b, out, target, scales=scales)
+
+
 def _tma_ok(t: torch.Tensor) -> bool:
     """A row-major 2-D view TMA can describe: unit inner stride, 16-byte row stride and base."""
     es = t.element_size()
@@ -280,11 +287,8 @@ def prepare(
     a2, copied_a = _aligned(a)
     b2, copied_b = _aligned_b(b)
     c2 = out if _tma_ok(out) else _aligned_empty(M, N, out)
-    provider = m.provider(target.capability)
-    if scaling is None:
-        launch = provider.prepare(a2, b2, c2, target)
-    else:
-        launch = provider.prepare(a2, b2, c2, target, scales=_flat_scales(scale_a, scale_b, scaling))
+    scales = None if scaling is None else _flat_scales(scale_a, scale_b, scaling)
+    launch = _provider_prepare(m.provider(target.capability), a2, b2, c2, target, scales)
     config = launch.config  # the provider's own dict: autotuned modes fill it in on the first call
     if scaling is not None:
         config["scales"] = scaling
@@ -318,10 +322,10 @@ class MatmulPlan:
     tensors of that key: allocate `out` if None, copy the operands TMA cannot describe, launch,
     copy the result back where the output could not be written in place.
 
-    `run(a, b, out, scales)` launches on TMA-describable tensors: a rung's `Plan.launch`, or for
-    providers without a plan their `prepare(...).fn()`; it writes `out` or returns the product
-    (torch.compile). None when M, N or K is 0: the result is zeros and nothing is launched.
-    `scaling` is the fp8 scales' kind ("tensor" or "row"), None for fp16/bf16."""
+    `run(a, b, out, scales)` launches on TMA-describable tensors (`scales` None for fp16/bf16): a
+    rung's `Plan.launch`, or for providers without a plan their `prepare(...).fn()`; it writes
+    `out` or returns the product (torch.compile). None when M, N or K is 0: the result is zeros
+    and nothing is launched. `scaling` is the fp8 scales' kind ("tensor" or "row"), None for fp16/bf16."""
 
     mode: str
     shape: tuple[int, int]  # (M, N): the output
@@ -348,10 +352,8 @@ class MatmulPlan:
         a2 = _aligned_copy(a) if self.copy_a else a
         b2 = _aligned_copy_b(b) if self.copy_b else b
         c2 = _aligned_empty(*self.shape, like=out) if self.copy_out else out
-        if self.scaling is None:
-            result = self.run(a2, b2, c2)
-        else:
-            result = self.run(a2, b2, c2, _flat_scales(scale_a, scale_b, self.scaling))
+        scales = None if self.scaling is None else _flat_scales(scale_a, scale_b, self.scaling)
+        result = self.run(a2, b2, c2, scales)
         if not isinstance(result, torch.Tensor):  # the product is in c2
             result = c2
         if result is not out:
@@ -429,22 +431,14 @@ def _build_plan(
     b2 = (_aligned_empty(N, K, b).t() if b_layout(b) == "t" else _aligned_empty(K, N, b)) if copy_b else b
     c2 = _aligned_empty(M, N, out) if copy_out else out
     provider = m.provider(target.capability)
-    if scaling is None:
-        reusable = getattr(provider.prepare(a2, b2, c2, target).fn, "plan", None)
-    else:
-        scales = _flat_scales(scale_a, scale_b, scaling)
-        reusable = getattr(provider.prepare(a2, b2, c2, target, scales=scales).fn, "plan", None)
+    scales = None if scaling is None else _flat_scales(scale_a, scale_b, scaling)
+    reusable = getattr(_provider_prepare(provider, a2, b2, c2, target, scales).fn, "plan", None)
     if reusable is not None:
         run = reusable.launch
-    elif scaling is None:
-
-        def run(a2, b2, c2):
-            return provider.prepare(a2, b2, c2, target).fn()
-
     else:
 
         def run(a2, b2, c2, scales):
-            return provider.prepare(a2, b2, c2, target, scales=scales).fn()
+            return _provider_prepare(provider, a2, b2, c2, target, scales).fn()
 
     return plan(run, copy_a, copy_b, copy_out, scaling)
 
@@ -488,8 +482,6 @@ def matmul(
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
-    if plan.scaling is None:
-        return plan(a, b, out)
     return plan(a, b, out, scale_a, scale_b)
 
 

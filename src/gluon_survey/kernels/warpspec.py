@@ -36,6 +36,7 @@ from triton.experimental.gluon import language as gl
 from ..compat import aggregate
 from ..launch import CompileSpec, Launch, Scales, Target, is_kmajor
 from .common import (
+    FP8,
     GemmConfig,
     Ring,
     Rung,
@@ -406,4 +407,4 @@ def prepare(
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     if unsupported_reason(capability):
         return []
-    return RUNG.compile_specs(capability, dtype, list(_designs(dtype == "float8_e4m3fn")))
+    return RUNG.compile_specs(capability, dtype, list(_designs(dtype == FP8)))
