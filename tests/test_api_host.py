@@ -107,6 +107,17 @@ def test_a_repeated_call_reuses_its_plan_on_the_new_tensors(host, kernel):
         )
 
 
+def test_an_allocated_output_is_new_contiguous_and_launched_on(host):
+    a, b, _ = _operands(300, 520, 264)
+    c1 = api.matmul(a, b, kernel="warpspec")
+    c2 = api.matmul(a, b, kernel="warpspec")
+    for c in (c1, c2):
+        assert (c.shape, c.stride(), c.dtype, c.device.type) == ((300, 520), (520, 1), a.dtype, "cuda")
+    assert c1 is not c2 and len(host.builds) == 1
+    bases = [launch.descriptors[2].base for launch in host.launches]
+    assert len(bases) == 2 and bases[0] is c1 and bases[1] is c2
+
+
 @pytest.mark.parametrize("rung", ["Blocked", "persistent", "warpspec"])
 def test_matmul_launches_what_prepare_launches(host, rung):
     a, b, out = _operands(1000, 3000, 520, "row")

@@ -336,6 +336,10 @@ class MatmulPlan:
     copy_b: bool = False
     copy_out: bool = False  # out is computed into an aligned buffer and copied back
     scaling: str | None = None
+    # A 1x1 tensor of the output's dtype on its device, expanded to (M, N): `torch.empty_like` of it
+    # is a contiguous (M, N) output, allocated without parsing a shape, dtype and device per call
+    # (about half of `torch.empty`'s Python cost, measured on the CPU).
+    like: torch.Tensor | None = None
 
     def __call__(
         self,
@@ -346,7 +350,7 @@ class MatmulPlan:
         scale_b: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if out is None:
-            out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            out = torch.empty_like(self.like)
         if self.run is None:
             return out.zero_()
         a2 = _aligned_copy(a) if self.copy_a else a
@@ -421,7 +425,8 @@ def _build_plan(
     m, target = _runnable(kernel if kernel is not None else default_mode(a), a.device, scaling is not None)
     M, K, N = a.shape[0], a.shape[1], b.shape[1]
     dtype = result_dtype(a, out_dtype)
-    plan = functools.partial(MatmulPlan, m.name, (M, N), dtype, a.device)
+    like = torch.empty((1, 1), dtype=dtype, device=a.device).expand(M, N)
+    plan = functools.partial(MatmulPlan, m.name, (M, N), dtype, a.device, like=like)
     if M == 0 or N == 0 or K == 0:
         return plan(None, scaling=scaling)
     if out is None:  # what the plan will allocate
