@@ -144,6 +144,7 @@ def test_a_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     saved = load(path)
     assert saved.settings["seed"] == 3
     assert saved.settings["paired"] is True and saved.settings["timer"] == "host wall clock"
+    assert saved.settings["queued"] is False and all(r.starved is None for r in saved.rows)
     assert all(len(r.x_rounds) == saved.settings["rounds"] for r in saved.rows)  # paired by default
     assert saved.settings["peaks"]["bf16"] == {"tflops": 1000.0, "source": "--peak-tflops"}
     assert saved.env["command"] == shlex.join(["gluon-survey", *argv])
@@ -151,6 +152,28 @@ def test_a_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     assert [(r.K, r.status) for r in saved.rows] == [(64, "OK"), (128, "OK")]
     assert {(r.dtype, r.b_layout) for r in saved.rows} == {("bf16", "t")}
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.timeout(120)
+def test_gpu_time_flows_from_the_command_line_to_the_timer_the_header_and_the_report(
+    tmp_path, fake_modes, capsys
+):
+    path = tmp_path / "r.jsonl"
+    argv = shlex.split("_ok_cpu --m 32 --n 40 --k 64 --warmup-ms 2 --min-ms 5 --gpu-time --format markdown")
+    assert main([*argv, "--results", str(path)]) == 0
+    saved = load(path)
+    assert saved.settings["queued"] is True
+    assert saved.settings["timer"].startswith("host wall clock; GPU time (queued): a sleep kernel")
+    (r,) = saved.rows
+    # the worker timed it queued (on the wall clock, with no queue to keep ahead, every call counts)
+    assert r.starved == r.n_iters and r.cublas_starved > 0
+    assert r.gbps == pytest.approx((32 * 64 + 64 * 40 + 32 * 40) * 2 / (r.ms_median * 1e-3) / 1e9)
+    out = capsys.readouterr().out
+    assert "#### fp16, B row, GPU time (queued)" in out and f"{r.gbps:.0f} GB/s" in out
+    assert (
+        f"_ok_cpu on 32x40x64: the host fell behind the GPU in {r.starved} of its {r.n_iters} timed calls"
+        in out
+    )
 
 
 @pytest.mark.timeout(120)

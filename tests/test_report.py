@@ -240,3 +240,63 @@ def test_fp8_rows_get_tables_of_their_own_against_the_fp8_peak():
     buf = io.StringIO()
     report.print_table(sample, Console(file=buf, width=200, color_system=None))
     assert "Peak fp8-row: 1979 TFLOP/s (NVIDIA H100 SXM datasheet, dense (fp8))" in buf.getvalue()
+
+
+# ------------------------------------------------------------------------------------------------
+# GB/s, and runs timed in GPU time (--gpu-time: settings `queued`)
+
+
+@pytest.mark.parametrize(("dtype", "operand_bytes"), [("fp16", 2), ("bf16", 2), ("fp8", 1), ("fp8-row", 1)])
+def test_gbps_counts_the_bytes_of_a_b_and_c(dtype, operand_bytes):
+    r = replace(row(M=16, N=4096, K=4096, ms=0.011), dtype=dtype).with_metrics(None)
+    moved = (16 * 4096 + 4096 * 4096) * operand_bytes + 16 * 4096 * 2  # C is 16-bit in every dtype
+    assert r.gbps == pytest.approx(moved / 0.011e-3 / 1e9)
+    assert replace(r, dtype="fp64").with_metrics(None).gbps is None  # an unknown dtype: no figure
+
+
+def _queued(rows):
+    from factories import ENV, SETTINGS
+    from gluon_survey.driver.results import Results, make_header
+
+    return Results(make_header("run", ENV, {**SETTINGS, "queued": True}), list(rows))
+
+
+def test_a_run_timed_in_gpu_time_shows_gb_s_and_says_so():
+    decode = [
+        row("Blocked", M=16, N=4096, K=4096, ms=0.011, config=BLOCKS),
+        row("torch", M=16, N=4096, K=4096, ms=0.012),
+    ]
+    (pivot,) = report.pivots(_queued(decode))
+    assert pivot.title == "fp16, B row, GPU time (queued)"
+    blocked = pivot.cells[(decode[0].shape, "Blocked")]
+    assert blocked.lines == [
+        "48.8",
+        "1.09x",
+        "3074 GB/s",
+        "128x256x64",
+    ]  # (16 + 4096) x 4096 x 2 + 16 x 4096 x 2 B
+    text = report.format_markdown(_queued(decode))
+    assert "#### fp16, B row, GPU time (queued)" in text and "<br>3074 GB/s<br>" in text
+    assert "GB/s of A, B and C over the median GPU time (queued)" in text
+    # timed per call, the same rows show no GB/s (a launch-bound call would show the host's rate)
+    (per_call,) = report.pivots(results(decode))
+    assert per_call.title == "fp16, B row" and not any(
+        "GB/s" in line for c in per_call.cells.values() for line in c.lines
+    )
+    assert "GB/s" not in report.format_markdown(results(decode))
+
+
+def test_calls_the_host_fell_behind_on_are_noted():
+    rows = [
+        row("Blocked", M=16, N=4096, K=4096, ms=0.011, starved=3, n_iters=2000, cublas_starved=0),
+        row("Pipelined", M=16, N=4096, K=4096, ms=0.011, starved=0, n_iters=2000, cublas_starved=7),
+        row("persistent", M=16, N=4096, K=4096, ms=0.011, starved=0, n_iters=2000, cublas_starved=0),
+    ]
+    (pivot,) = report.pivots(_queued(rows))
+    behind = [n for n in pivot.notes if "fell behind" in n]
+    assert behind == [
+        "Blocked on 16x4096x4096: the host fell behind the GPU in 3 of its 2000 timed calls "
+        "(their times may include the GPU waiting for it)",
+        "Pipelined on 16x4096x4096: the host fell behind the GPU in 7 of cuBLAS's alongside "
+        "(their times may include the GPU waiting for it)",
+    ]

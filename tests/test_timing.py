@@ -1,8 +1,10 @@
+import itertools
 import re
 
 import numpy as np
 import pytest
 
+from gluon_survey.driver import timing
 from gluon_survey.driver.timing import COPIES_BUDGET_BYTES, Timing, copies_for_cold_l2, time_fn, time_paired
 
 MiB = 1 << 20
@@ -172,3 +174,173 @@ def test_paired_windows_alternate_and_the_ratio_cancels_a_drifting_clock():
     assert pair.rounds == pytest.approx((1.1, 1.1), rel=1e-4)
     assert pair.drift == pytest.approx(1.01**4 - 1)
     assert pair.ratio == pytest.approx(1.1, rel=0.02)
+
+
+# ------------------------------------------------------------------------------------------------
+# Queued timing (`queued`, the CLI's --gpu-time): GPU time for kernels shorter than their launch
+
+
+class QueueClock:
+    """A GPU behind a launch queue, in ms on two timelines: the host's (`host`), which each call
+    advances by its launch time before the call is enqueued, and the GPU's, which runs each item
+    once it is enqueued and the GPU is free (`free`: when it will be). A mark is stamped with the
+    time the GPU reaches it; `hold(us)` enqueues a sleep. `events` logs the calls (by name) and the
+    holds (their microseconds) in enqueue order. `perf_counter` is the host's clock, in seconds.
+    With a `depth`, the host blocks while that many items wait in the queue."""
+
+    name = "queue"
+
+    def __init__(self, depth=None):
+        self.host = self.free = 0.0
+        self.events = []
+        self.depth, self.starts, self.blocked = depth, [], 0
+
+    def _enqueue(self, ms):
+        if self.depth:
+            waiting = [s for s in self.starts[-self.depth :] if s > self.host]
+            if len(waiting) >= self.depth:  # full: the host waits for the GPU to take the oldest
+                self.host, self.blocked = waiting[0], self.blocked + 1
+        start = max(self.free, self.host)
+        self.free = start + ms
+        self.starts.append(start)
+        return start
+
+    def mark(self):
+        return self._enqueue(0.0)
+
+    def elapsed_ms(self, start, end):
+        return end - start
+
+    def synchronize(self):
+        self.host = max(self.host, self.free)
+
+    def hold(self, us):
+        self.events.append(us)
+        self._enqueue(us / 1e3)
+
+    def perf_counter(self):
+        return self.host / 1e3
+
+    def launcher(self, name, launch_ms, gpu_ms, stall_at=None, stall_ms=0.0):
+        """make_run for a kernel of `gpu_ms` that takes the host `launch_ms` to launch (its call
+        number `stall_at` stalls the host for `stall_ms` first: a page fault, a context switch)."""
+        calls = []
+
+        def run():
+            if len(calls) == stall_at:
+                self.host += stall_ms
+            calls.append(name)
+            self.events.append(name)
+            self.host += launch_ms
+            self._enqueue(gpu_ms)
+
+        return lambda i: run
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A QueueClock whose host timeline is the one the timer reads."""
+    from gluon_survey.driver import timing
+
+    clock = QueueClock()
+    monkeypatch.setattr(timing, "perf_counter", clock.perf_counter)
+    return clock
+
+
+DECODE = ("K", 0.020, 0.011)  # a decode GEMM: 11 us on the GPU, 20 us to launch (host-bound)
+FIXED = {"warmup_ms": 0, "min_ms": 1e-3, "min_iters": 250, "max_iters": 250}  # one window of 250
+
+
+def _holds(events):
+    """(microseconds, calls enqueued behind it before the next hold) of every hold in `events`."""
+    starts = [i for i, e in enumerate(events) if isinstance(e, float)]
+    return [(events[i], (starts + [len(events)])[k + 1] - i - 1) for k, i in enumerate(starts)]
+
+
+def _holds_before(events, name):
+    """The microseconds of the holds in `events` that calls named `name` follow."""
+    return [e for e, after in itertools.pairwise(events) if isinstance(e, float) and after == name]
+
+
+def test_per_call_timing_of_a_host_bound_kernel_measures_its_launch(gpu):
+    t = time_fn(gpu.launcher(*DECODE), 2, clock=gpu, **FIXED)
+    assert t.median_ms == pytest.approx(0.020)  # the host's pace, not the kernel's 11 us
+    assert not _holds(gpu.events) and t.starved == 0
+
+
+def test_queued_timing_measures_the_kernel_back_to_back_on_the_gpu(gpu):
+    t = time_fn(gpu.launcher(*DECODE), 2, clock=gpu, queued=True, **FIXED)
+    assert t.median_ms == pytest.approx(0.011) and t.p80_ms == pytest.approx(0.011)
+    assert t.n == 250 and t.starved == 0
+
+
+def test_a_hold_precedes_every_burst_sized_from_the_host_estimate(gpu):
+    time_fn(gpu.launcher(*DECODE), 2, clock=gpu, queued=True, **FIXED)
+    holds = _holds(gpu.events)
+    # 2 first calls (no hold), the warm-up's one pass (before anything is measured: the guess of
+    # 0.1 ms per call, all of it), then the timed window of 250 calls in bursts of 100, 100, 50
+    # with holds of 1.5 x calls x (20 - 11 us) + 100 us
+    assert gpu.events[:2] == ["K", "K"]
+    assert holds[0] == (pytest.approx(1.5 * 2 * 100 + 100), 2)
+    assert holds[1:] == [
+        (pytest.approx(1.5 * calls * 9 + 100), calls) for calls in (timing.BURST, timing.BURST, 50)
+    ]
+
+
+def test_a_gpu_bound_kernel_gets_only_the_margin(gpu):
+    t = time_fn(gpu.launcher("K", 0.005, 0.050), 1, clock=gpu, queued=True, **FIXED)
+    assert [us for us, _ in _holds(gpu.events)[1:]] == [pytest.approx(timing.HOLD_MARGIN_US)] * 3
+    assert t.median_ms == pytest.approx(0.050) and t.starved == 0
+
+
+def test_a_host_stall_longer_than_the_hold_is_counted_as_starved(gpu):
+    # call 52 is the 50th of the timed window (after 1 first call and 1 warm-up call): the GPU runs
+    # dry there, and the host, slower than the kernel, stays behind for the rest of the burst
+    t = time_fn(gpu.launcher(*DECODE, stall_at=52, stall_ms=5.0), 1, clock=gpu, queued=True, **FIXED)
+    assert t.starved == timing.BURST - 50
+    assert t.median_ms == pytest.approx(0.011)  # most calls still back to back
+
+
+def test_after_a_starved_window_the_holds_cover_the_hosts_whole_enqueue_time(gpu):
+    """Paired, queued: the kernel's first window starves (a stall), so its second window's hold
+    covers all of the host's enqueue time per call (its stall included), not the difference to
+    the GPU's; the baseline keeps holds of its own, and its count."""
+    kernel = gpu.launcher(*DECODE, stall_at=52, stall_ms=5.0)
+    base = gpu.launcher("B", 0.020, 0.015)
+    bounds = {"min_ms": 1e-3, "min_iters": 200, "max_iters": 200}  # 100 calls per window
+    pair = time_paired(kernel, base, 1, warmup_ms=0, rewarm_ms=0, rounds=2, queued=True, clock=gpu, **bounds)
+    assert (pair.timing.starved, pair.baseline.starved) == (50, 0)
+    kernel_holds = _holds_before(gpu.events, "K")
+    host_ms = (100 * 0.020 + 5.0) / 100  # the first window's first burst, with the stall in it
+    assert kernel_holds[-2:] == [
+        pytest.approx(1.5 * 100 * (20 - 11) + 100),  # sized by the warm-up: the difference
+        pytest.approx(1.5 * 100 * host_ms * 1e3 + 100),  # after the starved window: all of it
+    ]
+
+
+def test_a_full_launch_queue_blocks_the_host_without_starving_the_gpu_or_growing_the_holds(monkeypatch):
+    """With a launch queue of 4 x BURST items (the real one holds about a thousand), the holds of a
+    host-bound kernel keep the host ahead until the queue is full and it blocks; the GPU has work
+    throughout, and the host time that sizes the next window's holds is the first burst's, which
+    fits the queue: taken from a later, blocked burst it would be the GPU's pace and grow them."""
+    from gluon_survey.driver import timing
+
+    gpu = QueueClock(depth=4 * timing.BURST)
+    monkeypatch.setattr(timing, "perf_counter", gpu.perf_counter)
+    bounds = {"min_ms": 1e-3, "min_iters": 2000, "max_iters": 2000}  # 10 bursts per window
+    pair = time_paired(
+        gpu.launcher(*DECODE),
+        gpu.launcher("B", 0.020, 0.015),
+        1,
+        warmup_ms=0,
+        rewarm_ms=0,
+        rounds=2,
+        queued=True,
+        clock=gpu,
+        **bounds,
+    )
+    assert gpu.blocked > 0  # the host did wait for the queue
+    assert (pair.timing.starved, pair.baseline.starved) == (0, 0)
+    assert pair.timing.median_ms == pytest.approx(0.011) and pair.baseline.median_ms == pytest.approx(0.015)
+    kernel_holds = _holds_before(gpu.events, "K")
+    assert kernel_holds[1:] == [pytest.approx(1.5 * timing.BURST * (20 - 11) + 100)] * 20

@@ -196,6 +196,30 @@ def test_settings_may_come_as_json_with_the_defaults_for_what_is_missing(monkeyp
     assert seen["max_iters"] == 50
 
 
+def test_gpu_time_reaches_the_timer_and_the_row_counts_the_starved_calls(monkeypatch):
+    """`queued` (--gpu-time) goes to the timer, paired or not, and the row carries its starved
+    counts. On the wall clock there is no queue to keep ahead of: every timed call counts."""
+    from gluon_survey.driver import timing
+
+    seen = []
+    for name in ("time_fn", "time_paired"):
+        real = getattr(timing, name)
+
+        def spy(*args, real=real, name=name, **kw):
+            seen.append((name, kw["queued"]))
+            return real(*args, **kw)
+
+        monkeypatch.setattr(timing, name, spy)
+    queued = replace(SETTINGS, queued=True)
+    row = measure(cpu(matmul), TASK, queued, lambda _: None)
+    assert row["status"] == "OK" and row["starved"] == row["n_iters"] and "cublas_starved" not in row
+    paired = measure(cpu(matmul, baseline=matmul), TASK, replace(queued, paired=True), lambda _: None)
+    assert paired["starved"] == paired["n_iters"] and paired["cublas_starved"] >= paired["n_iters"]
+    per_call = measure(cpu(matmul), TASK, SETTINGS, lambda _: None)
+    assert "starved" not in per_call
+    assert seen == [("time_fn", True), ("time_paired", True), ("time_fn", False)]
+
+
 # ------------------------------------------------------------------------------------------------
 # Issue 15: fp8 tasks (e4m3 operands, fp32 scales, bf16 out)
 

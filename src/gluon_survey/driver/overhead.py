@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from gluon_survey.driver import args as argtypes
+from gluon_survey.driver.timing import sleep_cycles_per_us
 from gluon_survey.launch import B_LAYOUTS
 
 PROG = "gluon-survey overhead"
@@ -180,21 +181,6 @@ def _check(name: str, result: Any, a: Any, b: Any) -> str | None:
     return None if err <= tol else f"{name}: rel_err {err:.3g} > tol {tol:.3g}"
 
 
-def _sleep_cycles_per_us() -> float:
-    """GPU clock cycles per microsecond of `torch.cuda._sleep`, measured (the clock is whatever the
-    GPU runs at now; the sleep only has to be long enough, and each repeat checks that it was)."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 10_000_000
-    for _ in range(2):  # the first wakes the clock up
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-    return cycles / (start.elapsed_time(end) * 1e3)
-
-
 @dataclass
 class Samples:
     """One way's repeats: host and GPU microseconds per call, and whether the GPU stayed busy."""
@@ -318,7 +304,7 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = lambda s: Non
         else:
             row.status = "FAILED"
     log(f"timing {len(timed)} ways: {args.repeats} repeats of {args.calls} calls each, taking turns")
-    samples = time_ways(timed, args.calls, args.repeats, _sleep_cycles_per_us())
+    samples = time_ways(timed, args.calls, args.repeats, sleep_cycles_per_us())
     over = over_bare(samples)
     for name, way_samples in samples.items():
         for key, value in way_samples.summary().items():

@@ -5,6 +5,11 @@ cell TFLOP/s, x cuBLAS and the chosen BLOCK_MxNxK, a geometric-mean row), `legac
 lines of the original survey script), `csv` (one row per result, `#` environment comments on top),
 `json` and `markdown`. Every format but `legacy` starts with the environment.
 
+GB/s (bytes of A, B and C / the median time, `results.bytes_moved`) is in every row of csv and
+json; the tables show it in the cells of a run timed in GPU time (`--gpu-time`, settings `queued`),
+and then say so in their titles and legend: timed per call, a kernel shorter than its launch would
+show the host's launch rate instead.
+
 A row counts as a measurement only when it is correct, timed and not above the dense peak (a
 TFLOP/s figure above the datasheet peak is a measurement error, shown as such, never as a record);
 geometric means and x cuBLAS use measurements only. x cuBLAS is the median of the row's paired
@@ -151,6 +156,9 @@ class Cell:
     best: bool = False
 
 
+QUEUED = "GPU time (queued)"  # how the titles name the clock of a run timed with --gpu-time
+
+
 @dataclass
 class Pivot:
     dtype: str
@@ -160,10 +168,11 @@ class Pivot:
     cells: dict[tuple[Shape, str], Cell]
     geomean: dict[str, Cell]
     notes: list[str] = field(default_factory=list)
+    queued: bool = False  # timed in GPU time (settings `queued`): the cells show GB/s
 
     @property
     def title(self) -> str:
-        return f"{self.dtype}, B {self.b_layout}"
+        return f"{self.dtype}, B {self.b_layout}" + (f", {QUEUED}" if self.queued else "")
 
     def cells_of(self, shape: Shape) -> list[Cell]:
         """The row of `shape`, one cell per mode ("-" where a mode has no row for it)."""
@@ -174,11 +183,13 @@ def _headline(error: str) -> str:
     return error.splitlines()[0] if error else ""
 
 
-def _cell(row: Row) -> Cell:
+def _cell(row: Row, queued: bool = False) -> Cell:
     if row.measured:
         lines = [f"{row.tflops:.1f}" + (" ~" if NOISY in row.flags else "")]
         if row.x_cublas is not None:
             lines.append(f"{row.x_cublas:.2f}x")
+        if queued and row.gbps is not None:
+            lines.append(f"{row.gbps:.0f} GB/s")
         if all(k in row.config for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")):
             lines.append(f"{row.config['BLOCK_M']}x{row.config['BLOCK_N']}x{row.config['BLOCK_K']}")
         return Cell(lines)
@@ -214,21 +225,32 @@ def _notes(rows: Iterable[Row]) -> list[str]:
                 "TFLOP/s above the dense peak: measurement error" if r.status == "OK" else _headline(r.error)
             )
             shapes_by.setdefault((r.mode, r.outcome, reason), []).append(r.shape.label)
-    return [
+    notes = [
         f"{mode} {outcome} on {labels[0] if len(labels) == 1 else f'{len(labels)} shapes'}: {reason}"
         for (mode, outcome, reason), labels in shapes_by.items()
     ]
+    for r in rows:  # queued timing: calls whose times may include the GPU waiting for the host
+        counts = [f"{r.starved} of its {r.n_iters} timed calls"] if r.starved else []
+        counts += [f"{r.cublas_starved} of cuBLAS's alongside"] if r.cublas_starved else []
+        if r.measured and counts:
+            behind = " and ".join(counts)
+            notes.append(
+                f"{r.mode} on {r.shape.label}: the host fell behind the GPU in {behind} "
+                "(their times may include the GPU waiting for it)"
+            )
+    return notes
 
 
 def pivots(results: Results) -> list[Pivot]:
     """One pivot per (dtype, layout), modes and shapes in the order the sweep ran them."""
     rows = attach_x_cublas(results.rows)
     peak_of = peaks(results)
+    queued = _queued(results)
     out = []
     for dtype, layout in dict.fromkeys((r.dtype, r.b_layout) for r in rows):
         group = [r for r in rows if (r.dtype, r.b_layout) == (dtype, layout)]
         modes = list(dict.fromkeys(r.mode for r in group))
-        cells = {(r.shape, r.mode): _cell(r) for r in group}
+        cells = {(r.shape, r.mode): _cell(r, queued) for r in group}
         shapes = list(dict.fromkeys(r.shape for r in group))
         for shape in shapes:
             best = max(
@@ -237,12 +259,13 @@ def pivots(results: Results) -> list[Pivot]:
             if best is not None:
                 cells[(shape, best.mode)].best = True
         gms = {m: _geomean_cell([r for r in group if r.mode == m], peak_of.get(dtype)) for m in modes}
-        out.append(Pivot(dtype, layout, modes, shapes, cells, gms, _notes(group)))
+        out.append(Pivot(dtype, layout, modes, shapes, cells, gms, _notes(group), queued))
     return out
 
 
-def legend(rows: Iterable[Row]) -> str:
-    """The line under each table; it says which cuBLAS time the ratios divide."""
+def legend(rows: Iterable[Row], queued: bool = False) -> str:
+    """The line under each table; it says which cuBLAS time the ratios divide and, for a run timed
+    in GPU time (`queued`), what the GB/s are."""
     rounds = max((len(r.x_rounds or ()) for r in rows), default=0)
     if rounds:
         baseline = (
@@ -251,10 +274,20 @@ def legend(rows: Iterable[Row]) -> str:
         )
     else:
         baseline = "the torch row of the same shape"
+    gbps = f"GB/s of A, B and C over the median {QUEUED}, " if queued else ""
     return (
-        f"Cells: TFLOP/s (~ = p20-p80 spread above 5 %), x cuBLAS ({baseline}), "
+        f"Cells: TFLOP/s (~ = p20-p80 spread above 5 %), x cuBLAS ({baseline}), {gbps}"
         "BLOCK_MxNxK; best of each shape in bold; geomean over measured shapes."
     )
+
+
+def _queued(results: Results) -> bool:
+    """Whether the run was timed in GPU time (`--gpu-time`)."""
+    return bool(results.settings.get("queued"))
+
+
+def _legend(results: Results) -> str:
+    return legend(results.rows, _queued(results))
 
 
 def print_table(results: Results, console: Any) -> None:
@@ -273,7 +306,7 @@ def print_table(results: Results, console: Any) -> None:
             table.add_row(shape.label, *(_rich(c) for c in pivot.cells_of(shape)))
         table.add_row("geomean", *(_rich(pivot.geomean[m]) for m in pivot.modes))
         console.print(table)
-        console.print(Text(legend(results.rows), style="dim"))
+        console.print(Text(_legend(results), style="dim"))
         for note in pivot.notes:
             console.print(Text(note, style="yellow"))
 
@@ -295,7 +328,7 @@ def format_markdown(results: Results) -> str:
         for shape in pivot.shapes:
             out.append(f"| {shape.label} | " + " | ".join(_markdown(c) for c in pivot.cells_of(shape)) + " |")
         out.append("| geomean | " + " | ".join(_markdown(pivot.geomean[m]) for m in pivot.modes) + " |")
-        out += ["", legend(results.rows)]
+        out += ["", _legend(results)]
         out += [f"- {note}" for note in pivot.notes]
     return "\n".join(out) + "\n"
 

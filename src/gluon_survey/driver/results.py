@@ -64,11 +64,14 @@ class Row:
     l2_copies: int | None = None
     timer: str | None = None
     tflops: float | None = None
+    gbps: float | None = None  # bytes of A, B and C / the median time (`bytes_moved`), 1 GB = 1e9 bytes
     pct_peak: float | None = None
     x_cublas: float | None = None
     cublas_ms: float | None = None  # paired baseline: cuBLAS's median, timed alongside this row
     cublas_drift: float | None = None  # cuBLAS's last window / its first - 1: how much the GPU changed
     x_rounds: list[float] | None = None  # paired: cuBLAS / this row in each alternating window
+    starved: int | None = None  # queued timing: timed calls the host fell behind on (0: GPU time throughout)
+    cublas_starved: int | None = None  # the same for the paired cuBLAS
     sm_clock_mhz: float | None = None  # NVML, mean over the timed window
     power_w: float | None = None
     rel_err: float | None = None
@@ -98,17 +101,20 @@ class Row:
         return None if ms is None else self.shape.tflops(ms)
 
     def with_metrics(self, peak_tflops: float | None) -> Row:
-        """This row with TFLOP/s (from the median), % of peak and the NOISY / ABOVE_PEAK flags."""
+        """This row with TFLOP/s and GB/s (from the median), % of peak and the NOISY / ABOVE_PEAK
+        flags."""
         if self.ms_median is None:
             return self
         tflops = self.shape.tflops(self.ms_median)
+        moved = bytes_moved(self.shape, self.dtype)
+        gbps = None if moved is None else moved / (self.ms_median * 1e-3) / 1e9
         flags = [f for f in self.flags if f not in (NOISY, ABOVE_PEAK)]
         if self.spread is not None and self.spread > NOISY_SPREAD:
             flags.append(NOISY)
         if peak_tflops and tflops > peak_tflops:
             flags.append(ABOVE_PEAK)
         pct = 100.0 * tflops / peak_tflops if peak_tflops else None
-        return replace(self, tflops=tflops, pct_peak=pct, flags=flags)
+        return replace(self, tflops=tflops, gbps=gbps, pct_peak=pct, flags=flags)
 
     def to_json(self) -> dict[str, Any]:
         return {"record": "row", **{k: _finite(v) for k, v in asdict(self).items()}}
@@ -117,6 +123,19 @@ class Row:
     def from_json(cls, data: dict[str, Any]) -> Row:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def bytes_moved(shape: Shape, dtype: str) -> int | None:
+    """The bytes of A, B and C of one product: the operands' element size (fp16 and bf16 2, fp8 1)
+    and the output's (2); None for an unknown dtype."""
+    from gluon_survey.driver.check import dtype_spec
+
+    try:
+        spec = dtype_spec(dtype)
+    except ValueError:
+        return None
+    operands = (shape.M + shape.N) * shape.K * spec.operand.itemsize
+    return operands + shape.M * shape.N * spec.output.itemsize
 
 
 def _finite(value: Any) -> Any:

@@ -25,6 +25,7 @@ class Settings:
     timeout_s: float = 600.0  # per task, compilation and autotuning included (the runner's limit)
     paired: bool = True  # time cuBLAS alongside every task of the other modes (worker.measure)
     rounds: int = 3  # paired: the task's timed windows of min_ms, alternating with cuBLAS's
+    queued: bool = False  # GPU time: sleep kernels keep the host ahead (timing.py); off: time per call
 
     def worker_json(self) -> dict[str, Any]:
         """What a worker needs (everything but the runner's time limit), as JSON."""

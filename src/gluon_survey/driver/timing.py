@@ -22,6 +22,18 @@ Method
   covers at least `min_ms` of GPU time, between `min_iters` and `max_iters`, and at least one
   pass over the sets. Host launch overhead counts only when the GPU waits for it, i.e. for
   kernels of a few microseconds.
+* **Queued: GPU time for host-bound kernels** (`queued`, the CLI's `--gpu-time`; off by default).
+  A kernel shorter than its launch (a decode GEMM: ~10 us on the GPU, 10-25 us to launch) leaves
+  the GPU waiting for the host between iterations, and each iteration's events then time the
+  launch. Queued, the warm-up chunks and the timed windows enqueue a sleep kernel (`Clock.hold`)
+  before every `BURST` calls, long enough for the host to get ahead: HOLD_FACTOR x calls x (the
+  host's time to enqueue a call - the call's GPU time) + HOLD_MARGIN_US, both measured in the
+  previous window of the same calls (the host's on its first burst, which fits in the launch
+  queue; later a full queue only blocks the host while the GPU has work). The events then time
+  the calls back to back on the GPU. A call not yet enqueued when the GPU reached its start event
+  (host time since the window's first event > GPU time to that start event: a conservative test)
+  may include idle GPU time; it stays in the samples and is counted (`Timing.starved`, a row's
+  `starved`), and from then on the holds cover the host's whole enqueue time, not the difference.
 * **A distribution, not one number.** The median is the reported time; p20, p80 and the minimum
   are kept; spread = (p80 - p20) / median, and a measurement whose spread exceeds 5 % is flagged
   NOISY. TFLOP/s are computed from the median.
@@ -34,16 +46,16 @@ Method
   can fall outside the rounds' range: the samples sit at a few discrete clock levels, and a
   pooled median jumps between them.)
 
-The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `min_iters` and `max_iters` are those
-of `gluon_survey.driver.settings.Settings`, the one place they are written.
+The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `min_iters`, `max_iters` and `queued`
+are those of `gluon_survey.driver.settings.Settings`, the one place they are written.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Protocol
 
 import numpy as np
@@ -54,6 +66,12 @@ NOISY_SPREAD = 0.05
 L2_FACTOR = 3
 COPIES_BUDGET_BYTES = 8 << 30
 WARMUP_CHUNK_MS = 250.0  # warm-up runs in chunks of about this much GPU time, each one timed
+# Queued timing (module docstring): a hold before every BURST calls, whose launches and events fit
+# the launch queue (about a thousand entries), sized HOLD_FACTOR x the host's lead + the margin.
+BURST = 100
+HOLD_FACTOR = 1.5
+HOLD_MARGIN_US = 100.0
+HOST_GUESS_MS = 0.1  # a call's host enqueue time, until the first window measures it
 
 
 def copies_for_cold_l2(bytes_per_set: int, l2_bytes: int, budget_bytes: int = COPIES_BUDGET_BYTES) -> int:
@@ -74,13 +92,14 @@ class Timing:
     p80_ms: float
     min_ms: float
     n: int
+    starved: int = 0  # queued: samples the host may have delayed (module docstring); 0 otherwise
 
     @classmethod
-    def from_samples(cls, samples_ms: list[float]) -> Timing:
+    def from_samples(cls, samples_ms: list[float], starved: int = 0) -> Timing:
         if not samples_ms:
             raise ValueError("no samples")
         p20, median, p80 = np.percentile(np.asarray(samples_ms, dtype=np.float64), [20, 50, 80])
-        return cls(float(median), float(p20), float(p80), float(min(samples_ms)), len(samples_ms))
+        return cls(float(median), float(p20), float(p80), float(min(samples_ms)), len(samples_ms), starved)
 
     @property
     def spread(self) -> float:
@@ -103,6 +122,24 @@ class Clock(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def hold(self, us: float) -> None:
+        """Keep the work's timeline busy for about `us` microseconds (queued timing)."""
+
+
+def sleep_cycles_per_us() -> float:
+    """GPU clock cycles per microsecond of `torch.cuda._sleep`, measured (the clock is whatever the
+    GPU runs at now; the sleep only has to be long enough, and its users check that it was)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 10_000_000
+    for _ in range(2):  # the first wakes the clock up
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+    return cycles / (start.elapsed_time(end) * 1e3)
+
 
 class CudaEventClock:
     """CUDA events on the current stream: GPU time, no host synchronisation per mark."""
@@ -113,6 +150,7 @@ class CudaEventClock:
         import torch
 
         self._torch = torch
+        self._cycles_per_us: float | None = None  # of the sleep kernel, measured on the first hold
 
     def mark(self) -> object:
         event = self._torch.cuda.Event(enable_timing=True)
@@ -125,6 +163,12 @@ class CudaEventClock:
     def synchronize(self) -> None:
         self._torch.cuda.synchronize()
 
+    def hold(self, us: float) -> None:
+        """A sleep kernel of about `us` microseconds on the current stream."""
+        if self._cycles_per_us is None:
+            self._cycles_per_us = sleep_cycles_per_us()
+        self._torch.cuda._sleep(int(us * self._cycles_per_us))
+
 
 class WallClock:
     """Host wall-clock time, for work that runs synchronously on the CPU (the test providers)."""
@@ -132,13 +176,16 @@ class WallClock:
     name = "wall-clock"
 
     def mark(self) -> object:
-        return time.perf_counter()
+        return perf_counter()
 
     def elapsed_ms(self, start: object, end: object) -> float:
         return (end - start) * 1e3  # type: ignore[operator]
 
     def synchronize(self) -> None:
         pass
+
+    def hold(self, us: float) -> None:
+        pass  # the work runs synchronously: there is no queue to keep ahead of
 
 
 def _first_calls(runs: list[Callable[[], object]], clock: Clock) -> None:
@@ -149,18 +196,25 @@ def _first_calls(runs: list[Callable[[], object]], clock: Clock) -> None:
     clock.synchronize()
 
 
-def _warm_up(runs: list[Callable[[], object]], clock: Clock, warmup_ms: float) -> float:
+def _warm_up(
+    runs: list[Callable[[], object]], clock: Clock, warmup_ms: float, queue: _Queue | None = None
+) -> float:
     """Run timed chunks of whole passes over `runs` (at least one, which also gives the estimate)
     until `warmup_ms` of GPU time has passed, each chunk sized from the previous one's mean; the
-    last chunk's mean time per call, at the clock the GPU has settled to."""
+    last chunk's mean time per call, at the clock the GPU has settled to. With a `queue`, each
+    chunk is a queued window (whose calls' times add up to the chunk's), which also sizes the
+    holds of the windows after it."""
     passes, warmed_ms, n_copies = 1, 0.0, len(runs)
     while True:
-        start = clock.mark()
-        for i in range(passes * n_copies):
-            runs[i % n_copies]()
-        end = clock.mark()
-        clock.synchronize()
-        chunk_ms = clock.elapsed_ms(start, end)
+        if queue is None:
+            start = clock.mark()
+            for i in range(passes * n_copies):
+                runs[i % n_copies]()
+            end = clock.mark()
+            clock.synchronize()
+            chunk_ms = clock.elapsed_ms(start, end)
+        else:
+            chunk_ms = sum(_queued_window(runs, clock, passes * n_copies, queue)[0])
         warmed_ms += chunk_ms
         estimate_ms = max(chunk_ms / (passes * n_copies), 1e-6)
         if warmed_ms >= warmup_ms:
@@ -185,6 +239,59 @@ def _timed_window(runs: list[Callable[[], object]], clock: Clock, n_iters: int) 
     return [clock.elapsed_ms(b, e) for b, e in marks]
 
 
+@dataclass
+class _Queue:
+    """Queued timing of one set of calls: what the last window measured, which sizes the holds."""
+
+    host_ms: float = HOST_GUESS_MS  # the host's time to enqueue one call and its two events
+    gpu_ms: float = 0.0  # one call's GPU time
+    starved: bool = False  # a window starved: from then on, hold for the host's whole enqueue time
+
+    def hold_us(self, calls: int) -> float:
+        """Long enough for the host to enqueue `calls` calls before the GPU has run out of them."""
+        lead_ms = self.host_ms if self.starved else max(self.host_ms - self.gpu_ms, 0.0)
+        return HOLD_FACTOR * calls * lead_ms * 1e3 + HOLD_MARGIN_US
+
+
+def _queued_window(
+    runs: list[Callable[[], object]], clock: Clock, n_iters: int, queue: _Queue
+) -> tuple[list[float], int]:
+    """`_timed_window` with a hold before every BURST calls (module docstring): the samples, and how
+    many calls were starved, i.e. not yet enqueued when the GPU reached their start event. The GPU
+    reached `lead` no earlier than the host's `t_lead`, so the test never misses a wait."""
+    marks, enqueued = [], []
+    t_lead = perf_counter()
+    lead = clock.mark()
+    for first in range(0, n_iters, BURST):
+        calls = min(BURST, n_iters - first)
+        clock.hold(queue.hold_us(calls))
+        t_burst = perf_counter()
+        for i in range(first, first + calls):
+            begin = clock.mark()
+            runs[i % len(runs)]()
+            marks.append((begin, clock.mark()))
+            enqueued.append(perf_counter())
+        if first == 0:  # the first burst fits the launch queue: the host's own pace
+            host_ms = (enqueued[-1] - t_burst) * 1e3 / calls
+    clock.synchronize()
+    samples = [clock.elapsed_ms(b, e) for b, e in marks]
+    starved = sum(
+        (t - t_lead) * 1e3 > clock.elapsed_ms(lead, b) for t, (b, _) in zip(enqueued, marks, strict=True)
+    )
+    queue.host_ms, queue.gpu_ms = host_ms, float(np.median(samples))
+    queue.starved = queue.starved or starved > 0
+    return samples, starved
+
+
+def _window(
+    runs: list[Callable[[], object]], clock: Clock, n_iters: int, queue: _Queue | None
+) -> tuple[list[float], int]:
+    """A timed window, queued when there is a `queue`: the samples and the starved count."""
+    if queue is None:
+        return _timed_window(runs, clock, n_iters), 0
+    return _queued_window(runs, clock, n_iters, queue)
+
+
 def time_fn(
     make_run: Callable[[int], Callable[[], object]],
     n_copies: int,
@@ -192,19 +299,21 @@ def time_fn(
     min_ms: float = DEFAULTS.min_ms,
     min_iters: int = DEFAULTS.min_iters,
     max_iters: int = DEFAULTS.max_iters,
+    queued: bool = DEFAULTS.queued,
     clock: Clock | None = None,
 ) -> Timing:
     """Time `make_run(i)()` for input sets i = 0..n_copies-1 in rotation (see the module docstring).
 
     `make_run(i)` returns the zero-argument launch for set i; it is called once per set, before
-    any timing. `clock` defaults to CUDA events.
+    any timing. `queued`: keep the host ahead with holds (GPU time). `clock` defaults to CUDA events.
     """
     clock = clock or CudaEventClock()
     runs = [make_run(i) for i in range(n_copies)]
+    queue = _Queue() if queued else None
     _first_calls(runs, clock)
-    estimate_ms = _warm_up(runs, clock, warmup_ms)
+    estimate_ms = _warm_up(runs, clock, warmup_ms, queue)
     n_iters = _iterations(min_ms, estimate_ms, min_iters, max_iters, n_copies)
-    return Timing.from_samples(_timed_window(runs, clock, n_iters))
+    return Timing.from_samples(*_window(runs, clock, n_iters, queue))
 
 
 @dataclass(frozen=True)
@@ -239,6 +348,7 @@ def time_paired(
     rounds: int = DEFAULTS.rounds,
     min_iters: int = DEFAULTS.min_iters,
     max_iters: int = DEFAULTS.max_iters,
+    queued: bool = DEFAULTS.queued,
     clock: Clock | None = None,
 ) -> PairedTiming:
     """Time a kernel against a baseline in alternating windows: baseline, kernel, baseline, ...,
@@ -252,29 +362,37 @@ def time_paired(
     steady clock (the pause at its synchronisation), and short windows scattered the rounds
     (docs/perf-notes.md, entry 16, has the measurements). The warm-up is the baseline's
     (`warmup_ms`), then a short one of the kernel's (`rewarm_ms`); min_iters and max_iters bound the
-    samples of all of the kernel's windows together.
+    samples of all of the kernel's windows together. `queued`: both keep the host ahead (holds of
+    their own), as in `time_fn`.
     """
     clock = clock or CudaEventClock()
     runs = [make_run(i) for i in range(n_copies)]
     base = [make_baseline(i) for i in range(n_copies)]
+    run_queue, base_queue = (_Queue(), _Queue()) if queued else (None, None)
     _first_calls(runs + base, clock)
-    base_estimate = _warm_up(base, clock, warmup_ms)
-    run_estimate = _warm_up(runs, clock, rewarm_ms)
+    base_estimate = _warm_up(base, clock, warmup_ms, base_queue)
+    run_estimate = _warm_up(runs, clock, rewarm_ms, run_queue)
     bounds = (math.ceil(min_iters / rounds), max(1, max_iters // rounds), n_copies)
     n_run = _iterations(min_ms, run_estimate, *bounds)
     n_base = _iterations(min_ms, base_estimate, *bounds)
-    base_windows = [_timed_window(base, clock, n_base)]
+    base_windows = [_window(base, clock, n_base, base_queue)]
     run_windows = []
     for _ in range(rounds):
-        run_windows.append(_timed_window(runs, clock, n_run))
-        base_windows.append(_timed_window(base, clock, n_base))
-    base_medians = [float(np.median(w)) for w in base_windows]
+        run_windows.append(_window(runs, clock, n_run, run_queue))
+        base_windows.append(_window(base, clock, n_base, base_queue))
+    base_medians = [float(np.median(w)) for w, _ in base_windows]
     ratios = tuple(
-        (base_medians[r] + base_medians[r + 1]) / 2 / float(np.median(w)) for r, w in enumerate(run_windows)
+        (base_medians[r] + base_medians[r + 1]) / 2 / float(np.median(w))
+        for r, (w, _) in enumerate(run_windows)
     )
     return PairedTiming(
-        timing=Timing.from_samples([t for w in run_windows for t in w]),
-        baseline=Timing.from_samples([t for w in base_windows for t in w]),
+        timing=_pooled(run_windows),
+        baseline=_pooled(base_windows),
         rounds=ratios,
         drift=base_medians[-1] / base_medians[0] - 1,
     )
+
+
+def _pooled(windows: list[tuple[list[float], int]]) -> Timing:
+    """The samples and starved counts of all `windows` (from `_window`) together."""
+    return Timing.from_samples([t for w, _ in windows for t in w], sum(n for _, n in windows))

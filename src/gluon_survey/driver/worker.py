@@ -24,7 +24,9 @@ cuBLAS, ..., `rounds` windows of the mode), and the row keeps cuBLAS's median ov
 (`cublas_ms`), the ratio in each round (`x_rounds`) and how far cuBLAS's last window is from its
 first (`cublas_drift`): a GPU at its power limit changes clock with temperature over a run, so the
 ratio to a cuBLAS timed minutes apart moves by a few per cent, and to one timed alongside it does
-not. NVML's mean SM clock and power over the timed windows go into the row too. A launch whose
+not. With `queued` set (`--gpu-time`), both are timed queued, in GPU time (`timing`'s module
+docstring), and the row counts the calls the host fell behind on (`starved`, `cublas_starved`).
+NVML's mean SM clock and power over the timed windows go into the row too. A launch whose
 `fn()` returns its product instead of writing `out` (the torch.compile baseline) is judged on the
 tensor it returns.
 
@@ -259,20 +261,26 @@ def measure(
                 warmup_ms=settings.warmup_ms,
                 rewarm_ms=settings.rewarm_ms,
                 rounds=settings.rounds,
+                queued=settings.queued,
                 clock=provider.clock,
                 **bounds,
             )
         timing = pair.timing
         row.update(cublas_ms=pair.baseline.median_ms, cublas_drift=pair.drift, x_rounds=list(pair.rounds))
+        if settings.queued:
+            row["cublas_starved"] = pair.baseline.starved
     else:
         with provider.telemetry() as telemetry:
             timing = time_fn(
                 lambda i: launches[i],
                 n_copies,
                 warmup_ms=settings.warmup_ms,
+                queued=settings.queued,
                 clock=provider.clock,
                 **bounds,
             )
+    if settings.queued:
+        row["starved"] = timing.starved
     if telemetry is not None:
         row.update(telemetry.result())
     again = check(first.output, ref, cublas_err, dtype)
