@@ -3,7 +3,9 @@ through `make test`, 3.9.0), and their machine code is fp8: wgmma with e4m3 oper
 Hopper, tcgen05's f8f6f4 kind (UTCQMMA) on Blackwell, and no 16-bit MMA left; no spills with the
 row-wise scales' epilogue (the one that loads the most); the shared memory of the fp8 config (the
 same bytes per stage as 16-bit, K twice as deep, C in bf16), plus the mbarriers and the scratch
-that redistributes the loaded scales."""
+that redistributes the loaded scales. The small-M rungs (splitk, swapab) too: their fp8 launch
+passes the scales after the descriptors and the fp32 split-K workspace after them, and their
+providers refuse a row-major B and a config of the other kind themselves."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gluon_survey import api, registry
-from gluon_survey.kernels import common, persistent, pipelined, warpspec, warpspec_tcgen05
+from gluon_survey.kernels import common, persistent, pipelined, splitk, swapab, warpspec, warpspec_tcgen05
 from gluon_survey.launch import Scales, Target
 from kernel_reports import compiled_report, specs
 from recording import Launched, Recorder
@@ -34,7 +36,7 @@ SPECS = [
 
 
 def test_the_fp8_rungs_are_the_ladder():
-    assert FP8_RUNGS == ["Pipelined", "persistent", "warpspec"]
+    assert FP8_RUNGS == ["Pipelined", "persistent", "warpspec", "splitk", "swapab"]
     for arch in MMA:
         for mode in FP8_RUNGS:
             labels = [s.kernel for s in specs(mode, arch, FP8)]
@@ -59,8 +61,8 @@ def test_fp8_machine_code(mode, arch, index):
 def test_fp8_config_computes_the_shared_memory(mode, arch, index):
     spec, r = compiled_report(mode, arch, FP8, index)
     assert spec.config.ELEM_BYTES == 1 and spec.config.BLOCK_K == 128
-    extra = r.shared_bytes - spec.config.smem_bytes()
-    assert 0 <= extra < 1024, (spec.kernel, r.shared_bytes, spec.config.smem_bytes())
+    expected = spec.config.smem_bytes(row_scales=spec.constexprs["SCALING"] == 2)
+    assert 0 <= r.shared_bytes - expected < 1024, (spec.kernel, r.shared_bytes, expected)
     assert r.shared_bytes <= common.SMEM_LIMIT
 
 
@@ -71,6 +73,16 @@ def test_fp8_configs_keep_the_16_bit_stage_bytes():
         (warpspec.PINGPONG, warpspec.PINGPONG_FP8),
         (warpspec.COOPERATIVE, warpspec.COOPERATIVE_FP8),
         (warpspec_tcgen05.CONFIG, warpspec_tcgen05.FP8_CONFIG),
+        *((splitk.CONFIGS[major], splitk.FP8_CONFIGS[major]) for major in (9, 10)),
+        *(
+            pair
+            for major in (9, 10)
+            for pair in zip(
+                swapab.candidates((major, 0)).values(),
+                swapab.candidates((major, 0), fp8=True).values(),
+                strict=True,
+            )
+        ),
     ]
     for sixteen, fp8 in pairs:
         assert fp8.BLOCK_K == 2 * sixteen.BLOCK_K
@@ -88,6 +100,43 @@ def test_a_16_bit_config_refuses_scales_and_an_fp8_config_needs_them():
         rung.launch(None, None, None, Target((9, 0), 132), pipelined.FP8_CONFIGS[9])
 
 
+SPLIT_K_PROVIDERS = pytest.mark.parametrize("provider", [splitk, swapab], ids=["splitk", "swapab"])
+
+
+@SPLIT_K_PROVIDERS
+def test_split_k_providers_refuse_a_config_of_the_other_kind(provider):
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        a, b, sa, sb = _fp8_operands(16, 512, 1024, "tensor")
+        out = torch.empty(16, 512, dtype=torch.bfloat16, device="cuda")
+        target = Target((9, 0), 132)
+        with pytest.raises(ValueError, match="is for 16-bit operands"):
+            provider.prepare(a, b, out, target, provider.CONFIGS[9], scales=Scales(sa, sb, "tensor"))
+        with pytest.raises(ValueError, match="is for fp8 operands"):
+            provider.prepare(a, b, out, target, provider.FP8_CONFIGS[9])
+
+
+@SPLIT_K_PROVIDERS
+def test_split_k_providers_refuse_a_row_major_fp8_b(provider):
+    """fp8 MMAs read both operands K-major: the provider says so itself (as `api` does first)."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        a, _, sa, sb = _fp8_operands(16, 512, 1024, "tensor")
+        b = torch.empty(1024, 512, dtype=torch.float8_e4m3fn, device="cuda")  # row-major [K, N]
+        out = torch.empty(16, 512, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(ValueError, match="K-major"):
+            provider.prepare(a, b, out, Target((9, 0), 132), scales=Scales(sa, sb, "tensor"))
+
+
+@pytest.mark.parametrize("major", [9, 10])
+@SPLIT_K_PROVIDERS
+def test_split_k_fp8_configs_are_what_the_provider_picks(provider, major):
+    fp8 = provider.config_for((major, 0), 4096, fp8=True)
+    assert fp8 is provider.FP8_CONFIGS[major] and fp8.ELEM_BYTES == 1 and "fp8" in fp8.label
+    assert fp8.label in provider.candidates((major, 0), fp8=True)
+    assert fp8.blocks_per_sm() == provider.CONFIGS[major].blocks_per_sm(), "as many programs per SM"
+    assert all(c.ELEM_BYTES == 1 for c in provider.candidates((major, 0), fp8=True).values())
+    assert all(c.ELEM_BYTES == 2 for c in provider.candidates((major, 0)).values())
+
+
 # --------------------------------------------------------------------------------------------------
 # The host side with the GPU faked (as tests/test_api_host.py does): what an fp8 launch passes.
 
@@ -101,6 +150,8 @@ def fake_hopper(monkeypatch):
         (warpspec, "warpspec_kernel"),
     ):
         monkeypatch.setattr(module, "RUNG", dataclasses.replace(module.RUNG, kernel=Recorder(name, log)))
+    monkeypatch.setattr(splitk, "splitk_kernel", Recorder("splitk_kernel", log))
+    monkeypatch.setattr(swapab, "swapab_kernel", Recorder("swapab_kernel", log))
     monkeypatch.setattr(api, "target_of", lambda device: Target((9, 0), 132, "NVIDIA H100 80GB HBM3"))
     api.clear_plans()
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -126,18 +177,27 @@ def test_an_fp8_launch_passes_its_scales_and_the_fp8_config(fake_hopper, mode, s
     assert out.dtype == torch.bfloat16 and tuple(out.shape) == (300, 520)
     (launched,) = fake_hopper
     a_desc, b_desc, c_desc = launched.descriptors
-    scale_a, scale_b = launched.rest
+    scale_a, scale_b, *workspace = launched.rest
+    assert list(launched.kwargs)[-2:] == ["SCALING", "num_warps"], "SCALING is the last constexpr"
     assert launched.kwargs["SCALING"] == (1 if scaling == "tensor" else 2)
     assert scale_a.dtype == scale_b.dtype == torch.float32
     assert (scale_a.numel(), scale_b.numel()) == ((1, 1) if scaling == "tensor" else (300, 520))
     assert a_desc.block_shape[1] == 128 and b_desc.block_shape[1] == 128  # K steps of 128 fp8 bytes
     assert c_desc.base.dtype == torch.bfloat16
-    assert launched.kwargs["B_KMAJOR"] is True
+    assert launched.kwargs["W_KMAJOR" if mode == "swapab" else "B_KMAJOR"] is True
+    if mode in ("splitk", "swapab"):  # the split-K workspace follows the scales, fp32 as for 16-bit
+        partials, counters = workspace
+        assert partials.dtype == torch.float32 and counters.dtype == torch.int32
+    else:
+        assert workspace == []
+    assert api.prepare(mode, a, b, scale_a=sa, scale_b=sb).config["BLOCK_K"] == 128  # the fp8 config
 
 
-def test_fp16_launches_pass_no_scales(fake_hopper):
+@pytest.mark.parametrize("mode", ["warpspec", "splitk", "swapab"])
+def test_fp16_launches_pass_no_scales(fake_hopper, mode):
     a = torch.empty(300, 1024, dtype=torch.float16, device="cuda")
     b = torch.empty(520, 1024, dtype=torch.float16, device="cuda").t()
-    api.matmul(a, b, kernel="warpspec")
+    api.matmul(a, b, kernel=mode)
     (launched,) = fake_hopper
-    assert launched.rest == (None, None) and launched.kwargs["SCALING"] == 0
+    assert launched.rest[:2] == (None, None) and launched.kwargs["SCALING"] == 0
+    assert api.prepare(mode, a, b).config["BLOCK_K"] == 64  # the 16-bit config

@@ -1,22 +1,29 @@
 """The fp8 rungs on a real GPU: e4m3 operands with per-tensor and row-wise scales, ragged shapes,
 NaN-poisoned outputs, against the fp32 product of the upcast operands times the scales, with the
-tolerance taken from cuBLAS fp8's own error (`torch._scaled_mm`) on the same inputs; and every bad
-fp8 input getting its error. Run on the GPU machine: pytest -m gpu."""
+tolerance taken from cuBLAS fp8's own error (`torch._scaled_mm`) on the same inputs; the small-M
+rungs' split-K reduction (forced uneven splits, replays, CUDA graphs); and every bad fp8 input
+getting its error. Run on the GPU machine: pytest -m gpu."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from gluon_survey import api, registry
 from gluon_survey.driver.check import rel_error
+from gluon_survey.kernels import splitk, swapab
+from gluon_survey.launch import Scales
 
 pytestmark = pytest.mark.gpu
 
 FP8 = torch.float8_e4m3fn
 FP8_MODES = [m.name for m in registry.MODES if m.fp8 and m.kind != "choice"] + ["auto"]
 # Tile-aligned, ragged in M and N, one token, K tails (K a multiple of 16: fp8 rows of 16 bytes),
-# deep K (the cooperative design from K = 8192).
+# deep K (the cooperative design from K = 8192); decode shapes whose few tiles splitk and swapab
+# cut into K slices summed by the reduction (16 x 8192 x 8192: 64 or 128 tiles; 7 x 520: 5 ragged
+# weight tiles).
 SHAPES = [
     (256, 512, 256),
     (1, 4096, 4096),
@@ -24,7 +31,11 @@ SHAPES = [
     (300, 1000, 272),
     (1000, 3000, 8192),
     (127, 264, 16),
+    (16, 8192, 8192),
+    (7, 520, 4096),
+    (64, 1000, 2048),
 ]
+SPLIT_K_MODES = ["splitk", "swapab"]
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +119,7 @@ def test_fp8_matches_reference(mode, shape, scaling):
     assert_close(out, a, b, sa, sb)
 
 
-@pytest.mark.parametrize("mode", ["Pipelined", "persistent", "warpspec"])
+@pytest.mark.parametrize("mode", ["Pipelined", "persistent", "warpspec", *SPLIT_K_MODES])
 def test_fp8_repeated_calls_use_the_new_scales(mode):
     """A cached plan takes each call's scales (and tensors): a second call with other values gives
     the other answer; fp16 output too."""
@@ -124,19 +135,47 @@ def test_fp8_repeated_calls_use_the_new_scales(mode):
     assert rel_error(half.float(), fp8_reference(a, b, sa, sb)) < 2e-3
 
 
-def test_fp8_in_a_cuda_graph():
+@pytest.mark.parametrize("mode", ["warpspec", *SPLIT_K_MODES])
+def test_fp8_in_a_cuda_graph(mode):
+    """splitk and swapab split K here (32 and 128 tiles): each replay finds its counters at 0."""
     a, b, sa, sb = fp8_inputs(64, 4096, 4096, "tensor", seed=5)
     out = torch.empty(64, 4096, dtype=torch.bfloat16, device="cuda")
-    api.matmul(a, b, kernel="warpspec", out=out, scale_a=sa, scale_b=sb)  # plan and compile first
+    api.matmul(a, b, kernel=mode, out=out, scale_a=sa, scale_b=sb)  # plan and compile first
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        api.matmul(a, b, kernel="warpspec", out=out, scale_a=sa, scale_b=sb)
+        api.matmul(a, b, kernel=mode, out=out, scale_a=sa, scale_b=sb)
     out.fill_(float("nan"))
     sa.mul_(3.0)  # the graph reads the scale tensors at replay
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out, a, b, sa, sb)
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+@pytest.mark.parametrize("split", [1, 3, 5])
+@pytest.mark.parametrize("module", [splitk, swapab], ids=SPLIT_K_MODES)
+def test_fp8_forced_splits_scale_the_sum_and_reset_their_counters(module, split, scaling):
+    """fp8 through both epilogues, SPLIT_K 1 (no reduction) and uneven slices (23 K steps of 128,
+    the last partial: 8,8,7 or 5,5,5,5,3); the same launch three times on fresh operands and
+    scales, each finding every tile counter back at 0 and reading the scales anew."""
+    M, N, K = 40, 1000, 128 * 22 + 48
+    a, b, sa, sb = fp8_inputs(M, N, K, scaling, seed=split)
+    out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    cfg = dataclasses.replace(
+        module.FP8_CONFIGS[torch.cuda.get_device_capability()[0]], SPLIT_K=split, MIN_STEPS=1
+    )
+    scales = Scales(sa.view(-1), sb.view(-1), scaling)
+    launch = module.prepare(a, b, out, api.target_of(a.device), cfg, scales=scales)
+    assert launch.config["split_k"] == split and launch.config["BLOCK_K"] == 128
+    for i in range(3):
+        new_a, _, new_sa, _ = fp8_inputs(M, N, K, scaling, seed=10 * split + i)
+        a.copy_(new_a)
+        sa.copy_(new_sa * (i + 1))
+        out.fill_(float("nan"))
+        launch.fn()
+        torch.cuda.synchronize()
+        assert_close(out, a, b, sa, sb)
 
 
 def _q(*shape):

@@ -1,7 +1,8 @@
 """The small-M rungs without a GPU: splitk and swapab compile for sm_90a and sm_100a, with both B
-layouts, and their SASS is what they claim: the tensor-core MMA of the architecture (for swapab
-on Hopper, a wgmma as narrow as its token tile), one atomic per program (the tile counter), TMA
-loads and stores, no spills, the shared memory the config computes."""
+layouts (fp8: B=t, row-wise scales), and their SASS is what they claim: the tensor-core MMA of
+the architecture and operand type (for swapab on Hopper, a wgmma as narrow as its token tile),
+one atomic per program (the tile counter), TMA loads and stores, no spills, the shared memory
+the config computes."""
 
 from __future__ import annotations
 
@@ -11,25 +12,32 @@ from kernel_reports import compiled_report, specs
 
 pytestmark = pytest.mark.compile
 
+FP8 = "float8_e4m3fn"
 CASES = [
     pytest.param(mode, arch, dtype, i, id=f"{mode}-{arch}-{dtype}-{i}")
     for mode in ("splitk", "swapab")
     for arch in ("sm_90a", "sm_100a")
-    for dtype in ("float16", "bfloat16")
+    for dtype in ("float16", "bfloat16", FP8)
     for i in range(len(specs(mode, arch, dtype)))
 ]
+# The MMAs of 16-bit and of fp8 operands (fp8: True): (Hopper's wgmma, Blackwell's tcgen05).
+MMAS = {False: ("HGMMA", "UTCHMMA"), True: ("QGMMA", "UTCQMMA")}
 
 
 @pytest.mark.parametrize(("mode", "arch", "dtype", "index"), CASES)
 def test_split_k_rung_machine_code(mode, arch, dtype, index):
     spec, r = compiled_report(mode, arch, dtype, index)
     assert r.error is None, r.error
+    fp8 = dtype == FP8
+    wgmma, tcgen05 = MMAS[fp8]
+    assert all(r.count(op) == 0 for op in MMAS[not fp8]), "no MMA of the other operand type"
     if arch == "sm_90a":
         width = spec.config.BLOCK_N  # swapab: the token tile is the wgmma's N
-        assert any(op.startswith(f"HGMMA.64x{width}x16.F32") for op in r.sass), r.sass
-        assert r.count("UTCHMMA") == 0
+        k = 32 if fp8 else 16  # 32 bytes of operands per wgmma
+        assert any(op.startswith(f"{wgmma}.64x{width}x{k}.F32") for op in r.sass), r.sass
+        assert r.count(tcgen05) == 0
     else:
-        assert r.count("UTCHMMA") > 0 and r.count("HGMMA") == 0
+        assert r.count(tcgen05) > 0 and r.count(wgmma) == 0
         assert r.count("LDTM") > 0
     assert r.count("ATOMG") == 1, "one arrival on the tile counter per program"
     assert r.count("UTMALDG") > 0 and r.count("UTMASTG") > 0

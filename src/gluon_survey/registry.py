@@ -103,6 +103,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.splitk",
+        fp8=True,
     ),
     Mode(
         "swapab",
@@ -110,6 +111,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.swapab",
+        fp8=True,
     ),
     Mode(
         "auto",

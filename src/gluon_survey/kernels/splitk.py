@@ -17,11 +17,15 @@ the same launch:
 Tiles are 64 rows tall (the smallest wgmma M) so that a decode step wastes the least tensor work,
 and the host picks SPLIT_K so that the programs fill the GPU (`split_for`); the floor of these
 shapes is the weight's bytes over the memory bandwidth (docs/perf-notes.md, entry 19).
+
+fp8 (e4m3) operands take 128-wide K steps (a stage holds the same bytes) and both K-major (B the
+transpose view of an [N, K] weight); the partials stay unscaled fp32, and the dequantization
+scales multiply the summed tile once, right before C is stored (`store_sum`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -29,9 +33,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..compat import cta_barrier
-from ..launch import B_LAYOUTS, CompileSpec, Launch, Target, b_layout, is_kmajor
+from ..launch import B_LAYOUTS, CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
 from .common import (
+    FP8,
+    FP8_OUT,
     GemmConfig,
     Launcher,
     Plan,
@@ -39,6 +45,8 @@ from .common import (
     desc_signature,
     grouped_tile,
     make_descriptors,
+    scale_tile,
+    scaling_code,
     store_tile,
     templates_of,
     tma,
@@ -81,23 +89,60 @@ CONFIGS = {
     10: SplitKConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=8),
 }
 
+
+def fp8_of(cfg: SplitKConfig) -> SplitKConfig:
+    """The fp8 (e4m3) config of a 16-bit one: K steps twice as wide, so a stage holds the same bytes
+    (128-byte rows, the 128-byte swizzle) and as many programs share an SM."""
+    return replace(cfg, BLOCK_K=2 * cfg.BLOCK_K, ELEM_BYTES=1)
+
+
+FP8_CONFIGS = {major: fp8_of(cfg) for major, cfg in CONFIGS.items()}
+
 __all__ = [
     "CONFIGS",
+    "FP8_CONFIGS",
     "SplitKConfig",
+    "candidates",
     "compile_specs",
+    "config_for",
     "prepare",
     "split_for",
     "split_reduce",
     "splitk_kernel",
+    "store_sum",
 ]
 
 
 @gluon.jit
-def split_reduce(c_desc, acc, partials, counters, tile, split, SPLIT_K: gl.constexpr, off_m, off_n):
+def store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING: gl.constexpr):
+    """C's tile at (off_m, off_n) from `total`, the fp32 sum over all of K: times the fp8 scales
+    (`scale_tile`; SCALING 0, fp16/bf16, leaves it), to C's dtype, TMA store."""
+    total = scale_tile(total, scale_a, scale_b, off_m, off_n, c_desc.shape[0], c_desc.shape[1], SCALING)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    store_tile(c_desc, c_smem, total, off_m, off_n)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def split_reduce(
+    c_desc,
+    acc,
+    partials,
+    counters,
+    tile,
+    split,
+    SPLIT_K: gl.constexpr,
+    off_m,
+    off_n,
+    scale_a,
+    scale_b,
+    SCALING: gl.constexpr,
+):
     """Sum the SPLIT_K partial tiles of `tile` and store C: every program writes its fp32 partial
     `acc` to its slot, the last to arrive on the tile's counter adds the others' (in split order),
-    writes C at (off_m, off_n) and resets the counter. `acc` may be any [BM, BN] fp32 tensor (the
-    MMA's layout); the partials are [BM, BN] slots of `partials`, SPLIT_K per tile."""
+    writes C at (off_m, off_n) (`store_sum`: the fp8 scales apply to the sum, never to a partial)
+    and resets the counter. `acc` may be any [BM, BN] fp32 tensor (the MMA's layout); the partials
+    are [BM, BN] slots of `partials`, SPLIT_K per tile."""
     BM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
     layout: gl.constexpr = acc.type.layout
@@ -116,9 +161,7 @@ def split_reduce(c_desc, acc, partials, counters, tile, split, SPLIT_K: gl.const
             else:
                 total += gl.load(first + s * (BM * BN) + offs, cache_modifier=".cg")
         gl.store(counters + tile, 0)  # ready for the next launch
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        store_tile(c_desc, c_smem, total, off_m, off_n)
-        tma.store_wait(0)
+        store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING)
 
 
 @gluon.jit
@@ -126,6 +169,8 @@ def splitk_kernel(
     a_desc,
     b_desc,
     c_desc,
+    scale_a,
+    scale_b,
     partials,
     counters,
     MMA: gl.constexpr,
@@ -133,7 +178,10 @@ def splitk_kernel(
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
+    """Slice `split` of K of one [BLOCK_M, BLOCK_N] tile of C = A @ B (for fp8 operands times the
+    scales, SCALING 1 or 2; None scales and SCALING 0 for fp16/bf16)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -152,11 +200,11 @@ def splitk_kernel(
     mma = MMA.initialize(a_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
     acc = ring_mma(a_desc, b_desc, off_m, off_n, first, steps, mma, STAGES, B_KMAJOR, operands)
     if SPLIT_K == 1:
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        store_tile(c_desc, c_smem, acc, off_m, off_n)
-        tma.store_wait(0)
+        store_sum(c_desc, acc, off_m, off_n, scale_a, scale_b, SCALING)
     else:
-        split_reduce(c_desc, acc, partials, counters, tile, split, SPLIT_K, off_m, off_n)
+        split_reduce(
+            c_desc, acc, partials, counters, tile, split, SPLIT_K, off_m, off_n, scale_a, scale_b, SCALING
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,34 +248,58 @@ def _constexprs(cfg: SplitKConfig, capability: tuple[int, int], layout: str, spl
     }
 
 
-def launch(kernel, tiles: int, a, b, out, target: Target, cfg: SplitKConfig, descs, constexprs) -> Launch:
+def check_operands(mode: str, cfg: SplitKConfig, layout: str, scales: Scales | None) -> None:
+    """What a split-K provider refuses: a config for the other kind of operands (fp8 configs take
+    scales, 16-bit ones none), and fp8 with a row-major B (fp8 MMAs read both operands K-major)."""
+    fp8 = cfg.ELEM_BYTES == 1
+    if (scales is not None) != fp8:
+        raise ValueError(f"{mode}: config {cfg.label} is for {'fp8' if fp8 else '16-bit'} operands")
+    if fp8 and not is_kmajor(layout):
+        raise ValueError(
+            f"{mode}: fp8 MMAs read both operands K-major: B must be the transpose view w.t() of a "
+            "row-major [N, K] weight, not a row-major [K, N] matrix"
+        )
+
+
+def launch(
+    kernel, tiles: int, a, b, out, target: Target, cfg: SplitKConfig, descs, constexprs, scales=None
+) -> Launch:
     """The split-K launch of `kernel` (this rung's or swapab's) over `tiles` output tiles: SPLIT_K,
-    grid, workspace, as a `Plan` (so `matmul` reuses it); `constexprs(split)` gives the kernel's."""
+    grid, workspace, as a `Plan` (so `matmul` reuses it) whose kernel takes the fp8 `scales` (None
+    for fp16/bf16) after the descriptors; `constexprs(split)` gives the kernel's, SCALING aside."""
     split = plan_split(cfg, tiles, a.shape[1], target.sm_count)
     partials, counters = WORKSPACE.get(a.device, tiles * split * cfg.BLOCK_M * cfg.BLOCK_N, tiles)
     grid = (tiles * split,)
     plan = Plan(
-        Launcher(kernel, grid, constexprs(split), cfg.num_warps),
+        Launcher(kernel, grid, constexprs(split) | {"SCALING": scaling_code(scales)}, cfg.num_warps),
         templates_of(descs),
         cfg,
         (partials, counters),
+        scaled=True,
     )
-    return Launch(plan.bind(a, b, out), cfg.table() | {"split_k": split, "grid": grid[0]})
+    return Launch(plan.bind(a, b, out, scales), cfg.table() | {"split_k": split, "grid": grid[0]})
 
 
-def candidates(capability: tuple[int, int]) -> dict[str, object]:
+def configs_of(fp8: bool) -> dict[int, SplitKConfig]:
+    return FP8_CONFIGS if fp8 else CONFIGS
+
+
+def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, object]:
     """The configs `gluon-survey tune` may pick, by label."""
-    cfg = CONFIGS[capability[0]]
+    cfg = configs_of(fp8)[capability[0]]
     return {cfg.label: cfg}
 
 
-def config_for(capability: tuple[int, int], K: int) -> SplitKConfig:
-    return CONFIGS[capability[0]]
+def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> SplitKConfig:
+    return configs_of(fp8)[capability[0]]
 
 
-def prepare(a, b, out, target: Target, cfg: SplitKConfig | None = None) -> Launch:
-    cfg = cfg or config_for(target.capability, a.shape[1])
+def prepare(
+    a, b, out, target: Target, cfg: SplitKConfig | None = None, scales: Scales | None = None
+) -> Launch:
+    cfg = cfg or config_for(target.capability, a.shape[1], scales is not None)
     layout = b_layout(b)
+    check_operands("splitk", cfg, layout, scales)
     descs = make_descriptors(a, b, out, cfg, layout)
     tiles = triton.cdiv(out.shape[0], cfg.BLOCK_M) * triton.cdiv(out.shape[1], cfg.BLOCK_N)
     return launch(
@@ -240,20 +312,29 @@ def prepare(a, b, out, target: Target, cfg: SplitKConfig | None = None) -> Launc
         cfg,
         descs,
         lambda split: _constexprs(cfg, target.capability, layout, split),
+        scales,
     )
 
 
-def splitk_specs(mode, kernel, cfg, dtype: str, desc_args, desc_signatures, constexprs) -> list[CompileSpec]:
-    """Compile specs of a split-K kernel (this rung's or swapab's), one per B layout, with 4 K
-    slices so that the reduction is compiled in: descriptors `desc_args` typed by
-    `desc_signatures(layout)`, then the fp32 partials and the int32 counters, then
-    `constexprs(layout)`."""
+def splitk_specs(mode, kernel, cfg, dtype: str, desc_args, blocks, constexprs) -> list[CompileSpec]:
+    """Compile specs of a split-K kernel (this rung's or swapab's) with 4 K slices, so that the
+    reduction is compiled in: one per B layout for fp16/bf16, for fp8 (`dtype` FP8) one for layout
+    "t" with row-wise scales (the epilogue that loads the most) and a bf16 C. The arguments:
+    descriptors `desc_args` of the block shapes `blocks(layout)`, the scales (None constexprs for
+    fp16/bf16), the fp32 partials and the int32 counters, then `constexprs(layout)` and SCALING."""
+    fp8 = dtype == FP8
     specs = []
-    for layout in B_LAYOUTS:
-        values = constexprs(layout)
-        signature = dict(zip(desc_args, desc_signatures(layout), strict=True))
-        signature |= {"partials": "*fp32", "counters": "*i32"} | dict.fromkeys(values, "constexpr")
-        label = f"{kernel.__name__} {cfg.label} B={layout}"
+    for layout in ("t",) if fp8 else B_LAYOUTS:
+        dtypes = (dtype, dtype, FP8_OUT if fp8 else dtype)
+        signature = {
+            arg: desc_signature(block, dt)
+            for arg, block, dt in zip(desc_args, blocks(layout), dtypes, strict=True)
+        }
+        signature |= dict.fromkeys(("scale_a", "scale_b"), "*fp32" if fp8 else "constexpr")
+        constants = constexprs(layout) | {"SCALING": 2 if fp8 else 0}
+        signature |= {"partials": "*fp32", "counters": "*i32"} | dict.fromkeys(constants, "constexpr")
+        values = ({} if fp8 else {"scale_a": None, "scale_b": None}) | constants
+        label = f"{kernel.__name__} {cfg.label} B={layout}" + (" scales=row" if fp8 else "")
         specs.append(
             CompileSpec(mode, label, kernel, signature, values, {"num_warps": cfg.num_warps}, config=cfg)
         )
@@ -263,13 +344,13 @@ def splitk_specs(mode, kernel, cfg, dtype: str, desc_args, desc_signatures, cons
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     if unsupported_reason(capability):
         return []
-    cfg = CONFIGS[capability[0]]
+    cfg = config_for(capability, 0, dtype == FP8)
     return splitk_specs(
         "splitk",
         splitk_kernel,
         cfg,
         dtype,
         ("a_desc", "b_desc", "c_desc"),
-        lambda layout: [desc_signature(block, dtype) for block in block_shapes(cfg, layout)],
+        lambda layout: block_shapes(cfg, layout),
         lambda layout: _constexprs(cfg, capability, layout, 4),
     )

@@ -9,6 +9,10 @@ holds a [BLOCK_W, BLOCK_K] slab of the weight and only a sliver of tokens, and m
 The accumulator is a [BLOCK_W, BLOCK_T] tile of C^T, transposed in registers for the epilogue
 (or for `split_reduce`'s partials). Everything else is splitk's: Pipelined's ring over a slice of
 K (`ring_mma`, with the operands swapped), the same partial sums, SPLIT_K chosen by `split_for`.
+
+fp8 (e4m3) is splitk's too: 128-wide K steps, the weight K-major (the MMA's A) and the tokens
+K-major (its B, transposed), and the scales multiply C's summed tile once, after the transpose,
+so scale_a runs along the tokens (C's rows) and scale_b along the weight's rows (C's columns).
 """
 
 from __future__ import annotations
@@ -19,13 +23,23 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch import CompileSpec, Launch, Target, b_layout, is_kmajor
+from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
-from .common import b_operand, desc_signature, grouped_tile, make_descriptors, store_tile, tma
+from .common import FP8, b_operand, grouped_tile, make_descriptors
 from .pipelined import ring_mma
-from .splitk import SplitKConfig, launch, split_reduce, splitk_specs
+from .splitk import SplitKConfig, check_operands, fp8_of, launch, split_reduce, splitk_specs, store_sum
 
-__all__ = ["CONFIGS", "SwapABConfig", "compile_specs", "prepare", "swapab_kernel", "unsupported_reason"]
+__all__ = [
+    "CONFIGS",
+    "FP8_CONFIGS",
+    "SwapABConfig",
+    "candidates",
+    "compile_specs",
+    "config_for",
+    "prepare",
+    "swapab_kernel",
+    "unsupported_reason",
+]
 
 
 @dataclass(frozen=True)
@@ -35,7 +49,10 @@ class SwapABConfig(SplitKConfig):
     @property
     def label(self) -> str:
         split = self.SPLIT_K or "auto"
-        return f"W{self.BLOCK_M}xT{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps} k{split}"
+        fp8 = " fp8" if self.ELEM_BYTES == 1 else ""
+        return (
+            f"W{self.BLOCK_M}xT{self.BLOCK_N}x{self.BLOCK_K}{fp8} s{self.STAGES} w{self.num_warps} k{split}"
+        )
 
     def table(self) -> dict[str, object]:
         # In C's terms, as the tables show every mode: a tile is BLOCK_T tokens by BLOCK_W columns.
@@ -48,6 +65,8 @@ CONFIGS = {
     9: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=1),
     10: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=1),
 }
+# fp8: 128-wide K steps, the same 18 KB a stage (`fp8_of`).
+FP8_CONFIGS = {major: fp8_of(cfg) for major, cfg in CONFIGS.items()}
 TOKENS = (16, 32, 64, 128)  # tile widths `tune` tries: M up to 16, 32, 64, 128 in one tile
 
 
@@ -63,6 +82,8 @@ def swapab_kernel(
     x_desc,
     w_desc,
     c_desc,
+    scale_a,
+    scale_b,
     partials,
     counters,
     MMA: gl.constexpr,
@@ -70,7 +91,11 @@ def swapab_kernel(
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
+    """Slice `split` of K of C^T's [BLOCK_W, BLOCK_T] tile, stored as C's [BLOCK_T, BLOCK_W] tile
+    (for fp8 operands times the scales of its tokens and columns, SCALING 1 or 2; None scales and
+    SCALING 0 for fp16/bf16)."""
     BLOCK_T: gl.constexpr = c_desc.block_type.shape[0]  # tokens: rows of C, the MMA's N
     BLOCK_W: gl.constexpr = c_desc.block_type.shape[1]  # weight rows: columns of C, the MMA's M
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -91,11 +116,11 @@ def swapab_kernel(
     acc = ring_mma(x_desc, w_desc, off_t, off_w, first, steps, mma, STAGES, W_KMAJOR, swapped_operands)
     c_tile = acc.permute((1, 0))  # [BLOCK_T, BLOCK_W]: C's tile at (off_t, off_w)
     if SPLIT_K == 1:
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        store_tile(c_desc, c_smem, c_tile, off_t, off_w)
-        tma.store_wait(0)
+        store_sum(c_desc, c_tile, off_t, off_w, scale_a, scale_b, SCALING)
     else:
-        split_reduce(c_desc, c_tile, partials, counters, tile, split, SPLIT_K, off_t, off_w)
+        split_reduce(
+            c_desc, c_tile, partials, counters, tile, split, SPLIT_K, off_t, off_w, scale_a, scale_b, SCALING
+        )
 
 
 def _blocks(cfg: SwapABConfig, layout: str) -> tuple[list[int], list[int], list[int]]:
@@ -115,9 +140,9 @@ def _constexprs(cfg: SwapABConfig, capability: tuple[int, int], layout: str, spl
     }
 
 
-def candidates(capability: tuple[int, int]) -> dict[str, SwapABConfig]:
+def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, SwapABConfig]:
     """The configs `gluon-survey tune` may pick, by label: the tile at each width of TOKENS."""
-    base = CONFIGS[capability[0]]
+    base = config_for(capability, 0, fp8)
     # 128 tokens: a 128x128 fp32 accumulator on 4 warps would spill (inspect), so 8 warps and 3 stages.
     tiles = (
         replace(base, BLOCK_N=t) if t < 128 else replace(base, BLOCK_N=t, STAGES=3, num_warps=8)
@@ -126,13 +151,16 @@ def candidates(capability: tuple[int, int]) -> dict[str, SwapABConfig]:
     return {c.label: c for c in tiles}
 
 
-def config_for(capability: tuple[int, int], K: int) -> SwapABConfig:
-    return CONFIGS[capability[0]]
+def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> SwapABConfig:
+    return (FP8_CONFIGS if fp8 else CONFIGS)[capability[0]]
 
 
-def prepare(a, b, out, target: Target, cfg: SwapABConfig | None = None) -> Launch:
-    cfg = cfg or config_for(target.capability, a.shape[1])
+def prepare(
+    a, b, out, target: Target, cfg: SwapABConfig | None = None, scales: Scales | None = None
+) -> Launch:
+    cfg = cfg or config_for(target.capability, a.shape[1], scales is not None)
     layout = b_layout(b)
+    check_operands("swapab", cfg, layout, scales)
     descs = make_descriptors(a, b, out, cfg, layout, _blocks(cfg, layout))
     tiles = triton.cdiv(out.shape[1], cfg.BLOCK_M) * triton.cdiv(out.shape[0], cfg.BLOCK_N)
     return launch(
@@ -145,22 +173,24 @@ def prepare(a, b, out, target: Target, cfg: SwapABConfig | None = None) -> Launc
         cfg,
         descs,
         lambda split: _constexprs(cfg, target.capability, layout, split),
+        scales,
     )
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
-    """Every config `tune` may pick (`candidates`), both B layouts, with the reduction compiled in."""
+    """Every config `tune` may pick (`candidates`), both B layouts (fp8: "t"), with the reduction
+    compiled in."""
     if unsupported_reason(capability):
         return []
     specs = []
-    for cfg in candidates(capability).values():
+    for cfg in candidates(capability, dtype == FP8).values():
         specs += splitk_specs(
             "swapab",
             swapab_kernel,
             cfg,
             dtype,
             ("x_desc", "w_desc", "c_desc"),
-            lambda layout, cfg=cfg: [desc_signature(b, dtype) for b in _blocks(cfg, layout)],
+            lambda layout, cfg=cfg: _blocks(cfg, layout),
             lambda layout, cfg=cfg: _constexprs(cfg, capability, layout, 4),
         )
     return specs
