@@ -27,7 +27,7 @@ from gluon_survey import api, ops
 from gluon_survey.baselines import torch_ops
 from gluon_survey.driver import cli, overhead
 from gluon_survey.kernels import blocked, common, persistent, pipelined, warpspec
-from gluon_survey.launch import Target
+from gluon_survey.launch import Launch, Target
 from recording import Launched, Recorder
 
 pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
@@ -263,16 +263,38 @@ def test_empty_products_launch_nothing(host):
     assert host.launches == []
 
 
-def test_baselines_without_a_plan_prepare_per_call(host, monkeypatch):
-    """cuBLAS's prepare is a lambda; a provider that returns no plan is prepared on every call."""
-    prepared: list = []
-    real = torch_ops.prepare
+def test_cublas_is_prepared_once_and_then_launched_per_call(host, monkeypatch):
+    """The torch mode's launch carries a plan (`torch_ops.CUBLAS`): later calls of the key launch
+    cuBLAS on their own tensors without preparing again."""
+    prepared, launched = [], []
+    real_prepare, real_launch = torch_ops.prepare, torch_ops.CUBLAS.launch
 
     def counting(a, b, out, target=None):
         prepared.append(out)
-        return real(a, b, out, target)
+        return real_prepare(a, b, out, target)
 
     monkeypatch.setattr(torch_ops, "prepare", counting)
+    monkeypatch.setattr(
+        torch_ops.CUBLAS, "launch", lambda a, b, out, scales: launched.append(out) or real_launch(a, b, out)
+    )
+    outs = [_operands(64, 256, 128, "t")[2] for _ in range(3)]
+    a, b, _ = _operands(64, 256, 128, "t")
+    for out in outs:
+        assert api.matmul(a, b, kernel="torch", out=out) is out
+    assert len(host.builds) == 1 and len(prepared) == 1, "prepared for the plan only"
+    assert len(launched) == 3 and all(x is y for x, y in zip(launched, outs, strict=True))
+
+
+def test_a_provider_without_a_plan_is_prepared_per_call(host, monkeypatch):
+    prepared: list = []
+    real = torch_ops.prepare
+
+    def planless(a, b, out, target=None):
+        prepared.append(out)
+        launch = real(a, b, out, target)
+        return Launch(lambda: launch.fn(), launch.config)
+
+    monkeypatch.setattr(torch_ops, "prepare", planless)
     a, b, out = _operands(64, 256, 128, "t")
     for _ in range(3):
         assert api.matmul(a, b, kernel="torch", out=out) is out

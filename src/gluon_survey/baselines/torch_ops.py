@@ -34,6 +34,25 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return None
 
 
+def _scaled_mm(a, b, out, scale_a, scale_b) -> torch.Tensor:
+    return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out, use_fast_accum=True)
+
+
+class _Cublas:
+    """The launch on other tensors of a problem `prepare` checked: `fn.plan`, what
+    `gluon_survey.matmul`'s plan cache runs on each later call (so a cached `matmul` that chose
+    cuBLAS costs the call, not a `prepare` with its checks)."""
+
+    @staticmethod
+    def launch(a, b, out, scales: Scales | None = None) -> torch.Tensor:
+        if scales is None:
+            return torch.matmul(a, b, out=out)
+        return _scaled_mm(a, b, out, scales.torch_a, scales.torch_b)
+
+
+CUBLAS = _Cublas()
+
+
 def prepare(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -42,19 +61,20 @@ def prepare(
     scales: Scales | None = None,
 ) -> Launch:
     """out = a @ b through `torch.matmul(..., out=out)`, or for fp8 operands out = (a @ b) * scales
-    through `torch._scaled_mm(..., out=out)`; the call allocates nothing."""
+    through `torch._scaled_mm(..., out=out)`; the call allocates nothing. `fn` has everything bound
+    (what the driver times); `fn.plan` launches on other tensors of the same problem."""
     if scales is None:
-        return Launch(lambda: torch.matmul(a, b, out=out), {"impl": "cuBLAS"})
-    k, n = b.shape
-    if k % FP8_ALIGN or n % FP8_ALIGN:
-        raise ValueError(
-            f"torch._scaled_mm (cuBLAS fp8) needs K and N to be multiples of {FP8_ALIGN}; got K={k}, N={n}"
-        )
-    scale_a, scale_b = scales.torch_a, scales.torch_b
-
-    def fn() -> torch.Tensor:
-        return torch._scaled_mm(
-            a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out.dtype, out=out, use_fast_accum=True
-        )
-
-    return Launch(fn, {"impl": "cuBLAS fp8 (torch._scaled_mm, fast accumulation)"})
+        fn = lambda: torch.matmul(a, b, out=out)  # noqa: E731 (a function with an attribute)
+        impl = "cuBLAS"
+    else:
+        k, n = b.shape
+        if k % FP8_ALIGN or n % FP8_ALIGN:
+            raise ValueError(
+                f"torch._scaled_mm (cuBLAS fp8) needs K and N to be multiples of {FP8_ALIGN}; "
+                f"got K={k}, N={n}"
+            )
+        scale_a, scale_b = scales.torch_a, scales.torch_b
+        fn = lambda: _scaled_mm(a, b, out, scale_a, scale_b)  # noqa: E731
+        impl = "cuBLAS fp8 (torch._scaled_mm, fast accumulation)"
+    fn.plan = CUBLAS
+    return Launch(fn, {"impl": impl})
