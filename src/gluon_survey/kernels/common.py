@@ -54,9 +54,10 @@ class GemmConfig:
             raise ValueError(f"EPILOGUE is one of {', '.join(EPILOGUES)}, got {self.EPILOGUE!r}")
         if self.BLOCK_N % self.epilogue_n:
             raise ValueError(f"EPILOGUE_N ({self.EPILOGUE_N}) must divide BLOCK_N ({self.BLOCK_N})")
-        need = self.smem_bytes(row_scales=self.ELEM_BYTES == 1)
-        if need > SMEM_LIMIT:
-            raise ValueError(f"{self.label} needs {need} B of shared memory; a block has {SMEM_LIMIT}")
+        if self.smem_bytes() > SMEM_LIMIT:
+            raise ValueError(
+                f"{self.label} needs {self.smem_bytes()} B of shared memory; a block has {SMEM_LIMIT}"
+            )
 
     @property
     def epilogue_n(self) -> int:
@@ -67,18 +68,11 @@ class GemmConfig:
         """[BLOCK_M, epilogue_n] staging buffers for C: a deferred tile is staged whole."""
         return self.BLOCK_N // self.epilogue_n if self.EPILOGUE == "deferred" else self.EPILOGUE_BUFFERS
 
-    def smem_bytes(self, row_scales: bool = False) -> int:
-        """Shared memory of the operand ring and the C staging (the barriers' few bytes aside), and
-        with `row_scales` of the fp8 row-wise scales a design stages (`scale_staging`)."""
+    def smem_bytes(self) -> int:
+        """Shared memory of the operand ring and the C staging (the barriers' few bytes aside)."""
         ring = self.STAGES * (self.a_rows * self.BLOCK_K + self.BLOCK_N * self.BLOCK_K) * self.ELEM_BYTES
         staging = self.c_copies * self.c_buffers * self.BLOCK_M * self.epilogue_n * OUT_BYTES
-        scales = self.scale_staging() if row_scales else 0
-        return (max(ring, staging) if self.EPILOGUE == "after" else ring + staging) + scales
-
-    def scale_staging(self) -> int:
-        """Bytes of shared memory that hold a tile's row-wise fp8 scales (`stage_row_scales`); 0
-        where the epilogue reads them from global memory."""
-        return 0
+        return max(ring, staging) if self.EPILOGUE == "after" else ring + staging
 
     def blocks_per_sm(self) -> int:
         """How many programs of this config share an SM, as far as shared memory goes."""
@@ -253,60 +247,31 @@ def store_tile(c_desc, c_smem, acc, off_m, off_n):
     tma_store(c_desc, [off_m, off_n], c_smem)
 
 
-# SCALING codes of `scale_tile`: the host passes 0, 1 or 2 (`launch.Scales.code`); a kernel that
-# stages a tile's row-wise scales in shared memory (`stage_row_scales`) passes STAGED to its epilogue.
-STAGED = gl.constexpr(3)
-# Unswizzled fp32 vectors; also for [BOXES, BOX_M] of them (a rank-1 layout of the indexed rows).
-SCALES_SMEM = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [0]))
-
-
 @gluon.jit
 def scale_tile(acc, scale_a, scale_b, off_m, off_n, M, N, SCALING: gl.constexpr):
     """fp8 dequantization of an fp32 accumulator tile at (off_m, off_n) of the [M, N] output:
     SCALING 0 leaves it (fp16/bf16), 1 multiplies by the per-tensor scales *scale_a * *scale_b,
-    2 by row-wise scales, scale_a[row] * scale_b[column] (masked at M and N), read from global
-    memory; STAGED by row-wise scales already in shared memory, `scale_a` and `scale_b` then being
-    this tile's rows and columns exactly. A thread holds a scale for each of its columns, so the
-    epilogues call this per C slice, not per tile (a 256-wide tile's column scales alone would
-    take 64 registers per thread)."""
-    layout: gl.constexpr = acc.type.layout
+    2 by row-wise scales, scale_a[row] * scale_b[column] (masked at M and N). A thread holds a
+    scale for each of its columns, so the epilogues call this per C slice, not per tile (a
+    256-wide tile's column scales alone would take 64 registers per thread)."""
     if SCALING == 1:
         acc = acc * (gl.load(scale_a) * gl.load(scale_b))
     elif SCALING == 2:
-        sa = gl.convert_layout(_flat_scales(scale_a, off_m, M, acc.shape[0]), gl.SliceLayout(1, layout))
-        sb = gl.convert_layout(_flat_scales(scale_b, off_n, N, acc.shape[1]), gl.SliceLayout(0, layout))
-        acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
-    elif SCALING == STAGED:
-        flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        sa = gl.convert_layout(scale_a.load(flat), gl.SliceLayout(1, layout))
-        sb = gl.convert_layout(scale_b.load(flat), gl.SliceLayout(0, layout))
+        layout: gl.constexpr = acc.type.layout
+        sa = _load_scales(scale_a, off_m, M, acc.shape[0], gl.SliceLayout(1, layout))
+        sb = _load_scales(scale_b, off_n, N, acc.shape[1], gl.SliceLayout(0, layout))
         acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
     return acc
 
 
 @gluon.jit
-def _flat_scales(scales, first, count, SIZE: gl.constexpr):
-    """scales[first : first + SIZE] (0 past `count`), one element per thread. Loaded in the
-    accumulator's slice layout directly, every thread would compute a 64-bit address per column
-    it holds, which spills a register-bound epilogue; so callers redistribute (a layout
-    conversion, or a shared-memory buffer)."""
+def _load_scales(scales, first, count, SIZE: gl.constexpr, layout: gl.constexpr):
+    """scales[first : first + SIZE] (0 past `count`) in `layout`. Loaded one element per thread
+    and then redistributed: loaded in the accumulator's slice layout directly, every thread would
+    compute a 64-bit address per column it holds, which spills a register-bound epilogue."""
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     index = first + gl.arange(0, SIZE, layout=flat)
-    return gl.load(scales + index, mask=index < count, other=0.0)
-
-
-@gluon.jit
-def stage_row_scales(scale_a, scale_b, off_m, off_n, M, N, sa_smem, sb_smem):
-    """The row-wise scales of the tile at (off_m, off_n) of the [M, N] output into shared memory,
-    for an epilogue with SCALING = STAGED: its rows' into `sa_smem` [BOXES, BOX_M] (box i's rows
-    in `sa_smem.index(i)`; a tile of three 64-row boxes is not a power of two tall), its columns'
-    into `sb_smem` [BLOCK_N]. Called before the tile's K loop, the L2 round trip overlaps the MMAs
-    instead of every C slice's store waiting for it (perf-notes entry 22)."""
-    BOXES: gl.constexpr = sa_smem.shape[0]
-    BOX_M: gl.constexpr = sa_smem.shape[1]
-    for i in gl.static_range(BOXES):
-        sa_smem.index(i).store(_flat_scales(scale_a, off_m + i * BOX_M, M, BOX_M))
-    sb_smem.store(_flat_scales(scale_b, off_n, N, sb_smem.shape[0]))
+    return gl.convert_layout(gl.load(scales + index, mask=index < count, other=0.0), layout)
 
 
 @gluon.jit
@@ -359,13 +324,7 @@ def store_tile_sliced(
     else:
         left, right = c.reshape([BLOCK_M, 2, WIDTH // 2]).permute(0, 2, 1).split()
         HALF: gl.constexpr = WIDTH // 2
-        if SCALING == STAGED:  # the halves' columns of the staged scales
-            sb_left = scale_b.slice(0, HALF)
-            sb_right = scale_b.slice(HALF, HALF)
-        else:  # a pointer (or None): the halves' offsets say where to read
-            sb_left = scale_b
-            sb_right = scale_b
-        store_tile_sliced(c_desc, c_bufs, left, off_m, off_n, BUFFERS, BASE, FIRST, scale_a, sb_left, SCALING)
+        store_tile_sliced(c_desc, c_bufs, left, off_m, off_n, BUFFERS, BASE, FIRST, scale_a, scale_b, SCALING)
         store_tile_sliced(
             c_desc,
             c_bufs,
@@ -376,7 +335,7 @@ def store_tile_sliced(
             BASE,
             FIRST + HALF // SLICE_N,
             scale_a,
-            sb_right,
+            scale_b,
             SCALING,
         )
 

@@ -37,8 +37,6 @@ from ..compat import aggregate
 from ..launch import CompileSpec, Launch, Scales, Target, is_kmajor
 from .common import (
     FP8,
-    SCALES_SMEM,
-    STAGED,
     GemmConfig,
     Ring,
     Rung,
@@ -48,7 +46,6 @@ from .common import (
     init_barriers,
     load_partition,
     mbarrier,
-    stage_row_scales,
     stage_tile,
     store_staged_rest,
     store_staged_slice,
@@ -73,10 +70,6 @@ class WarpSpecConfig(GemmConfig):
         if (self.CONSUMERS, self.EPILOGUE) not in ((2, "sliced"), (1, "deferred")):
             raise ValueError("ping-pong (CONSUMERS=2) stores C sliced, cooperative (1) deferred")
         super().__post_init__()
-
-    def scale_staging(self) -> int:
-        """Ping-pong stages each consumer's tile scales: a_rows + BLOCK_N fp32 values."""
-        return self.CONSUMERS * (self.a_rows + self.BLOCK_N) * 4 if self.CONSUMERS == 2 else 0
 
     @property
     def design(self) -> str:
@@ -227,14 +220,6 @@ def _boxes_take(mmas):
 
 
 @gluon.jit
-def _tile_origin(t, num_pid_m, num_pid_n, GROUP_M: gl.constexpr, TILE_M: gl.constexpr, TILE_N: gl.constexpr):
-    """Where the program's t-th tile starts in C."""
-    tile = gl.program_id(0) + t * gl.num_programs(0)
-    pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-    return pid_m * TILE_M, pid_n * TILE_N
-
-
-@gluon.jit
 def _consumer(
     c_desc,
     scale_a,
@@ -251,7 +236,7 @@ def _consumer(
     of its A boxes into an accumulator of its own. Two consumers alternate on the tensor cores
     through the `turns` barriers and store C in slices; one alone never waits for a turn and
     defers its C store into the next tile's K loop. fp8 scales are applied to each C slice as it
-    is stored (`scale_tile`); ping-pong's row-wise ones are staged per tile (`stage_row_scales`)."""
+    is stored (`scale_tile`)."""
     PINGPONG: gl.constexpr = CONSUMERS == 2
     BOX_M: gl.constexpr = s.a_bufs.shape[1]
     BLOCK_N: gl.constexpr = s.b_bufs.shape[1] if B_KMAJOR else s.b_bufs.shape[2]
@@ -270,19 +255,7 @@ def _consumer(
     spacing = deferred_store_spacing(k_steps)
     prev_m = gl.program_id(0) * 0  # cooperative: where the staged tile goes (none before the first)
     prev_n = prev_m
-    # Ping-pong with row-wise scales stages each tile's scales in shared memory while it waits for
-    # its turn, so its epilogue reads them there (STAGED) instead of going to L2 for every C slice.
-    STAGE_SCALES: gl.constexpr = PINGPONG and SCALING == 2
-    EPILOGUE_SCALING: gl.constexpr = STAGED if STAGE_SCALES else SCALING
-    if STAGE_SCALES:
-        sa_smem = gl.allocate_shared_memory(gl.float32, [BOXES, BOX_M], SCALES_SMEM)
-        sb_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N], SCALES_SMEM)
     for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), CONSUMERS):
-        if STAGE_SCALES:
-            off_m, off_n = _tile_origin(t, num_pid_m, num_pid_n, GROUP_M, BOXES * BOX_M, BLOCK_N)
-            stage_row_scales(
-                scale_a, scale_b, off_m, off_n, c_desc.shape[0], c_desc.shape[1], sa_smem, sb_smem
-            )
         if PINGPONG:
             # Consumer 0 goes first (a fresh barrier passes the parity-1 wait), then they alternate.
             n = t // CONSUMERS  # tiles this consumer has done before this one
@@ -302,17 +275,13 @@ def _consumer(
             mbarrier.arrive(their_turn)  # this tile's MMAs are all issued: the other consumer may go
         accs, mmas = _boxes_take(mmas)
         mbarrier.arrive(s.empty.index(ring.previous_slot()))
-        if not STAGE_SCALES:  # (worked out here, it is not live across the K loop)
-            off_m, off_n = _tile_origin(t, num_pid_m, num_pid_n, GROUP_M, BOXES * BOX_M, BLOCK_N)
 
+        tile = gl.program_id(0) + t * gl.num_programs(0)
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BOXES * BOX_M
+        off_n = pid_n * BLOCK_N
         if PINGPONG:
             for i in gl.static_range(BOXES):
-                if STAGE_SCALES:  # box i's rows of the staged scales, and all of the tile's columns
-                    box_a = sa_smem.index(i)
-                    box_b = sb_smem
-                else:
-                    box_a = scale_a
-                    box_b = scale_b
                 store_tile_sliced(
                     c_desc,
                     s.c_bufs,
@@ -322,9 +291,9 @@ def _consumer(
                     EPILOGUE_BUFFERS,
                     ME * EPILOGUE_BUFFERS,
                     i * SLICES,
-                    box_a,
-                    box_b,
-                    EPILOGUE_SCALING,
+                    scale_a,
+                    scale_b,
+                    SCALING,
                 )
         else:
             stage_tile(
