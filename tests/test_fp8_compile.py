@@ -61,7 +61,7 @@ def test_fp8_machine_code(mode, arch, index):
 def test_fp8_config_computes_the_shared_memory(mode, arch, index):
     spec, r = compiled_report(mode, arch, FP8, index)
     assert spec.config.ELEM_BYTES == 1 and spec.config.BLOCK_K == 128
-    expected = spec.config.smem_bytes(row_scales=spec.constexprs["SCALING"] == 2)
+    expected = spec.config.smem_bytes()
     assert 0 <= r.shared_bytes - expected < 1024, (spec.kernel, r.shared_bytes, expected)
     assert r.shared_bytes <= common.SMEM_LIMIT
 

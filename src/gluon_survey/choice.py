@@ -12,8 +12,9 @@ is the range of M nearer to one measured M than to any other (`explain` prints i
 **The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, M <= 64
 tokens: `swapab` (the tokens become the MMA's narrow N, K split to fill the SMs); M <= 256:
 `splitk`; larger: `warpspec` (its own choice by K). fp8 (dtype "fp8", per-tensor scales, or
-"fp8-row"): `warpspec` from M = 2049, cuBLAS fp8 below (split-K and swap-AB have no fp8 kernel;
-warpspec lost to cuBLAS fp8 at M = 1024 on the H100).
+"fp8-row"): `warpspec` from M = 2049; with row-wise scales, M <= 16 and a weight of N >= 28672
+rows, `swapab`; cuBLAS fp8 otherwise (warpspec lost to it at M = 1024 on the H100, and the fp8
+split-K and swap-AB rungs beat it only there).
 Other GPUs: cuBLAS (`torch`).
 """
 
@@ -28,9 +29,16 @@ from pathlib import Path
 TABLES = Path(__file__).resolve().parent / "tables"
 NEAR = 4.0  # an entry answers for M within this factor of its own
 # fp8: warpspec measured 1.01-1.03x cuBLAS fp8 at M = 8192 and 0.87-0.88x at M = 1024 over the
-# llm shapes (results/h100-fp8-llm); there is no split-K or swap-AB rung in fp8. So the rule keeps
-# cuBLAS fp8 up to this M and runs warpspec above it.
+# llm shapes (results/h100-fp8-llm). So the rule keeps cuBLAS fp8 up to this M and runs warpspec
+# above it.
 FP8_GLUON_FROM_M = 2048
+# fp8 at M = 1, 16, 64 over the llm weights (results/h100-fp8-decode, per call and GPU time):
+# swapab beat cuBLAS fp8 by 1.03-1.18x in both timings only with row-wise scales at M <= 16 on the
+# widest weights (28672 x 4096 and 57344 x 8192), where cuBLAS's row-wise kernel streamed them at
+# 0.71-0.84 of rung 0's bandwidth and swapab at 0.83-0.91; with per-tensor scales cuBLAS was as
+# fast or faster on every shape.
+FP8_ROW_SWAPAB_M = 16  # at most
+FP8_ROW_SWAPAB_N = 28672  # at least
 
 
 @dataclass(frozen=True)
@@ -53,14 +61,21 @@ def _tables() -> tuple[dict, ...]:
     return tuple(json.loads(p.read_text()) for p in sorted(TABLES.glob("*.json")))
 
 
-def rule(M: int, capability: tuple[int, int], fp8: bool = False) -> Choice:
+def rule(M: int, capability: tuple[int, int], dtype: str = "fp16", N: int = 0) -> Choice:
     """The documented choice without a measured entry (module docstring)."""
-    if fp8 and capability[0] in (9, 10):
-        if M <= FP8_GLUON_FROM_M:
+    if dtype.startswith("fp8") and capability[0] in (9, 10):
+        if M > FP8_GLUON_FROM_M:
             return Choice(
-                "torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8 (no small-M fp8 rung)"
+                "warpspec", None, f"rule: fp8 with M > {FP8_GLUON_FROM_M}: the warp-specialized rung"
             )
-        return Choice("warpspec", None, f"rule: fp8 with M > {FP8_GLUON_FROM_M}: the warp-specialized rung")
+        if dtype == "fp8-row" and M <= FP8_ROW_SWAPAB_M and N >= FP8_ROW_SWAPAB_N:
+            return Choice(
+                "swapab",
+                None,
+                f"rule: fp8 row-wise, M <= {FP8_ROW_SWAPAB_M}, N >= {FP8_ROW_SWAPAB_N}: swap-AB streams "
+                "the weight faster than cuBLAS fp8's row-wise kernel",
+            )
+        return Choice("torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
     if capability[0] not in (9, 10):
         return Choice("torch", None, f"rule: no Gluon rung runs on sm_{capability[0]}{capability[1]}")
     if M <= 64:
@@ -100,7 +115,7 @@ def choose(
                 f"{best['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS ({best['cublas_ms'] * 1e3:.1f} us)"
             )
             return Choice(best["mode"], best["config"], why)
-    choice = rule(M, capability, dtype.startswith("fp8"))
+    choice = rule(M, capability, dtype, N)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
     return Choice(choice.mode, choice.config, f"{choice.why} (table {table['name']} has no entry near it)")
