@@ -593,6 +593,13 @@ class Plan:
         return fn
 
 
+def check_config_kind(mode: str, cfg: GemmConfig, scales: Scales | None) -> None:
+    """Refuse a config for the other kind of operands: fp8 configs take scales, 16-bit ones none."""
+    if (scales is not None) != (cfg.ELEM_BYTES == 1):
+        kind = "fp8" if cfg.ELEM_BYTES == 1 else "16-bit"
+        raise ValueError(f"{mode}: config {cfg.label} is for {kind} operands")
+
+
 def scale_args(scales: Scales | None) -> tuple[object, object]:
     """The (scale_a, scale_b) kernel arguments: the flat fp32 scales, or None, None without (a
     None argument is a constexpr to Triton, so the fp16/bf16 kernels compile as if they had no
@@ -667,9 +674,7 @@ class Rung:
 
     def launch(self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None) -> Launch:
         """A ready launch of out = a @ b; `Launch.fn.plan` launches the same on other tensors."""
-        if (scales is not None) != (cfg.ELEM_BYTES == 1):
-            kind = "fp8" if cfg.ELEM_BYTES == 1 else "16-bit"
-            raise ValueError(f"{self.mode}: config {cfg.label} is for {kind} operands")
+        check_config_kind(self.mode, cfg, scales)
         plan = self.plan(a, b, out, target, cfg, scales)
         return Launch(plan.bind(a, b, out, scales), cfg.table())
 

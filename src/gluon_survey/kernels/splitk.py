@@ -42,6 +42,7 @@ from .common import (
     Launcher,
     Plan,
     block_shapes,
+    check_config_kind,
     desc_signature,
     grouped_tile,
     make_descriptors,
@@ -251,10 +252,8 @@ def _constexprs(cfg: SplitKConfig, capability: tuple[int, int], layout: str, spl
 def check_operands(mode: str, cfg: SplitKConfig, layout: str, scales: Scales | None) -> None:
     """What a split-K provider refuses: a config for the other kind of operands (fp8 configs take
     scales, 16-bit ones none), and fp8 with a row-major B (fp8 MMAs read both operands K-major)."""
-    fp8 = cfg.ELEM_BYTES == 1
-    if (scales is not None) != fp8:
-        raise ValueError(f"{mode}: config {cfg.label} is for {'fp8' if fp8 else '16-bit'} operands")
-    if fp8 and not is_kmajor(layout):
+    check_config_kind(mode, cfg, scales)
+    if scales is not None and not is_kmajor(layout):
         raise ValueError(
             f"{mode}: fp8 MMAs read both operands K-major: B must be the transpose view w.t() of a "
             "row-major [N, K] weight, not a row-major [K, N] matrix"
