@@ -8,6 +8,7 @@
 #     bench     the survey: MODES (default all), DTYPES, BENCH_ARGS -> results.jsonl, table.*, plot.png
 #     memcpy    rung 0, the copy ladder, fp16 and bf16          -> memcpy-<dtype>.json/.md
 #     overhead  host cost per call                              -> overhead.json/.txt
+#     kernel    kernel-only GPU time from CUPTI (scripts/kernel_time.py KERNEL_ARGS) -> kernel-time.csv
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
 #   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
@@ -38,6 +39,10 @@ if step memcpy; then
 fi
 if step overhead; then
   python3 -m gluon_survey overhead --results "$OUT/overhead.json" ${OVERHEAD_ARGS:-} 2>&1 | tee "$OUT/overhead.txt"
+fi
+if step kernel; then
+  python3 scripts/kernel_time.py ${KERNEL_ARGS:---shapes results/h100-decode-gputime/shapes.csv} \
+    --output "$OUT/kernel-time.csv" 2>&1 | tee "$OUT/kernel-time.log" | tail -4
 fi
 if step tune; then
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \

@@ -124,6 +124,21 @@ def store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING: gl.constex
     tma.store_wait(0)
 
 
+@gluon.constexpr_function
+def partial_layout(BM, BN, num_warps):
+    """The layout partial tiles travel in: 4 consecutive fp32 columns a thread (16-byte accesses),
+    a warp's threads along a row first, warps down the rows."""
+    cols = min(32, BN // 4)
+    return gl.BlockedLayout([1, 4], [32 // cols, cols], [num_warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def reduce_batch(BM, BN, num_warps, registers=64):
+    """How many partial tiles the last program loads at once: as many as fit in `registers` fp32
+    registers a thread, so that their L2 round trips overlap instead of following one another."""
+    return max(1, registers // max(1, BM * BN // (32 * num_warps)))
+
+
 @gluon.jit
 def split_reduce(
     c_desc,
@@ -140,27 +155,33 @@ def split_reduce(
     SCALING: gl.constexpr,
 ):
     """Sum the SPLIT_K partial tiles of `tile` and store C: every program writes its fp32 partial
-    `acc` to its slot, the last to arrive on the tile's counter adds the others' (in split order),
-    writes C at (off_m, off_n) (`store_sum`: the fp8 scales apply to the sum, never to a partial)
-    and resets the counter. `acc` may be any [BM, BN] fp32 tensor (the MMA's layout); the partials
-    are [BM, BN] slots of `partials`, SPLIT_K per tile."""
+    `acc` to its slot, the last to arrive on the tile's counter adds all of them (in split order,
+    so the sum does not depend on who arrives last), writes C at (off_m, off_n) (`store_sum`: the
+    fp8 scales apply to the sum, never to a partial) and resets the counter. `acc` may be any
+    [BM, BN] fp32 tensor (the MMA's layout); the partials are [BM, BN] slots of `partials`,
+    SPLIT_K per tile, written and read as 16-byte vectors (`partial_layout`). The last program
+    loads them BATCH at a time, each batch's loads issued together: at 4096-wide weights SPLIT_K is
+    8-12, and a sum that waited for one L2 round trip per partial was a tail of several µs on a
+    kernel of 12-20 (docs/perf-notes.md, entry 23)."""
     BM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
-    layout: gl.constexpr = acc.type.layout
+    layout: gl.constexpr = partial_layout(BM, BN, gl.num_warps())
+    BATCH: gl.constexpr = reduce_batch(BM, BN, gl.num_warps())
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
     offs = gl.expand_dims(rows, 1) * BN + gl.expand_dims(cols, 0)
     first = partials + tile * (SPLIT_K * BM * BN)
-    gl.store(first + split * (BM * BN) + offs, acc)
+    gl.store(first + split * (BM * BN) + offs, gl.convert_layout(acc, layout))
     cta_barrier()  # every thread's part of the partial is written before the arrival
     arrived = gl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT_K - 1:  # the last: every other partial is visible (acquire)
+    if arrived == SPLIT_K - 1:  # the last: every partial is visible (acquire)
         total = gl.zeros([BM, BN], gl.float32, layout)
-        for s in range(SPLIT_K):
-            if s == split:
-                total += acc
-            else:
-                total += gl.load(first + s * (BM * BN) + offs, cache_modifier=".cg")
+        for base in range(0, SPLIT_K, BATCH):
+            for j in gl.static_range(BATCH):
+                s = base + j
+                total += gl.load(
+                    first + s * (BM * BN) + offs, mask=s < SPLIT_K, other=0.0, cache_modifier=".cg"
+                )
         gl.store(counters + tile, 0)  # ready for the next launch
         store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING)
 
