@@ -2,11 +2,16 @@
 independent check of the survey's `--gpu-time` clock, which times each call between two CUDA
 events and so also counts the gap between an event and the kernel.
 
-Each timed call is preceded by a write of 2x L2 (a `fill_` kernel), so its operands come from
-HBM; the kernels a call launches between two fills are summed (cuBLAS may launch two). Reported
-per (shape, mode): the median and p20/p80 of the summed durations over --reps calls, the GB/s of
-A, B and C over the median, and the same for `Tensor.copy_` of a buffer of as many bytes (read
-plus written) as the GEMM moves: the copy rate at this size.
+Each timed call is preceded by a read of 2x L2 (`l2_flush`, a kernel of its own name), so its
+operands come from HBM and no dirty line is left to be written back during it (a flush by
+writing cost every kernel after it ~10 %: the first version of this script); the kernels a call
+launches between two flushes are summed (cuBLAS may launch two). Reported per (shape, mode): the
+median and p20/p80 of the summed durations over --reps calls, the GB/s of A, B and C over the
+median, and two references of as many bytes as the GEMM moves: `copy` (`Tensor.copy_`, bytes read
+plus written) and `read` (a plain-Triton stream of 16-byte loads that writes one float per
+program): the memory rate at this size.
+
+A mode may carry config overrides for the split rungs, e.g. `swapab@SPLIT_K=4,STAGES=6`.
 
     PYTHONPATH=src python3 scripts/kernel_time.py --shapes results/h100-decode-gputime/shapes.csv \
         --modes torch,swapab,splitk --dtype bf16 --output out/kernel-time.csv
@@ -18,15 +23,33 @@ import argparse
 import csv
 import statistics
 import sys
+from dataclasses import replace
 
 import torch
+import triton
+import triton.language as tl
 from torch.autograd import DeviceType
 
 from gluon_survey import matmul
+from gluon_survey.api import _flat_scales, target_of
 from gluon_survey.driver.shapes import read_csv
+from gluon_survey.kernels import splitk, swapab
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
-FILL = "FillFunctor"
+FLUSH = "l2_flush"
+READ_BLOCK = 8192
+
+
+@triton.jit
+def l2_flush(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + tl.program_id(0), tl.sum(tl.load(src + offs, mask=offs < n, other=0.0)))
+
+
+@triton.jit
+def stream_read(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + tl.program_id(0), tl.sum(tl.load(src + offs, mask=offs < n, other=0.0)))
 
 
 def operands(M: int, N: int, K: int, dtype: str, scaling: str):
@@ -45,22 +68,39 @@ def operands(M: int, N: int, K: int, dtype: str, scaling: str):
     return a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn).t(), scales
 
 
-def call_of(mode: str, a, b, scales):
+def call_of(mode: str, a, b, scales, nbytes: int):
+    """The call to time, and the bytes it moves when that is not the GEMM's."""
     if mode == "copy":
-        nbytes = a.numel() * a.element_size() + b.numel() * b.element_size()
-        half = max(1, nbytes // 2 // 2)
-        src = torch.randn(half, device="cuda", dtype=torch.float16)
+        src = torch.randn(max(1, nbytes // 4), device="cuda", dtype=torch.float16)
         dst = torch.empty_like(src)
-        return lambda: dst.copy_(src), 2 * half * 2
-    return lambda: matmul(a, b, kernel=mode, **scales), None
+        return lambda: dst.copy_(src), 4 * src.numel()
+    if mode == "read":
+        src = torch.randn(max(1, nbytes // 2), device="cuda", dtype=torch.float16)
+        grid = triton.cdiv(src.numel(), READ_BLOCK)
+        dst = torch.empty(grid, device="cuda")
+        return lambda: stream_read[(grid,)](src, dst, src.numel(), BLOCK=READ_BLOCK), 2 * src.numel()
+    name, _, overrides = mode.partition("@")
+    if not overrides:
+        return lambda: matmul(a, b, kernel=mode, **scales), None
+    rung = {"splitk": splitk, "swapab": swapab}[name]
+    fields = {k: int(v) for k, v in (kv.split("=") for kv in overrides.split(","))}
+    cfg = rung.config_for(target_of(a.device).capability, a.shape[1], bool(scales))
+    out = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.bfloat16 if scales else a.dtype)
+    flat = None
+    if scales:
+        kind = "row" if scales["scale_a"].numel() > 1 else "tensor"
+        flat = _flat_scales(scales["scale_a"], scales["scale_b"], kind)
+    return rung.prepare(a, b, out, target_of(a.device), replace(cfg, **fields), flat).fn, None
 
 
-def kernel_times(fn, reps: int, flush: torch.Tensor) -> list[float]:
+def kernel_times(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> list[float]:
     fn()  # compile, plan, cuBLAS heuristics
+    grid = (sink.numel(),)
+    l2_flush[grid](flush, sink, flush.numel(), BLOCK=READ_BLOCK)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for i in range(reps):
-            flush.fill_(i)
+        for _ in range(reps):
+            l2_flush[grid](flush, sink, flush.numel(), BLOCK=READ_BLOCK)
             fn()
         torch.cuda.synchronize()
     kernels = sorted(
@@ -68,7 +108,7 @@ def kernel_times(fn, reps: int, flush: torch.Tensor) -> list[float]:
     )
     groups: list[float] = []
     for e in kernels:
-        if FILL in e.name:
+        if FLUSH in e.name:
             groups.append(0.0)
         elif groups:
             groups[-1] += e.time_range.elapsed_us()
@@ -88,14 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--output", required=True)
     args = p.parse_args(argv)
-    flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
+    flush = torch.randn(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
+    sink = torch.empty(triton.cdiv(flush.numel(), READ_BLOCK), device="cuda")
     rows = []
     for shape in read_csv(args.shapes):
         a, b, scales = operands(shape.M, shape.N, shape.K, args.dtype, args.scaling)
         moved = a.numel() * a.element_size() + b.numel() * b.element_size() + shape.M * shape.N * 2
-        for mode in ["copy", *args.modes.split(",")]:
-            fn, copy_bytes = call_of(mode, a, b, scales)
-            times = kernel_times(fn, args.reps, flush)
+        for mode in ["copy", "read", *args.modes.split(",")]:
+            fn, copy_bytes = call_of(mode, a, b, scales, moved)
+            times = kernel_times(fn, args.reps, flush, sink)
             q = statistics.quantiles(times, n=5)
             med = statistics.median(times)
             nbytes = copy_bytes or moved

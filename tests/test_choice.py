@@ -172,3 +172,39 @@ def test_auto_is_the_default_on_gluon_gpus(monkeypatch):
     monkeypatch.setattr(api, "target_of", lambda device: Target((8, 0), 108, "NVIDIA A100"))
     assert api.default_mode(torch.empty(2, 2)) in ("auto", "torch")
     assert auto.unsupported_reason((8, 0)) is None
+
+
+def _keyed(M, mode, dtype="bf16"):
+    return {"M": M, "N": 4096, "K": 4096, "dtype": dtype, "b_layout": "t", "mode": mode, "ms": 1.0}
+
+
+def test_tune_update_replaces_same_keys_and_keeps_the_rest():
+    table = {
+        "name": "h100",
+        "match": "H100",
+        "env": {"date": "first"},
+        "entries": [_keyed(16, "torch"), _keyed(128, "swapab"), _keyed(128, "torch", "fp16")],
+    }
+    update = {
+        "env": {"date": "second"},
+        "settings": {"min_ms": 1},
+        "entries": [_keyed(128, "torch"), _keyed(64, "splitk")],
+    }
+    merged = tune.merge(table, update)
+    assert [(e["M"], e["dtype"], e["mode"], e.get("update")) for e in merged["entries"]] == [
+        (16, "bf16", "torch", None),
+        (128, "bf16", "torch", 1),  # replaced in place
+        (128, "fp16", "torch", None),
+        (64, "bf16", "splitk", 1),  # added
+    ]
+    assert merged["env"] == {"date": "first"}
+    assert merged["updates"] == [
+        {
+            "env": {"date": "second"},
+            "settings": {"min_ms": 1},
+            "entries": [[128, 4096, 4096, "bf16", "t"], [64, 4096, 4096, "bf16", "t"]],
+        }
+    ]
+    assert table["entries"][1]["mode"] == "swapab"  # the input is not modified
+    again = tune.merge(merged, {"env": {}, "settings": {}, "entries": [_keyed(64, "torch")]})
+    assert [e.get("update") for e in again["entries"]] == [None, 1, None, 2]

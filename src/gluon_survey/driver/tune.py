@@ -4,6 +4,11 @@
     gluon-survey tune --shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100 \\
         --output src/gluon_survey/tables/h100.json
 
+`--update` measures only the given shapes and merges them into the table already at --output:
+an entry of the same (M, N, K, dtype, B layout) is replaced, the others are kept, and the run is
+recorded in the table's `updates` (its env and the keys it wrote; its entries carry `update`, the
+1-based index), so each entry still names the run that measured it.
+
 Per (shape, dtype, B layout): inputs from the seed (rotated copies for a cold L2, as the survey
 times), cuBLAS's time and error, then every candidate (each provider's `candidates(capability)`,
 narrowed to the ones that make sense at this M: `candidates_for`) is prepared, checked against
@@ -129,6 +134,23 @@ def tune_shape(shape, dtype: str, layout: str, modes: Sequence[str], target, set
     }
 
 
+def entry_key(entry: dict) -> tuple:
+    return (entry["M"], entry["N"], entry["K"], entry["dtype"], entry["b_layout"])
+
+
+def merge(table: dict, update: dict) -> dict:
+    """`table` with `update`'s entries merged in (module docstring): the same key replaced, new
+    keys added, the rest kept in their order; `update`'s env and settings appended to `updates`."""
+    runs = list(table.get("updates", ()))
+    index = len(runs) + 1
+    fresh = {entry_key(e): e | {"update": index} for e in update["entries"]}
+    entries = [fresh.pop(entry_key(e)) if entry_key(e) in fresh else e for e in table["entries"]]
+    entries += fresh.values()
+    keys = [list(entry_key(e)) for e in update["entries"]]
+    runs.append({"env": update["env"], "settings": update["settings"], "entries": keys})
+    return table | {"entries": entries, "updates": runs}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="llm", metavar="llm|FILE.csv", help="shapes (default: llm)")
@@ -148,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--match", required=True, help="substring of the GPU names the table is for, e.g. H100"
     )
     parser.add_argument("--output", type=Path, required=True, metavar="FILE.json", help="the table to write")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="merge the measured shapes into the table at --output instead of replacing it",
+    )
     parser.add_argument("--warmup-ms", type=float, default=300.0, help="per candidate (default: %(default)g)")
     parser.add_argument("--min-ms", type=float, default=100.0, help="per candidate (default: %(default)g)")
     return parser
@@ -179,6 +206,15 @@ def main(argv: Sequence[str]) -> int:
     if not args.output.parent.is_dir():
         print(f"{PROG}: error: --output {args.output}: no directory {args.output.parent}", file=sys.stderr)
         return 2
+    base = None
+    if args.update:
+        try:
+            base = json.loads(args.output.read_text())
+            if (base["name"], base["match"]) != (args.name, args.match):
+                raise ValueError(f"it is table {base['name']!r} for {base['match']!r}")
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"{PROG}: error: --update {args.output}: {exc}", file=sys.stderr)
+            return 2
     import torch
 
     if not torch.cuda.is_available():
@@ -205,7 +241,8 @@ def main(argv: Sequence[str]) -> int:
     for i, (shape, dtype, layout) in enumerate(tasks, 1):
         entry = tune_shape(shape, dtype, layout, modes, target, settings)
         table["entries"].append(entry)
-        args.output.write_text(json.dumps(table, indent=1) + "\n")  # a crash keeps what was measured
+        written = table if base is None else merge(base, table)
+        args.output.write_text(json.dumps(written, indent=1) + "\n")  # a crash keeps what was measured
         ratio = entry["cublas_ms"] / entry["ms"]
         print(
             f"[{i}/{len(tasks)}] {shape.label} {dtype} B={layout}: {entry['mode']} {entry['config'] or ''} "
