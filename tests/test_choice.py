@@ -153,7 +153,8 @@ def test_split_for_fills_one_wave_without_empty_slices():
 
 
 def test_programs_per_sm_follow_shared_memory():
-    assert swapab.CONFIGS[9].blocks_per_sm() == 3  # 4 stages of 18 KB
+    assert swapab.CONFIGS[9].blocks_per_sm() == 1  # 8 stages of 18 KB: one program per SM
+    assert dataclasses.replace(swapab.CONFIGS[9], STAGES=4).blocks_per_sm() == 3  # 4 stages of 18 KB
     assert splitk.CONFIGS[9].blocks_per_sm() == 2  # 4 stages of 24 KB
     from gluon_survey.kernels import persistent
 

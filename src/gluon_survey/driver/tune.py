@@ -114,6 +114,7 @@ def tune_shape(shape, dtype: str, layout: str, modes: Sequence[str], target, set
                     len(sets),
                     warmup_ms=settings.warmup_ms,
                     min_ms=settings.min_ms,
+                    queued=settings.queued,
                 )
                 times[key] = timing.median_ms
             except Exception as exc:  # a candidate that cannot run here is evidence, not a crash
@@ -171,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--output", type=Path, required=True, metavar="FILE.json", help="the table to write")
     parser.add_argument(
+        "--gpu-time",
+        action="store_true",
+        help="rank candidates by GPU time, the host kept ahead (timing.py's queued clock): for shapes "
+        "whose kernels are shorter than their launch, where a per-call time ranks host costs",
+    )
+    parser.add_argument(
         "--update",
         action="store_true",
         help="merge the measured shapes into the table at --output instead of replacing it",
@@ -226,7 +233,7 @@ def main(argv: Sequence[str]) -> int:
     target = api.target_of(torch.device("cuda"))
     if registry.BASELINE not in modes:
         modes.append(registry.BASELINE)
-    settings = replace(DEFAULTS, warmup_ms=args.warmup_ms, min_ms=args.min_ms)
+    settings = replace(DEFAULTS, warmup_ms=args.warmup_ms, min_ms=args.min_ms, queued=args.gpu_time)
     command = shlex.join(["gluon-survey", "tune", *argv])
     env = hardware.gpu_info(command)
     table = {
@@ -234,7 +241,12 @@ def main(argv: Sequence[str]) -> int:
         "match": args.match,
         "gpu": env.get("name"),
         "env": {k: env.get(k) for k in ("date", "command", "driver", "cuda", "torch", "triton", "git")},
-        "settings": {"warmup_ms": settings.warmup_ms, "min_ms": settings.min_ms, "seed": settings.seed},
+        "settings": {
+            "warmup_ms": settings.warmup_ms,
+            "min_ms": settings.min_ms,
+            "seed": settings.seed,
+            "gpu_time": settings.queued,
+        },
         "entries": [],
     }
     tasks = [(s, d, x) for d in dtypes for x in layouts for s in sweep]

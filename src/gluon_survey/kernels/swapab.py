@@ -59,11 +59,14 @@ class SwapABConfig(SplitKConfig):
         return super().table() | {"BLOCK_M": self.BLOCK_N, "BLOCK_N": self.BLOCK_M, "swap_ab": True}
 
 
-# 128 weight rows by 16 tokens, 4 stages of 18 KB, so three programs share an SM: for M <= 16, the
-# common decode batch. The same tile on Blackwell (tcgen05 is as narrow as 8 columns at M = 128).
+# 128 weight rows by 16 tokens (M <= 16, the common decode batch), 8 stages of 18 KB: one program
+# per SM, each streaming a long slice of K through a deep ring. Measured against 4 stages (three
+# programs per SM, K cut into three times as many slices), kernel-only, on 4096- to 10240-wide
+# weights: 8 stages 3-19 % faster (docs/perf-notes.md, entry 23). The same tile on Blackwell
+# (tcgen05 is as narrow as 8 columns at M = 128).
 CONFIGS = {
-    9: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=1),
-    10: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=1),
+    9: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=8, num_warps=4, GROUP_M=1),
+    10: SwapABConfig(BLOCK_M=128, BLOCK_N=16, BLOCK_K=64, STAGES=8, num_warps=4, GROUP_M=1),
 }
 # fp8: 128-wide K steps, the same 18 KB a stage (`fp8_of`).
 FP8_CONFIGS = {major: fp8_of(cfg) for major, cfg in CONFIGS.items()}
