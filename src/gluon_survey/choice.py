@@ -12,9 +12,9 @@ is the range of M nearer to one measured M than to any other (`explain` prints i
 **The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, M <= 64
 tokens: `swapab` (the tokens become the MMA's narrow N, K split to fill the SMs); M <= 256:
 `splitk`; larger: `warpspec` (its own choice by K). fp8 (dtype "fp8", per-tensor scales, or
-"fp8-row"): `warpspec` from M = 2049; with row-wise scales, M <= 16 and a weight of N >= 28672
-rows, `swapab`; cuBLAS fp8 otherwise (warpspec lost to it at M = 1024 on the H100, and the fp8
-split-K and swap-AB rungs beat it only there).
+"fp8-row"): `warpspec` from M = 2049; with row-wise scales and M <= 16, `swapab`; cuBLAS fp8
+otherwise (warpspec lost to it at M = 1024 on the H100, and swap-AB beat its row-wise kernel at
+M <= 16 only).
 Other GPUs: cuBLAS (`torch`).
 """
 
@@ -32,13 +32,11 @@ NEAR = 4.0  # an entry answers for M within this factor of its own
 # llm shapes (results/h100-fp8-llm). So the rule keeps cuBLAS fp8 up to this M and runs warpspec
 # above it.
 FP8_GLUON_FROM_M = 2048
-# fp8 at M = 1, 16, 64 over the llm weights (results/h100-fp8-decode, per call and GPU time):
-# swapab beat cuBLAS fp8 by 1.03-1.18x in both timings only with row-wise scales at M <= 16 on the
-# widest weights (28672 x 4096 and 57344 x 8192), where cuBLAS's row-wise kernel streamed them at
-# 0.71-0.84 of rung 0's bandwidth and swapab at 0.83-0.91; with per-tensor scales cuBLAS was as
-# fast or faster on every shape.
+# fp8 at M = 1, 16, 64 over the llm weights: with 8-stage rings (one program per SM) swapab took
+# 0.75-0.97x the kernel time of cuBLAS fp8's row-wise kernel at M <= 16 on all 8 weights
+# (1.03-1.60x; results/h100-kernel-time/decode-fp8row.csv), and lost at M = 64. With 4 stages it
+# had won only on the widest weights (results/h100-fp8-decode). Per-tensor scales: cuBLAS fp8.
 FP8_ROW_SWAPAB_M = 16  # at most
-FP8_ROW_SWAPAB_N = 28672  # at least
 
 
 @dataclass(frozen=True)
@@ -61,19 +59,19 @@ def _tables() -> tuple[dict, ...]:
     return tuple(json.loads(p.read_text()) for p in sorted(TABLES.glob("*.json")))
 
 
-def rule(M: int, capability: tuple[int, int], dtype: str = "fp16", N: int = 0) -> Choice:
+def rule(M: int, capability: tuple[int, int], dtype: str = "fp16") -> Choice:
     """The documented choice without a measured entry (module docstring)."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M:
             return Choice(
                 "warpspec", None, f"rule: fp8 with M > {FP8_GLUON_FROM_M}: the warp-specialized rung"
             )
-        if dtype == "fp8-row" and M <= FP8_ROW_SWAPAB_M and N >= FP8_ROW_SWAPAB_N:
+        if dtype == "fp8-row" and M <= FP8_ROW_SWAPAB_M:
             return Choice(
                 "swapab",
                 None,
-                f"rule: fp8 row-wise, M <= {FP8_ROW_SWAPAB_M}, N >= {FP8_ROW_SWAPAB_N}: swap-AB streams "
-                "the weight faster than cuBLAS fp8's row-wise kernel",
+                f"rule: fp8 row-wise, M <= {FP8_ROW_SWAPAB_M}: swap-AB streams the weight faster than "
+                "cuBLAS fp8's row-wise kernel",
             )
         return Choice("torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
     if capability[0] not in (9, 10):
@@ -115,7 +113,7 @@ def choose(
                 f"{best['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS ({best['cublas_ms'] * 1e3:.1f} us)"
             )
             return Choice(best["mode"], best["config"], why)
-    choice = rule(M, capability, dtype, N)
+    choice = rule(M, capability, dtype)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
     return Choice(choice.mode, choice.config, f"{choice.why} (table {table['name']} has no entry near it)")
