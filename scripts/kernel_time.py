@@ -40,6 +40,8 @@ FLUSH = "l2_flush"
 READ_BLOCK = 8192
 
 
+# Two kernels with one body: the flush before each call and the read reference must have different
+# names, because the profile is split into calls at the flush kernels.
 @triton.jit
 def l2_flush(src, dst, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
