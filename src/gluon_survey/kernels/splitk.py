@@ -128,7 +128,7 @@ def store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING: gl.constex
 def partial_layout(BM, BN, num_warps):
     """The layout partial tiles travel in: 4 consecutive fp32 columns a thread (16-byte accesses),
     a warp's threads along a row first, warps down the rows."""
-    cols = min(32, BN // 4)
+    cols = max(1, min(32, BN // 4))
     return gl.BlockedLayout([1, 4], [32 // cols, cols], [num_warps, 1], [1, 0])
 
 
@@ -160,9 +160,10 @@ def split_reduce(
     fp8 scales apply to the sum, never to a partial) and resets the counter. `acc` may be any
     [BM, BN] fp32 tensor (the MMA's layout); the partials are [BM, BN] slots of `partials`,
     SPLIT_K per tile, written and read as 16-byte vectors (`partial_layout`). The last program
-    loads them BATCH at a time, each batch's loads issued together: at 4096-wide weights SPLIT_K is
-    8-12, and a sum that waited for one L2 round trip per partial was a tail of several µs on a
-    kernel of 12-20 (docs/perf-notes.md, entry 23)."""
+    loads them BATCH at a time, each batch's loads issued together, so the tail of the tile waits
+    for about SPLIT_K / BATCH L2 round trips instead of SPLIT_K (SPLIT_K is 4-12 at 4096-wide
+    weights, on kernels of 15-60 µs; the gain was not measured on its own: docs/perf-notes.md,
+    entry 23)."""
     BM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
     layout: gl.constexpr = partial_layout(BM, BN, gl.num_warps())
