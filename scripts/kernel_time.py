@@ -31,11 +31,12 @@ import triton.language as tl
 from torch.autograd import DeviceType
 
 from gluon_survey import matmul
-from gluon_survey.api import _flat_scales, target_of
+from gluon_survey.api import _flat_scales, result_dtype, target_of
+from gluon_survey.driver.check import make_inputs
 from gluon_survey.driver.shapes import read_csv
 from gluon_survey.kernels import splitk, swapab
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+DTYPES = ("fp16", "bf16", "fp8")  # fp8 with --scaling tensor or row
 FLUSH = "l2_flush"
 READ_BLOCK = 8192
 
@@ -54,20 +55,12 @@ def stream_read(src, dst, n, BLOCK: tl.constexpr):
     tl.store(dst + tl.program_id(0), tl.sum(tl.load(src + offs, mask=offs < n, other=0.0)))
 
 
-def operands(M: int, N: int, K: int, dtype: str, scaling: str):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(M, K, device="cuda", generator=g)
-    w = torch.randn(N, K, device="cuda", generator=g)
-    if dtype != "fp8":
-        return a.to(DTYPES[dtype]), w.to(DTYPES[dtype]).t(), {}
-    if scaling == "row":
-        scales = {
-            "scale_a": torch.rand(M, 1, device="cuda") + 0.5,
-            "scale_b": torch.rand(1, N, device="cuda") + 0.5,
-        }
-    else:
-        scales = {"scale_a": torch.tensor(0.5, device="cuda"), "scale_b": torch.tensor(0.75, device="cuda")}
-    return a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn).t(), scales
+def operands(shape, dtype: str, scaling: str):
+    """The survey's inputs (`check.make_inputs`, seed 0, B the transpose view of an [N, K] weight):
+    a, b and the fp8 scales as keyword arguments ({} for fp16/bf16)."""
+    name = "fp8-row" if dtype == "fp8" and scaling == "row" else dtype
+    inputs = make_inputs(shape, name, "t", 0, "cuda")
+    return inputs.a, inputs.b, inputs.scales
 
 
 def call_of(mode: str, a, b, scales, nbytes: int):
@@ -87,7 +80,7 @@ def call_of(mode: str, a, b, scales, nbytes: int):
     rung = {"splitk": splitk, "swapab": swapab}[name]
     fields = {k: int(v) for k, v in (kv.split("=") for kv in overrides.split(","))}
     cfg = rung.config_for(target_of(a.device).capability, a.shape[1], bool(scales))
-    out = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.bfloat16 if scales else a.dtype)
+    out = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=result_dtype(a))
     flat = None
     if scales:
         kind = "row" if scales["scale_a"].numel() > 1 else "tensor"
@@ -116,7 +109,7 @@ def kernel_times(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> list
             groups[-1] += e.time_range.elapsed_us()
     if len(groups) != reps or not all(groups):
         raise RuntimeError(
-            f"expected {reps} calls between fills, got {len(groups)}: {[e.name for e in kernels[:6]]}"
+            f"expected {reps} calls between flushes, got {len(groups)}: {[e.name for e in kernels[:6]]}"
         )
     return groups
 
@@ -125,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", required=True, help="CSV of M,N,K")
     p.add_argument("--modes", default="torch,swapab,splitk")
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="bf16", choices=DTYPES)
     p.add_argument("--scaling", default="tensor", choices=("tensor", "row"), help="fp8 scales")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--output", required=True)
@@ -134,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     sink = torch.empty(triton.cdiv(flush.numel(), READ_BLOCK), device="cuda")
     rows = []
     for shape in read_csv(args.shapes):
-        a, b, scales = operands(shape.M, shape.N, shape.K, args.dtype, args.scaling)
+        a, b, scales = operands(shape, args.dtype, args.scaling)
         moved = a.numel() * a.element_size() + b.numel() * b.element_size() + shape.M * shape.N * 2
         for mode in ["copy", "read", *args.modes.split(",")]:
             fn, copy_bytes = call_of(mode, a, b, scales, moved)
