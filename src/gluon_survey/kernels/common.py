@@ -257,21 +257,29 @@ def scale_tile(acc, scale_a, scale_b, off_m, off_n, M, N, SCALING: gl.constexpr)
     if SCALING == 1:
         acc = acc * (gl.load(scale_a) * gl.load(scale_b))
     elif SCALING == 2:
-        layout: gl.constexpr = acc.type.layout
-        sa = _load_scales(scale_a, off_m, M, acc.shape[0], gl.SliceLayout(1, layout))
-        sb = _load_scales(scale_b, off_n, N, acc.shape[1], gl.SliceLayout(0, layout))
-        acc = acc * gl.expand_dims(sa, 1) * gl.expand_dims(sb, 0)
+        acc = scale_rows(acc, scale_a, off_m, M)
+        acc = acc * gl.expand_dims(column_scales(scale_b, off_n, N, acc), 0)
     return acc
 
 
 @gluon.jit
-def _load_scales(scales, first, count, SIZE: gl.constexpr, layout: gl.constexpr):
-    """scales[first : first + SIZE] (0 past `count`) in `layout`. Loaded one element per thread
-    and then redistributed: loaded in the accumulator's slice layout directly, every thread would
-    compute a 64-bit address per column it holds, which spills a register-bound epilogue."""
+def scale_rows(acc, scale_a, off_m, M):
+    """acc times its rows' scales scale_a[off_m + row] (0 past M). An MMA accumulator gives a
+    thread few rows (two per 64-row box on Hopper), so they are loaded straight into its layout."""
+    rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    return acc * gl.expand_dims(gl.load(scale_a + rows, mask=rows < M, other=0.0), 1)
+
+
+@gluon.jit
+def column_scales(scale_b, off_n, N, acc):
+    """scale_b[off_n : off_n + acc's width] (0 past N) in the layout of acc's columns. Loaded one
+    element per thread and then redistributed: a thread holds many columns (16 of a 64-wide Hopper
+    slice), and loaded in that layout directly each would cost a 64-bit address, which spills a
+    register-bound epilogue."""
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    index = first + gl.arange(0, SIZE, layout=flat)
-    return gl.convert_layout(gl.load(scales + index, mask=index < count, other=0.0), layout)
+    index = off_n + gl.arange(0, acc.shape[1], layout=flat)
+    scales = gl.load(scale_b + index, mask=index < N, other=0.0)
+    return gl.convert_layout(scales, gl.SliceLayout(0, acc.type.layout))
 
 
 @gluon.jit
@@ -297,47 +305,65 @@ def store_slice(
 
 
 @gluon.jit
-def store_tile_sliced(
+def column_slice(c, J: gl.constexpr, SLICE_N: gl.constexpr):
+    """Columns [J * SLICE_N, (J + 1) * SLICE_N) of c [BM, BN] (BN / SLICE_N a power of two).
+    Halving c along N is a register renaming: no data moves."""
+    WIDTH: gl.constexpr = c.shape[1]
+    HALVES: gl.constexpr = WIDTH // 2 // SLICE_N  # slices per half
+    if WIDTH == SLICE_N:
+        part = c
+    else:
+        left, right = c.reshape([c.shape[0], 2, WIDTH // 2]).permute(0, 2, 1).split()
+        if J < HALVES:
+            part = column_slice(left, J, SLICE_N)
+        else:
+            part = column_slice(right, J - HALVES, SLICE_N)
+    return part
+
+
+@gluon.jit
+def store_boxes_sliced(
     c_desc,
     c_bufs,
-    c,
+    boxes,
     off_m,
     off_n,
     BUFFERS: gl.constexpr,
     BASE: gl.constexpr = 0,
-    FIRST: gl.constexpr = 0,
     scale_a=None,
     scale_b=None,
     SCALING: gl.constexpr = 0,
 ):
-    """Epilogue in column slices: c [BM, BN] leaves as BN / SN slices of [BM, SN] (SN = the C
-    descriptor's block width), slice i through buffer BASE + (FIRST + i) % BUFFERS of `c_bufs`. A
-    buffer is rewritten only once its previous TMA store has read it (`store_wait` leaves the other
-    buffers' stores in flight). Halving c along N is a register renaming, no data moves. fp8
-    scales are applied per slice (`store_slice`)."""
-    BLOCK_M: gl.constexpr = c.shape[0]
-    WIDTH: gl.constexpr = c.shape[1]
+    """Sliced epilogue of a tile held as a tuple of accumulators stacked along M (`boxes`, each
+    [BOX_M, BN]): it leaves in [BOX_M, SN] slices (SN: the C descriptor's block width), slice-major
+    (column slice j of every box, then j + 1), the n-th through buffer BASE + n % BUFFERS of
+    `c_bufs`; a buffer is rewritten only once its previous TMA store has read it (`store_slice`).
+    fp8 scales: each box is multiplied by its row scales once, and a slice's column scales are
+    loaded and redistributed once for all the boxes (`column_scales`: a layout conversion through
+    shared memory, with its barriers, which per box and slice was the row-wise epilogue's cost)."""
+    BOX_M: gl.constexpr = boxes[0].shape[0]
     SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
-    if WIDTH == SLICE_N:
-        buf = c_bufs.index(BASE + FIRST % BUFFERS)
-        store_slice(c_desc, buf, c, off_m, off_n, BUFFERS - 1, scale_a, scale_b, SCALING)
-    else:
-        left, right = c.reshape([BLOCK_M, 2, WIDTH // 2]).permute(0, 2, 1).split()
-        HALF: gl.constexpr = WIDTH // 2
-        store_tile_sliced(c_desc, c_bufs, left, off_m, off_n, BUFFERS, BASE, FIRST, scale_a, scale_b, SCALING)
-        store_tile_sliced(
-            c_desc,
-            c_bufs,
-            right,
-            off_m,
-            off_n + HALF,
-            BUFFERS,
-            BASE,
-            FIRST + HALF // SLICE_N,
-            scale_a,
-            scale_b,
-            SCALING,
-        )
+    SLICES: gl.constexpr = boxes[0].shape[1] // SLICE_N
+    BOXES: gl.constexpr = len(boxes)
+    scaled = ()
+    for i in gl.static_range(BOXES):
+        box = boxes[i]
+        if SCALING == 1:
+            box = box * (gl.load(scale_a) * gl.load(scale_b))
+        elif SCALING == 2:
+            box = scale_rows(box, scale_a, off_m + i * BOX_M, c_desc.shape[0])
+        scaled = scaled + (box,)
+    for j in gl.static_range(SLICES):
+        if SCALING == 2:
+            sb = column_scales(
+                scale_b, off_n + j * SLICE_N, c_desc.shape[1], column_slice(scaled[0], j, SLICE_N)
+            )
+        for i in gl.static_range(BOXES):
+            part = column_slice(scaled[i], j, SLICE_N)
+            if SCALING == 2:
+                part = part * gl.expand_dims(sb, 0)
+            buf = c_bufs.index(BASE + (j * BOXES + i) % BUFFERS)
+            store_slice(c_desc, buf, part, off_m + i * BOX_M, off_n + j * SLICE_N, BUFFERS - 1)
 
 
 # Deferred epilogue (persistent, and warpspec's cooperative design): tile i's C is staged whole in

@@ -47,9 +47,9 @@ from .common import (
     load_partition,
     mbarrier,
     stage_tile,
+    store_boxes_sliced,
     store_staged_rest,
     store_staged_slice,
-    store_tile_sliced,
     tma,
 )
 from .hopper import WGMMA
@@ -235,8 +235,8 @@ def _consumer(
     """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program and multiplies each
     of its A boxes into an accumulator of its own. Two consumers alternate on the tensor cores
     through the `turns` barriers and store C in slices; one alone never waits for a turn and
-    defers its C store into the next tile's K loop. fp8 scales are applied to each C slice as it
-    is stored (`scale_tile`)."""
+    defers its C store into the next tile's K loop. fp8 scales are applied as C is stored
+    (`store_boxes_sliced`, `stage_tile`)."""
     PINGPONG: gl.constexpr = CONSUMERS == 2
     BOX_M: gl.constexpr = s.a_bufs.shape[1]
     BLOCK_N: gl.constexpr = s.b_bufs.shape[1] if B_KMAJOR else s.b_bufs.shape[2]
@@ -244,7 +244,6 @@ def _consumer(
     STAGES: gl.constexpr = s.b_bufs.shape[0]
     BOXES: gl.constexpr = s.a_bufs.shape[0] // STAGES
     EPILOGUE_BUFFERS: gl.constexpr = s.c_bufs.shape[0] // CONSUMERS  # this consumer's: from ME * that
-    SLICES: gl.constexpr = BLOCK_N // c_desc.block_type.shape[1]  # C slices per box
     num_pid_m = gl.cdiv(c_desc.shape[0], BOX_M * BOXES)
     num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
@@ -281,20 +280,18 @@ def _consumer(
         off_m = pid_m * BOXES * BOX_M
         off_n = pid_n * BLOCK_N
         if PINGPONG:
-            for i in gl.static_range(BOXES):
-                store_tile_sliced(
-                    c_desc,
-                    s.c_bufs,
-                    accs[i],
-                    off_m + i * BOX_M,
-                    off_n,
-                    EPILOGUE_BUFFERS,
-                    ME * EPILOGUE_BUFFERS,
-                    i * SLICES,
-                    scale_a,
-                    scale_b,
-                    SCALING,
-                )
+            store_boxes_sliced(
+                c_desc,
+                s.c_bufs,
+                accs,
+                off_m,
+                off_n,
+                EPILOGUE_BUFFERS,
+                ME * EPILOGUE_BUFFERS,
+                scale_a,
+                scale_b,
+                SCALING,
+            )
         else:
             stage_tile(
                 c_desc,
