@@ -11,7 +11,8 @@ median, and two references of as many bytes as the GEMM moves: `copy` (`Tensor.c
 plus written) and `read` (a plain-Triton stream of 16-byte loads that writes one float per
 program): the memory rate at this size.
 
-A mode may carry config overrides for the split rungs, e.g. `swapab@SPLIT_K=4,STAGES=6`.
+A Gluon rung that owns configs may carry overrides of its default config, fields separated by
+colons, e.g. `swapab@SPLIT_K=4:STAGES=6` or `warpspec@STAGES=4:EPILOGUE_BUFFERS=2`.
 
     PYTHONPATH=src python3 scripts/kernel_time.py --shapes results/h100-decode-gputime/shapes.csv \
         --modes torch,swapab,splitk --dtype bf16 --output out/kernel-time.csv
@@ -34,7 +35,7 @@ from gluon_survey import matmul
 from gluon_survey.api import _flat_scales, result_dtype, target_of
 from gluon_survey.driver.check import make_inputs
 from gluon_survey.driver.shapes import read_csv
-from gluon_survey.kernels import splitk, swapab
+from gluon_survey.kernels import splitk, swapab, warpspec
 
 DTYPES = ("fp16", "bf16", "fp8")  # fp8 with --scaling tensor or row
 FLUSH = "l2_flush"
@@ -77,8 +78,8 @@ def call_of(mode: str, a, b, scales, nbytes: int):
     name, _, overrides = mode.partition("@")
     if not overrides:
         return lambda: matmul(a, b, kernel=mode, **scales), None
-    rung = {"splitk": splitk, "swapab": swapab}[name]
-    fields = {k: int(v) for k, v in (kv.split("=") for kv in overrides.split(","))}
+    rung = {"splitk": splitk, "swapab": swapab, "warpspec": warpspec}[name]
+    fields = {k: int(v) for k, v in (kv.split("=") for kv in overrides.split(":"))}
     cfg = rung.config_for(target_of(a.device).capability, a.shape[1], bool(scales))
     out = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=result_dtype(a))
     flat = None

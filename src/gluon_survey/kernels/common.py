@@ -263,11 +263,33 @@ def scale_tile(acc, scale_a, scale_b, off_m, off_n, M, N, SCALING: gl.constexpr)
 
 
 @gluon.jit
+def row_scales(scale_a, off_m, M, SIZE: gl.constexpr, layout: gl.constexpr):
+    """scale_a[off_m : off_m + SIZE] (0 past M) in the row layout of an accumulator of `layout`.
+    An MMA accumulator gives a thread few rows (two per 64-row box on Hopper), so they are loaded
+    straight into it."""
+    rows = off_m + gl.arange(0, SIZE, layout=gl.SliceLayout(1, layout))
+    return gl.load(scale_a + rows, mask=rows < M, other=0.0)
+
+
+@gluon.jit
 def scale_rows(acc, scale_a, off_m, M):
-    """acc times its rows' scales scale_a[off_m + row] (0 past M). An MMA accumulator gives a
-    thread few rows (two per 64-row box on Hopper), so they are loaded straight into its layout."""
-    rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
-    return acc * gl.expand_dims(gl.load(scale_a + rows, mask=rows < M, other=0.0), 1)
+    """acc times its rows' scales scale_a[off_m + row] (`row_scales`)."""
+    layout: gl.constexpr = acc.type.layout
+    return acc * gl.expand_dims(row_scales(scale_a, off_m, M, acc.shape[0], layout), 1)
+
+
+@gluon.jit
+def flat_scales(scales, first, count, SIZE: gl.constexpr):
+    """scales[first : first + SIZE] (0 past `count`), one element per thread."""
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    index = first + gl.arange(0, SIZE, layout=flat)
+    return gl.load(scales + index, mask=index < count, other=0.0)
+
+
+@gluon.jit
+def as_columns(flat, acc):
+    """`flat_scales` redistributed to the layout of acc's columns (through shared memory)."""
+    return gl.convert_layout(flat, gl.SliceLayout(0, acc.type.layout))
 
 
 @gluon.jit
@@ -276,10 +298,7 @@ def column_scales(scale_b, off_n, N, acc):
     element per thread and then redistributed: a thread holds many columns (16 of a 64-wide Hopper
     slice), and loaded in that layout directly each would cost a 64-bit address, which spills a
     register-bound epilogue."""
-    flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    index = off_n + gl.arange(0, acc.shape[1], layout=flat)
-    scales = gl.load(scale_b + index, mask=index < N, other=0.0)
-    return gl.convert_layout(scales, gl.SliceLayout(0, acc.type.layout))
+    return as_columns(flat_scales(scale_b, off_n, N, acc.shape[1]), acc)
 
 
 @gluon.jit
@@ -322,6 +341,39 @@ def column_slice(c, J: gl.constexpr, SLICE_N: gl.constexpr):
 
 
 @gluon.jit
+def boxes_scales(
+    scale_a,
+    scale_b,
+    off_m,
+    off_n,
+    M,
+    N,
+    BOXES: gl.constexpr,
+    BOX_M: gl.constexpr,
+    SLICES: gl.constexpr,
+    SLICE_N: gl.constexpr,
+    layout: gl.constexpr,
+    SCALING: gl.constexpr,
+):
+    """The fp8 scales of a tile of BOXES accumulators [BOX_M, SLICES * SLICE_N] in `layout`, for
+    `store_boxes_sliced`: loaded before the tile's K loop, so their latency is spent there, not in
+    the epilogue. (product, rows, columns): SCALING 1 the product of the per-tensor scales; 2 each
+    box's row scales in the accumulator's row layout and each column slice's one element per
+    thread (8 registers a thread in all for a ping-pong tile); 0 nothing."""
+    product = 1.0
+    rows = ()
+    columns = ()
+    if SCALING == 1:
+        product = gl.load(scale_a) * gl.load(scale_b)
+    elif SCALING == 2:
+        for i in gl.static_range(BOXES):
+            rows = rows + (row_scales(scale_a, off_m + i * BOX_M, M, BOX_M, layout),)
+        for j in gl.static_range(SLICES):
+            columns = columns + (flat_scales(scale_b, off_n + j * SLICE_N, N, SLICE_N),)
+    return product, rows, columns
+
+
+@gluon.jit
 def store_boxes_sliced(
     c_desc,
     c_bufs,
@@ -329,39 +381,38 @@ def store_boxes_sliced(
     off_m,
     off_n,
     BUFFERS: gl.constexpr,
-    BASE: gl.constexpr = 0,
-    scale_a=None,
-    scale_b=None,
+    BASE: gl.constexpr,
+    scales,
     SCALING: gl.constexpr = 0,
 ):
     """Sliced epilogue of a tile held as a tuple of accumulators stacked along M (`boxes`, each
     [BOX_M, BN]): it leaves in [BOX_M, SN] slices (SN: the C descriptor's block width), slice-major
     (column slice j of every box, then j + 1), the n-th through buffer BASE + n % BUFFERS of
     `c_bufs`; a buffer is rewritten only once its previous TMA store has read it (`store_slice`).
-    fp8 scales: each box is multiplied by its row scales once, and a slice's column scales are
-    loaded and redistributed once for all the boxes (`column_scales`: a layout conversion through
-    shared memory, with its barriers, which per box and slice was the row-wise epilogue's cost)."""
+    fp8 `scales` (`boxes_scales`): each box is multiplied by its row scales once, and a slice's
+    column scales are redistributed once for all the boxes (`as_columns`: a layout conversion
+    through shared memory, with its barriers, which per box and slice was the row-wise epilogue's
+    main cost: perf-notes entry 24)."""
     BOX_M: gl.constexpr = boxes[0].shape[0]
     SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
     SLICES: gl.constexpr = boxes[0].shape[1] // SLICE_N
     BOXES: gl.constexpr = len(boxes)
+    product, rows, columns = scales
     scaled = ()
     for i in gl.static_range(BOXES):
         box = boxes[i]
         if SCALING == 1:
-            box = box * (gl.load(scale_a) * gl.load(scale_b))
+            box = box * product
         elif SCALING == 2:
-            box = scale_rows(box, scale_a, off_m + i * BOX_M, c_desc.shape[0])
+            box = box * gl.expand_dims(rows[i], 1)
         scaled = scaled + (box,)
     for j in gl.static_range(SLICES):
         if SCALING == 2:
-            sb = column_scales(
-                scale_b, off_n + j * SLICE_N, c_desc.shape[1], column_slice(scaled[0], j, SLICE_N)
-            )
+            sb = gl.expand_dims(as_columns(columns[j], column_slice(scaled[0], j, SLICE_N)), 0)
         for i in gl.static_range(BOXES):
             part = column_slice(scaled[i], j, SLICE_N)
             if SCALING == 2:
-                part = part * gl.expand_dims(sb, 0)
+                part = part * sb
             buf = c_bufs.index(BASE + (j * BOXES + i) % BUFFERS)
             store_slice(c_desc, buf, part, off_m + i * BOX_M, off_n + j * SLICE_N, BUFFERS - 1)
 

@@ -41,6 +41,7 @@ from .common import (
     Ring,
     Rung,
     b_operand,
+    boxes_scales,
     deferred_store_spacing,
     grouped_tile,
     init_barriers,
@@ -52,7 +53,7 @@ from .common import (
     store_staged_slice,
     tma,
 )
-from .hopper import WGMMA
+from .hopper import WGMMA, wgmma_layout
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,8 @@ def _consumer(
     STAGES: gl.constexpr = s.b_bufs.shape[0]
     BOXES: gl.constexpr = s.a_bufs.shape[0] // STAGES
     EPILOGUE_BUFFERS: gl.constexpr = s.c_bufs.shape[0] // CONSUMERS  # this consumer's: from ME * that
+    SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
+    SLICES: gl.constexpr = BLOCK_N // SLICE_N  # C slices per box
     num_pid_m = gl.cdiv(c_desc.shape[0], BOX_M * BOXES)
     num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
@@ -255,7 +258,26 @@ def _consumer(
     prev_m = gl.program_id(0) * 0  # cooperative: where the staged tile goes (none before the first)
     prev_n = prev_m
     for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), CONSUMERS):
+        tile = gl.program_id(0) + t * gl.num_programs(0)
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BOXES * BOX_M
+        off_n = pid_n * BLOCK_N
         if PINGPONG:
+            # The tile's fp8 scales are loaded while this consumer waits for its turn.
+            scales = boxes_scales(
+                scale_a,
+                scale_b,
+                off_m,
+                off_n,
+                c_desc.shape[0],
+                c_desc.shape[1],
+                BOXES,
+                BOX_M,
+                SLICES,
+                SLICE_N,
+                wgmma_layout(BOX_M, BLOCK_N, gl.num_warps(), s.a_bufs.dtype.primitive_bitwidth),
+                SCALING,
+            )
             # Consumer 0 goes first (a fresh barrier passes the parity-1 wait), then they alternate.
             n = t // CONSUMERS  # tiles this consumer has done before this one
             mbarrier.wait(my_turn, (n & 1) ^ (1 - ME))
@@ -274,11 +296,6 @@ def _consumer(
             mbarrier.arrive(their_turn)  # this tile's MMAs are all issued: the other consumer may go
         accs, mmas = _boxes_take(mmas)
         mbarrier.arrive(s.empty.index(ring.previous_slot()))
-
-        tile = gl.program_id(0) + t * gl.num_programs(0)
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BOXES * BOX_M
-        off_n = pid_n * BLOCK_N
         if PINGPONG:
             store_boxes_sliced(
                 c_desc,
@@ -288,8 +305,7 @@ def _consumer(
                 off_n,
                 EPILOGUE_BUFFERS,
                 ME * EPILOGUE_BUFFERS,
-                scale_a,
-                scale_b,
+                scales,
                 SCALING,
             )
         else:
