@@ -11,8 +11,9 @@ median, and two references of as many bytes as the GEMM moves: `copy` (`Tensor.c
 plus written) and `read` (a plain-Triton stream of 16-byte loads that writes one float per
 program): the memory rate at this size.
 
-A Gluon rung that owns configs may carry overrides of its default config, fields separated by
-colons, e.g. `swapab@SPLIT_K=4:STAGES=6` or `warpspec@STAGES=4:EPILOGUE_BUFFERS=2`.
+A Gluon rung may carry overrides of its default config (integer fields, separated by colons),
+e.g. `swapab@SPLIT_K=4:STAGES=6` or `warpspec@STAGES=4:EPILOGUE_BUFFERS=2`; the registry picks
+the rung's module for this GPU.
 
     PYTHONPATH=src python3 scripts/kernel_time.py --shapes results/h100-decode-gputime/shapes.csv \
         --modes torch,swapab,splitk --dtype bf16 --output out/kernel-time.csv
@@ -31,11 +32,10 @@ import triton
 import triton.language as tl
 from torch.autograd import DeviceType
 
-from gluon_survey import matmul
+from gluon_survey import matmul, registry
 from gluon_survey.api import _flat_scales, result_dtype, target_of
 from gluon_survey.driver.check import make_inputs
 from gluon_survey.driver.shapes import read_csv
-from gluon_survey.kernels import splitk, swapab, warpspec
 
 DTYPES = ("fp16", "bf16", "fp8")  # fp8 with --scaling tensor or row
 FLUSH = "l2_flush"
@@ -78,15 +78,16 @@ def call_of(mode: str, a, b, scales, nbytes: int):
     name, _, overrides = mode.partition("@")
     if not overrides:
         return lambda: matmul(a, b, kernel=mode, **scales), None
-    rung = {"splitk": splitk, "swapab": swapab, "warpspec": warpspec}[name]
+    target = target_of(a.device)
+    rung = registry.get(name).provider(target.capability)  # this GPU's module of the rung
     fields = {k: int(v) for k, v in (kv.split("=") for kv in overrides.split(":"))}
-    cfg = rung.config_for(target_of(a.device).capability, a.shape[1], bool(scales))
+    cfg = rung.config_for(target.capability, a.shape[1], bool(scales))
     out = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=result_dtype(a))
     flat = None
     if scales:
         kind = "row" if scales["scale_a"].numel() > 1 else "tensor"
         flat = _flat_scales(scales["scale_a"], scales["scale_b"], kind)
-    return rung.prepare(a, b, out, target_of(a.device), replace(cfg, **fields), flat).fn, None
+    return rung.prepare(a, b, out, target, replace(cfg, **fields), flat).fn, None
 
 
 def kernel_times(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> list[float]:
