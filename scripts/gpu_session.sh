@@ -9,6 +9,9 @@
 #     memcpy    rung 0, the copy ladder, fp16 and bf16          -> memcpy-<dtype>.json/.md
 #     overhead  host cost per call                              -> overhead.json/.txt
 #     kernel    kernel-only GPU time from CUPTI (scripts/kernel_time.py KERNEL_ARGS) -> kernel-time.csv
+#     decode    kernel-only GPU time at M <= 64 (the decode shapes), per DECODE_DTYPES (fp16, bf16,
+#               fp8-tensor, fp8-row; default bf16,fp8-tensor), modes DECODE_MODES (default torch,
+#               swapab,slab and slab's 16- and 64-row slabs)           -> decode-<dtype>.csv
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
 #   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
@@ -43,6 +46,14 @@ fi
 if step kernel; then
   python3 scripts/kernel_time.py ${KERNEL_ARGS:---shapes results/h100-decode-gputime/shapes.csv} \
     --output "$OUT/kernel-time.csv" 2>&1 | tee "$OUT/kernel-time.log" | tail -4
+fi
+if step decode; then
+  for d in ${DECODE_DTYPES:-bf16,fp8-tensor}; do
+    case $d in fp8-*) dt=(--dtype fp8 --scaling "${d#fp8-}") ;; *) dt=(--dtype "$d") ;; esac
+    python3 scripts/kernel_time.py --shapes ${DECODE_SHAPES:-results/h100-decode-gputime/shapes.csv} \
+      --modes "${DECODE_MODES:-torch,swapab,slab,slab@BLOCK_N=16:num_warps=1,slab@BLOCK_N=64:num_warps=4}" \
+      "${dt[@]}" --output "$OUT/decode-$d.csv" 2>&1 | tee "$OUT/decode-$d.log" | tail -3
+  done
 fi
 if step tune; then
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gluon_survey import api, auto, choice
 from gluon_survey.driver import tune
-from gluon_survey.kernels import splitk, swapab, warpspec
+from gluon_survey.kernels import slab, splitk, swapab, warpspec
 from gluon_survey.launch import Target
 from recording import Recorder
 
@@ -116,6 +116,9 @@ def test_tune_narrows_candidates_by_m():
     assert tune.candidates_for("splitk", 1024, (9, 0)) == {}
     assert set(tune.candidates_for("warpspec", 16, (9, 0))) == set(warpspec.candidates((9, 0)))
     assert tune.candidates_for("torch", 16, (9, 0)) == {"cuBLAS": None}
+    assert set(tune.candidates_for("slab", 64, (9, 0))) == set(slab.candidates((9, 0)))
+    assert tune.candidates_for("slab", 65, (9, 0)) == {}
+    assert "slab" in tune.MODES
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")

@@ -3,9 +3,11 @@ through `make test`, 3.9.0), and their machine code is fp8: wgmma with e4m3 oper
 Hopper, tcgen05's f8f6f4 kind (UTCQMMA) on Blackwell, and no 16-bit MMA left; no spills with the
 row-wise scales' epilogue (the one that loads the most); the shared memory of the fp8 config (the
 same bytes per stage as 16-bit, K twice as deep, C in bf16), plus the mbarriers and the scratch
-that redistributes the loaded scales. The small-M rungs (splitk, swapab) too: their fp8 launch
-passes the scales after the descriptors and the fp32 split-K workspace after them, and their
-providers refuse a row-major B and a config of the other kind themselves."""
+that redistributes the loaded scales. The small-M rungs (splitk, swapab, slab) too: their fp8
+launch passes the scales after the descriptors (splitk and swapab: the fp32 split-K workspace
+after them), and their providers refuse a row-major B and a config of the other kind themselves.
+(slab's fp8 MMA is mma.sync on operands widened to fp16: its machine code is
+tests/test_slab_compile.py's.)"""
 
 from __future__ import annotations
 
@@ -16,7 +18,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from gluon_survey import api, registry
-from gluon_survey.kernels import common, persistent, pipelined, splitk, swapab, warpspec, warpspec_tcgen05
+from gluon_survey.kernels import (
+    common,
+    persistent,
+    pipelined,
+    slab,
+    splitk,
+    swapab,
+    warpspec,
+    warpspec_tcgen05,
+)
 from gluon_survey.launch import Scales, Target
 from kernel_reports import compiled_report, specs
 from recording import Launched, Recorder
@@ -31,12 +42,13 @@ SPECS = [
     pytest.param(mode, arch, i, id=f"{arch}-{spec.kernel.replace(' ', '-')}")
     for arch in MMA
     for mode in FP8_RUNGS
+    if mode != "slab"  # mma.sync with fp8 widened to fp16: tests/test_slab_compile.py
     for i, spec in enumerate(specs(mode, arch, FP8))
 ]
 
 
 def test_the_fp8_rungs_are_the_ladder():
-    assert FP8_RUNGS == ["Pipelined", "persistent", "warpspec", "splitk", "swapab"]
+    assert FP8_RUNGS == ["Pipelined", "persistent", "warpspec", "splitk", "swapab", "slab"]
     for arch in MMA:
         for mode in FP8_RUNGS:
             labels = [s.kernel for s in specs(mode, arch, FP8)]
@@ -77,9 +89,10 @@ def test_fp8_configs_keep_the_16_bit_stage_bytes():
         *(
             pair
             for major in (9, 10)
+            for module in (swapab, slab)
             for pair in zip(
-                swapab.candidates((major, 0)).values(),
-                swapab.candidates((major, 0), fp8=True).values(),
+                module.candidates((major, 0)).values(),
+                module.candidates((major, 0), fp8=True).values(),
                 strict=True,
             )
         ),
@@ -100,11 +113,13 @@ def test_a_16_bit_config_refuses_scales_and_an_fp8_config_needs_them():
         rung.launch(None, None, None, Target((9, 0), 132), pipelined.FP8_CONFIGS[9])
 
 
-SPLIT_K_PROVIDERS = pytest.mark.parametrize("provider", [splitk, swapab], ids=["splitk", "swapab"])
+SMALL_M_PROVIDERS = pytest.mark.parametrize(
+    "provider", [splitk, swapab, slab], ids=["splitk", "swapab", "slab"]
+)
 
 
-@SPLIT_K_PROVIDERS
-def test_split_k_providers_refuse_a_config_of_the_other_kind(provider):
+@SMALL_M_PROVIDERS
+def test_small_m_providers_refuse_a_config_of_the_other_kind(provider):
     with FakeTensorMode(allow_non_fake_inputs=True):
         a, b, sa, sb = _fp8_operands(16, 512, 1024, "tensor")
         out = torch.empty(16, 512, dtype=torch.bfloat16, device="cuda")
@@ -115,8 +130,8 @@ def test_split_k_providers_refuse_a_config_of_the_other_kind(provider):
             provider.prepare(a, b, out, target, provider.FP8_CONFIGS[9])
 
 
-@SPLIT_K_PROVIDERS
-def test_split_k_providers_refuse_a_row_major_fp8_b(provider):
+@SMALL_M_PROVIDERS
+def test_small_m_providers_refuse_a_row_major_fp8_b(provider):
     """fp8 MMAs read both operands K-major: the provider says so itself (as `api` does first)."""
     with FakeTensorMode(allow_non_fake_inputs=True):
         a, _, sa, sb = _fp8_operands(16, 512, 1024, "tensor")
@@ -127,8 +142,8 @@ def test_split_k_providers_refuse_a_row_major_fp8_b(provider):
 
 
 @pytest.mark.parametrize("major", [9, 10])
-@SPLIT_K_PROVIDERS
-def test_split_k_fp8_configs_are_what_the_provider_picks(provider, major):
+@SMALL_M_PROVIDERS
+def test_small_m_fp8_configs_are_what_the_provider_picks(provider, major):
     fp8 = provider.config_for((major, 0), 4096, fp8=True)
     assert fp8 is provider.FP8_CONFIGS[major] and fp8.ELEM_BYTES == 1 and "fp8" in fp8.label
     assert fp8.label in provider.candidates((major, 0), fp8=True)
@@ -148,6 +163,7 @@ def fake_hopper(monkeypatch):
         (pipelined, "pipelined_kernel"),
         (persistent, "persistent_kernel"),
         (warpspec, "warpspec_kernel"),
+        (slab, "slab_kernel"),
     ):
         monkeypatch.setattr(module, "RUNG", dataclasses.replace(module.RUNG, kernel=Recorder(name, log)))
     monkeypatch.setattr(splitk, "splitk_kernel", Recorder("splitk_kernel", log))
@@ -184,7 +200,7 @@ def test_an_fp8_launch_passes_its_scales_and_the_fp8_config(fake_hopper, mode, s
     assert (scale_a.numel(), scale_b.numel()) == ((1, 1) if scaling == "tensor" else (300, 520))
     assert a_desc.block_shape[1] == 128 and b_desc.block_shape[1] == 128  # K steps of 128 fp8 bytes
     assert c_desc.base.dtype == torch.bfloat16
-    assert launched.kwargs["W_KMAJOR" if mode == "swapab" else "B_KMAJOR"] is True
+    assert launched.kwargs["W_KMAJOR" if mode in ("swapab", "slab") else "B_KMAJOR"] is True
     if mode in ("splitk", "swapab"):  # the split-K workspace follows the scales, fp32 as for 16-bit
         partials, counters = workspace
         assert partials.dtype == torch.float32 and counters.dtype == torch.int32
@@ -193,7 +209,7 @@ def test_an_fp8_launch_passes_its_scales_and_the_fp8_config(fake_hopper, mode, s
     assert api.prepare(mode, a, b, scale_a=sa, scale_b=sb).config["BLOCK_K"] == 128  # the fp8 config
 
 
-@pytest.mark.parametrize("mode", ["warpspec", "splitk", "swapab"])
+@pytest.mark.parametrize("mode", ["warpspec", "splitk", "swapab", "slab"])
 def test_fp16_launches_pass_no_scales(fake_hopper, mode):
     a = torch.empty(300, 1024, dtype=torch.float16, device="cuda")
     b = torch.empty(520, 1024, dtype=torch.float16, device="cuda").t()

@@ -13,7 +13,7 @@ import torch
 
 from gluon_survey import api, registry
 from gluon_survey.driver.check import rel_error
-from gluon_survey.kernels import splitk, swapab
+from gluon_survey.kernels import slab, splitk, swapab
 from gluon_survey.launch import Scales
 
 pytestmark = pytest.mark.gpu
@@ -174,6 +174,23 @@ def test_fp8_forced_splits_scale_the_sum_and_reset_their_counters(module, split,
         sa.copy_(new_sa * (i + 1))
         out.fill_(float("nan"))
         launch.fn()
+        torch.cuda.synchronize()
+        assert_close(out, a, b, sa, sb)
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+@pytest.mark.parametrize("rows", slab.SLABS)
+def test_fp8_slabs_scale_every_token_tile(rows, scaling):
+    """Each slab height at each token tile (M = 1, 9, 17, 63, 65), a ragged N, K steps of 128 with
+    a tail: the operands widened to fp16 for mma.sync, the scales applied once to C's tile."""
+    cfg = dataclasses.replace(
+        slab.FP8_CONFIGS[torch.cuda.get_device_capability()[0]], BLOCK_N=rows, num_warps=rows // 16
+    )
+    for M in (1, 9, 17, 63, 65):
+        a, b, sa, sb = fp8_inputs(M, 1000, 128 * 9 + 48, scaling, seed=M + rows)
+        out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")
+        scales = Scales(sa.view(-1), sb.view(-1), scaling)
+        slab.prepare(a, b, out, api.target_of(a.device), cfg, scales=scales).fn()
         torch.cuda.synchronize()
         assert_close(out, a, b, sa, sb)
 

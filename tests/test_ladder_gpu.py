@@ -11,7 +11,7 @@ import torch
 from bad_inputs import BAD_INPUTS
 from gluon_survey import api, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
-from gluon_survey.kernels import persistent, splitk, swapab, warpspec
+from gluon_survey.kernels import persistent, slab, splitk, swapab, warpspec
 
 pytestmark = pytest.mark.gpu
 
@@ -173,7 +173,7 @@ SMALL_M = [(1, 1000, 4104), (7, 520, 9000), (63, 3000, 520), (65, 264, 12296), (
 @pytest.mark.parametrize("b_layout", ["row", "t"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", SMALL_M, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("mode", ["splitk", "swapab", "auto"])
+@pytest.mark.parametrize("mode", ["splitk", "swapab", "slab", "auto"])
 def test_small_m_modes_match_reference(mode, shape, dtype, b_layout):
     a, b = _inputs(*shape, dtype, b_layout, seed=hash((mode, shape)) % 1000)
     out = torch.full(shape[:2], float("nan"), dtype=dtype, device="cuda")
@@ -199,6 +199,26 @@ def test_forced_splits_sum_every_slice_and_reset_their_counters(module, split):
         launch.fn()
         torch.cuda.synchronize()
         _assert_close_to_reference(out, a, b)
+
+
+@pytest.mark.parametrize("b_layout", ["row", "t"])
+@pytest.mark.parametrize("rows", slab.SLABS)
+def test_every_slab_and_token_tile_matches_reference(rows, b_layout):
+    """Each slab height `tune` may pick, at each token tile (M = 1, 9, 17, 63: tiles of 8, 16, 32
+    and 64 tokens; 65: two 64-token tiles), a ragged N (the last slab partly past it) and a K tail;
+    the same launch again on fresh tokens gives the new answer."""
+    cfg = dataclasses.replace(slab.CONFIGS[9], BLOCK_N=rows, num_warps=rows // 16)
+    for M in (1, 9, 17, 63, 65):
+        a, b = _inputs(M, 1000, 2056, torch.bfloat16, b_layout, seed=M + rows)
+        out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")
+        launch = slab.prepare(a, b, out, api.target_of(a.device), cfg)
+        assert launch.config["BLOCK_M"] == slab.tokens_for(M) and launch.config["BLOCK_N"] == rows
+        for _ in range(2):
+            launch.fn()
+            torch.cuda.synchronize()
+            _assert_close_to_reference(out, a, b)
+            a.copy_(torch.randn_like(a))
+            out.fill_(float("nan"))
 
 
 def test_auto_says_what_it_chose():

@@ -114,6 +114,15 @@ MODES: tuple[Mode, ...] = (
         fp8=True,
     ),
     Mode(
+        "slab",
+        "swapab without split-K: mma.sync's 16-row MMA cuts the weight into slabs that fill the GPU, "
+        "each summed over its whole K by one program (decode, narrow weights)",
+        "gluon",
+        ("sm_90", "sm_100"),
+        "gluon_survey.kernels.slab",
+        fp8=True,
+    ),
+    Mode(
         "auto",
         "what matmul(kernel=None) runs: per shape, the mode the committed table measured fastest, "
         "or the documented rule",

@@ -35,7 +35,7 @@ from gluon_survey.driver.settings import DEFAULTS
 from gluon_survey.launch import B_LAYOUTS
 
 PROG = "gluon-survey tune"
-MODES = ("swapab", "splitk", "persistent", "warpspec", "torch")
+MODES = ("slab", "swapab", "splitk", "persistent", "warpspec", "torch")
 # A Gluon candidate is chosen over cuBLAS only when it is this much faster: tune's short timing
 # ranks near-ties by noise (a 1.00x tie picked at 16x4096x4096 fp16 measured 0.85x in the survey's
 # paired run: perf-notes entry 20).
@@ -63,6 +63,8 @@ def candidates_for(mode: str, M: int, capability: tuple[int, int]) -> dict[str, 
             k: c for k, c in _provider(mode, capability).candidates(capability).items() if width == c.BLOCK_N
         }
     if mode == "splitk" and M > 512:
+        return {}
+    if mode == "slab" and M > 64:  # beyond one 64-token tile every tile streams the weight again
         return {}
     return dict(_provider(mode, capability).candidates(capability))
 

@@ -707,6 +707,7 @@ class Rung:
     # The same for fp8 operands (ELEM_BYTES 1), for a rung that takes scales (`scaled`).
     fp8_configs: Mapping[int, GemmConfig] = field(default_factory=dict)
     scaled: bool = False
+    desc_args: tuple[str, str, str] = DESC_ARGS  # the kernel's names of the A, B and C descriptors
 
     def configs_of(self, fp8: bool) -> Mapping[int, GemmConfig]:
         return self.fp8_configs if fp8 else self.configs
@@ -767,7 +768,7 @@ class Rung:
                 dtypes = (dtype, dtype, FP8_OUT if fp8 else dtype)
                 signature = {
                     arg: desc_signature(block, dt)
-                    for arg, block, dt in zip(DESC_ARGS, blocks, dtypes, strict=True)
+                    for arg, block, dt in zip(self.desc_args, blocks, dtypes, strict=True)
                 }
                 if self.scaled:
                     signature |= {"scale_a": "*fp32", "scale_b": "*fp32"} if fp8 else {}
