@@ -48,7 +48,8 @@ if step kernel; then
     --output "$OUT/kernel-time.csv" 2>&1 | tee "$OUT/kernel-time.log" | tail -4
 fi
 if step decode; then
-  for d in ${DECODE_DTYPES:-bf16,fp8-tensor}; do
+  decode_dtypes=${DECODE_DTYPES:-bf16,fp8-tensor}
+  for d in ${decode_dtypes//,/ }; do
     case $d in fp8-*) dt=(--dtype fp8 --scaling "${d#fp8-}") ;; *) dt=(--dtype "$d") ;; esac
     python3 scripts/kernel_time.py --shapes ${DECODE_SHAPES:-results/h100-decode-gputime/shapes.csv} \
       --modes "${DECODE_MODES:-torch,swapab,slab,slab@BLOCK_N=16:num_warps=1,slab@BLOCK_N=64:num_warps=4}" \

@@ -69,7 +69,7 @@ def test_every_tune_candidate_compiles_without_spills(dtype):
 
 
 def test_ring_depth_follows_the_grids_residency():
-    cfg = dataclasses.replace(slab.CONFIGS[9], BLOCK_M=16)  # 16 tokens, 32 weight rows, K steps of 64
+    cfg = dataclasses.replace(slab.CONFIGS[9], BLOCK_M=16, BLOCK_K=64)  # 16 tokens, 32 weight rows
     assert cfg.stage_bytes() == (16 + 32) * 64 * 2
     assert slab.stages_for(cfg, programs=128, sm_count=132) == slab.MAX_STAGES  # one per SM
     assert slab.stages_for(cfg, programs=192, sm_count=132) == slab.MAX_STAGES  # two: 113 KB each
@@ -87,7 +87,7 @@ def test_configs_refuse_what_the_kernel_cannot_be():
         dataclasses.replace(slab.CONFIGS[9], BLOCK_N=48)
     with pytest.raises(ValueError, match="BLOCK_M \\(tokens\\) is one of"):
         dataclasses.replace(slab.CONFIGS[9], BLOCK_M=24)
-    assert slab.CONFIGS[9].BLOCK_M == 0 and slab.CONFIGS[9].label.startswith("TautoxW32x64")
+    assert slab.CONFIGS[9].BLOCK_M == 0 and slab.CONFIGS[9].label.startswith("TautoxW32x256")
     with pytest.raises(ValueError, match="no ring depth yet"):
         slab.constexprs(slab.CONFIGS[9], (9, 0), "t")
     assert slab.unsupported_reason((12, 0)) is not None and slab.compile_specs((12, 0)) == []
@@ -95,11 +95,12 @@ def test_configs_refuse_what_the_kernel_cannot_be():
 
 def test_candidates_are_every_slab_with_the_token_tile_chosen_per_m():
     cands = slab.candidates((9, 0))
-    assert {(c.BLOCK_M, c.BLOCK_N, c.num_warps) for c in cands.values()} == {
-        (0, w, w // 16) for w in slab.SLABS
+    assert {(c.BLOCK_M, c.BLOCK_N, c.num_warps, c.BLOCK_K) for c in cands.values()} == {
+        *((0, w, w // 16, 256) for w in slab.SLABS),
+        (0, 32, 2, 128),
     }
     assert slab.config_for((9, 0), 4096).label in cands
-    assert all(c.ELEM_BYTES == 1 and c.BLOCK_K == 128 for c in slab.candidates((9, 0), fp8=True).values())
+    assert all(c.ELEM_BYTES == 1 for c in slab.candidates((9, 0), fp8=True).values())
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def test_a_launch_takes_the_token_tile_that_holds_m_and_one_program_per_tile(fak
     assert launched.grid == (programs,) and launch.config["grid"] == programs
     assert launch.config["BLOCK_M"] == tokens and launch.config["BLOCK_N"] == 32
     x_desc, w_desc, c_desc = launched.descriptors
-    assert list(x_desc.block_shape) == [tokens, 64] and list(w_desc.block_shape) == [32, 64]
+    assert list(x_desc.block_shape) == [tokens, 256] and list(w_desc.block_shape) == [32, 256]
     assert list(c_desc.block_shape) == [tokens, 32]
     assert launched.kwargs["W_KMAJOR"] is True
     cfg = dataclasses.replace(slab.CONFIGS[9], BLOCK_M=tokens)
@@ -140,4 +141,4 @@ def test_a_row_major_b_is_read_through_transposed_boxes(fake_hopper):
     b = torch.empty(1024, 520, dtype=torch.float16, device="cuda")
     api.matmul(a, b, kernel="slab")
     (launched,) = fake_hopper
-    assert list(launched.descriptors[1].block_shape) == [64, 32] and launched.kwargs["W_KMAJOR"] is False
+    assert list(launched.descriptors[1].block_shape) == [256, 32] and launched.kwargs["W_KMAJOR"] is False

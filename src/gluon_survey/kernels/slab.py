@@ -83,7 +83,7 @@ class SlabConfig(GemmConfig):
 
     BLOCK_M: int = 0
     BLOCK_N: int = 32
-    BLOCK_K: int = 64
+    BLOCK_K: int = 256
     STAGES: int = 0
     num_warps: int = 2
     GROUP_M: int = 1
@@ -115,9 +115,13 @@ class SlabConfig(GemmConfig):
         return (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K * self.ELEM_BYTES
 
 
+# 32-row slabs, K steps of 256 (512 bytes of each weight row a stage, four 128-byte TMA boxes):
+# measured kernel-only against 64 and 128 at M <= 16, 256 was 2-8 % faster than 64 on most of
+# the llm weights (results/h100-slab, docs/perf-notes.md entry 25).
 CONFIGS = {major: SlabConfig() for major in (9, 10)}
-# fp8: 128-wide K steps, the same bytes a stage.
-FP8_CONFIGS = {major: replace(cfg, BLOCK_K=128, ELEM_BYTES=1) for major, cfg in CONFIGS.items()}
+# fp8: the same 256-wide K steps (256 bytes of a row a stage): the best of 128, 256 and 512 on the
+# 4096-wide weights.
+FP8_CONFIGS = {major: replace(cfg, ELEM_BYTES=1) for major, cfg in CONFIGS.items()}
 
 
 @gluon.constexpr_function
@@ -231,9 +235,11 @@ def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> SlabCo
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, SlabConfig]:
     """The configs `gluon-survey tune` may pick, by label: every slab height of SLABS, the token
-    tile chosen per M."""
+    tile chosen per M; and the default slab with K steps half as wide (at 64 tokens a stage of
+    256 holds 48 KB and the ring is short: 128 was the faster there)."""
     base = config_for(capability, 0, fp8)
-    tiles = (replace(base, BLOCK_N=w, num_warps=w // ROWS_PER_WARP) for w in SLABS)
+    tiles = [replace(base, BLOCK_N=w, num_warps=w // ROWS_PER_WARP) for w in SLABS]
+    tiles.append(replace(base, BLOCK_K=base.BLOCK_K // 2))
     return {c.label: c for c in tiles}
 
 
