@@ -53,12 +53,14 @@ def test_slab_machine_code(arch, dtype, index):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", FP8])
 def test_every_tune_candidate_compiles_without_spills(dtype):
-    """The slabs `tune` tries (16, 32 and 64 rows by every token width), with the deepest ring a
-    launch gives them, B=t (the layout of nn.Linear), sm_90a."""
+    """The slabs `tune` tries (16, 32 and 64 rows by every token width), with every ring a launch
+    can give them (the powers of two up to the deepest), B=t (the layout of nn.Linear), sm_90a."""
     configs = [
-        dataclasses.replace(c, BLOCK_M=t, STAGES=slab.stages_for(dataclasses.replace(c, BLOCK_M=t), 1, 1))
+        dataclasses.replace(c, BLOCK_M=t, STAGES=stages)
         for c in slab.candidates((9, 0), dtype == FP8).values()
         for t in slab.TOKENS
+        for stages in (2, 4, 8, 16)
+        if stages <= slab.stages_for(dataclasses.replace(c, BLOCK_M=t), 1, 1)
     ]
     for spec in slab.RUNG.compile_specs((9, 0), dtype, configs):
         if not spec.kernel.endswith(("B=t", "scales=row")):
@@ -73,13 +75,15 @@ def test_ring_depth_follows_the_grids_residency():
     assert cfg.stage_bytes() == (16 + 32) * 64 * 2
     assert slab.stages_for(cfg, programs=128, sm_count=132) == slab.MAX_STAGES  # one per SM
     assert slab.stages_for(cfg, programs=192, sm_count=132) == slab.MAX_STAGES  # two: 113 KB each
-    assert slab.stages_for(cfg, programs=132 * 5, sm_count=132) == (common.SMEM_PER_SM // 5 - 1024) // 6144
+    assert (common.SMEM_PER_SM // 5 - 1024) // 6144 == 7  # five per SM: 7 stages fit, 4 taken
+    assert slab.stages_for(cfg, programs=132 * 5, sm_count=132) == 4
     assert slab.stages_for(cfg, programs=132 * 100, sm_count=132) == 2  # never fewer
     for programs in (1, 128, 256, 384, 640, 1792, 3584):
         stages = slab.stages_for(cfg, programs, 132)
         resident = min(slab.MAX_RESIDENT, -(-programs // 132))
         assert dataclasses.replace(cfg, STAGES=stages).smem_bytes() <= common.SMEM_LIMIT
         assert stages == 2 or resident * (stages * cfg.stage_bytes() + 1024) <= common.SMEM_PER_SM
+        assert stages & (stages - 1) == 0  # a power of two
 
 
 def test_configs_refuse_what_the_kernel_cannot_be():
