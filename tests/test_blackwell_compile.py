@@ -33,6 +33,7 @@ from gluon_survey.kernels import (
     hopper,
     persistent,
     pipelined,
+    slab,
     splitk,
     swapab,
     warpspec,
@@ -138,7 +139,7 @@ def sm100(monkeypatch) -> list[Launched]:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (10, 0))
     monkeypatch.setattr(api, "target_of", lambda device: Target((10, 0), SM_COUNT))
     log: list[Launched] = []
-    for module in (blocked, pipelined, persistent, warpspec, warpspec_tcgen05):
+    for module in (blocked, pipelined, persistent, warpspec, warpspec_tcgen05, slab):
         rung = module.RUNG
         monkeypatch.setattr(
             module, "RUNG", dataclasses.replace(rung, kernel=Recorder(rung.kernel.__name__, log))
@@ -232,7 +233,8 @@ def test_mma_rung_runs_its_blackwell_config_on_sm100(sm100, rung):
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
 @pytest.mark.parametrize(
-    ("M", "kernel"), [(1024, "warpspec_tcgen05_kernel"), (128, "splitk_kernel"), (16, "swapab_kernel")]
+    ("M", "kernel"),
+    [(1024, "warpspec_tcgen05_kernel"), (128, "splitk_kernel"), (64, "swapab_kernel"), (16, "slab_kernel")],
 )
 def test_default_kernel_on_sm100_follows_the_rule(sm100, M, kernel):
     """No table for this GPU: the documented rule (gluon_survey/choice.py) picks by M."""

@@ -64,14 +64,15 @@ def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
         (16, 4096, 14336, "bf16", "row"),
     ]:
         c = choice.choose(*args, (9, 0), H100)
-        assert c == choice.Choice("swapab", None, c.why) and "has no entry near it" in c.why
-    c = choice.choose(16, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
+        assert c == choice.Choice("slab", None, c.why) and "has no entry near it" in c.why
+    c = choice.choose(32, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
     assert c.mode == "swapab" and "no table for NVIDIA H200" in c.why
 
 
 @pytest.mark.parametrize(
     ("M", "capability", "mode"),
-    [(1, (9, 0), "swapab"), (64, (9, 0), "swapab"), (65, (10, 0), "splitk"), (256, (9, 0), "splitk"),
+    [(1, (9, 0), "slab"), (16, (10, 0), "slab"), (17, (9, 0), "swapab"), (64, (9, 0), "swapab"),
+     (65, (10, 0), "splitk"), (256, (9, 0), "splitk"),
      (257, (9, 0), "warpspec"), (16, (8, 0), "torch"), (16, (12, 0), "torch")],
 )  # fmt: skip
 def test_the_rule(M, capability, mode):

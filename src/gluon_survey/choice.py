@@ -9,9 +9,10 @@ time of every candidate and of cuBLAS. A query matches the entries of the same N
 layout, and takes the one whose M is nearest in log scale, if within a factor of 4: an M bucket
 is the range of M nearer to one measured M than to any other (`explain` prints it).
 
-**The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, M <= 64
-tokens: `swapab` (the tokens become the MMA's narrow N, K split to fill the SMs); M <= 256:
-`splitk`; larger: `warpspec` (its own choice by K). fp8 (dtype "fp8", per-tensor scales, or
+**The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, M <= 16
+tokens: `slab` (mma.sync's 16-row slabs of the weight, no K split); M <= 64: `swapab` (the tokens
+become the MMA's narrow N, K split to fill the SMs); M <= 256: `splitk`; larger: `warpspec` (its
+own choice by K). fp8 (dtype "fp8", per-tensor scales, or
 "fp8-row"): `warpspec` from M = 2049; with row-wise scales and M <= 16, `swapab`; cuBLAS fp8
 otherwise (warpspec lost to it at M = 1024 on the H100, and swap-AB beat its row-wise kernel at
 M <= 16 only).
@@ -37,6 +38,10 @@ FP8_GLUON_FROM_M = 2048
 # (1.03-1.60x; results/h100-kernel-time/decode-fp8row.csv), and lost at M = 64. With 4 stages it
 # had won only on the widest weights (results/h100-fp8-decode). Per-tensor scales: cuBLAS fp8.
 FP8_ROW_SWAPAB_M = 16  # at most
+# fp16/bf16 at M = 1 and 16 over the llm weights, kernel-only: slab took 0.94-0.99x swapab's time
+# on 31 of the 32 pairs, 1.01x on the other (results/h100-slab); at M = 64 it lost to cuBLAS on
+# six of the eight weights.
+SLAB_M = 16  # at most
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ def rule(M: int, capability: tuple[int, int], dtype: str = "fp16") -> Choice:
         return Choice("torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
     if capability[0] not in (9, 10):
         return Choice("torch", None, f"rule: no Gluon rung runs on sm_{capability[0]}{capability[1]}")
+    if M <= SLAB_M:
+        return Choice("slab", None, f"rule: M <= {SLAB_M}, mma.sync's 16-row slabs stream the weight unsplit")
     if M <= 64:
         return Choice("swapab", None, "rule: M <= 64, the tokens fit the MMA's narrow side")
     if M <= 256:

@@ -116,11 +116,12 @@ class SlabConfig(GemmConfig):
 
 
 # 32-row slabs, K steps of 256 (512 bytes of each weight row a stage, four 128-byte TMA boxes):
-# measured kernel-only against 64 and 128 at M <= 16, 256 was 2-8 % faster than 64 on most of
-# the llm weights (results/h100-slab, docs/perf-notes.md entry 25).
+# kernel-only at M <= 16, 2-8 % faster than steps of 128 on the 4096- and 6144-wide weights and
+# within 2 % on the rest (results/h100-slab); steps of 64 ran at cuBLAS's time (docs/perf-notes.md
+# entry 25).
 CONFIGS = {major: SlabConfig() for major in (9, 10)}
-# fp8: the same 256-wide K steps (256 bytes of a row a stage): the best of 128, 256 and 512 on the
-# 4096-wide weights.
+# fp8: the same 256-wide K steps (256 bytes of a row a stage): 0-12 % faster than 128 at M <= 16
+# (results/h100-slab).
 FP8_CONFIGS = {major: replace(cfg, ELEM_BYTES=1) for major, cfg in CONFIGS.items()}
 
 
