@@ -12,10 +12,9 @@ is the range of M nearer to one measured M than to any other (`explain` prints i
 **The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, M <= 16
 tokens: `slab` (mma.sync's 16-row slabs of the weight, no K split); M <= 64: `swapab` (the tokens
 become the MMA's narrow N, K split to fill the SMs); M <= 256: `splitk`; larger: `warpspec` (its
-own choice by K). fp8 (dtype "fp8", per-tensor scales, or
-"fp8-row"): `warpspec` from M = 2049; with row-wise scales and M <= 16, `swapab`; cuBLAS fp8
-otherwise (warpspec lost to it at M = 1024 on the H100, and swap-AB beat its row-wise kernel at
-M <= 16 only).
+own choice by K). fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec` from M = 2049;
+with row-wise scales and M <= 16, `swapab`; cuBLAS fp8 otherwise (warpspec lost to it at M = 1024
+on the H100, and swap-AB beat its row-wise kernel at M <= 16 only).
 Other GPUs: cuBLAS (`torch`).
 """
 
