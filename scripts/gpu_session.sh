@@ -12,6 +12,7 @@
 #     decode    kernel-only GPU time at M <= 64 (the decode shapes), per DECODE_DTYPES (fp16, bf16,
 #               fp8-tensor, fp8-row; default bf16,fp8-tensor), modes DECODE_MODES (default torch,
 #               swapab,slab and slab's 16- and 64-row slabs)           -> decode-<dtype>.csv
+#     probe     where a slab program's time goes (scripts/slab_probe.py)  -> slab-probe*.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
 #   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
@@ -55,6 +56,9 @@ if step decode; then
       --modes "${DECODE_MODES:-torch,swapab,slab,slab@BLOCK_N=16:num_warps=1,slab@BLOCK_N=64:num_warps=4}" \
       "${dt[@]}" --output "$OUT/decode-$d.csv" 2>&1 | tee "$OUT/decode-$d.log" | tail -3
   done
+fi
+if step probe; then
+  python3 scripts/slab_probe.py --output "$OUT/slab-probe.csv" 2>&1 | tee "$OUT/slab-probe.log" | tail -30
 fi
 if step tune; then
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \
