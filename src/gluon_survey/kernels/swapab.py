@@ -143,14 +143,29 @@ def _constexprs(cfg: SwapABConfig, capability: tuple[int, int], layout: str, spl
     }
 
 
+# Whole K, no split: one 64-row tile of the weight per program streams all of K (SPLIT_K 1), so no
+# partial is written or summed, and a 4096-wide weight is 64 programs, each pulling twice an SM's
+# share of HBM (which one SM can: docs/perf-notes.md, entry 26). Per token width: (BLOCK_K, STAGES),
+# the ring one program per SM holds. Kernel-only on the H100 (results/experiments/h100-slab-probe):
+# 13.5-13.6 µs at 1 and 16 x 4096 x 4096 against slab's 14.7 and cuBLAS's 15.3-15.6, and 43.7 µs at
+# 64 x 4096 x 14336 against cuBLAS's 44.5.
+WHOLE_K = {16: (256, 4), 32: (256, 4), 64: (128, 6)}
+
+
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, SwapABConfig]:
-    """The configs `gluon-survey tune` may pick, by label: the tile at each width of TOKENS."""
+    """The configs `gluon-survey tune` may pick, by label: the tile at each width of TOKENS, and the
+    whole-K tile (WHOLE_K) at 16, 32 and 64 tokens."""
     base = config_for(capability, 0, fp8)
     # 128 tokens: a 128x128 fp32 accumulator on 4 warps would spill (inspect), so 8 warps and 3 stages.
-    tiles = (
+    tiles = [
         replace(base, BLOCK_N=t) if t < 128 else replace(base, BLOCK_N=t, STAGES=3, num_warps=8)
         for t in TOKENS
-    )
+    ]
+    scale = 2 if fp8 else 1  # fp8: K steps twice as wide, the same bytes a stage (`fp8_of`)
+    tiles += [
+        replace(base, BLOCK_M=64, BLOCK_N=t, BLOCK_K=k * scale, STAGES=stages, SPLIT_K=1)
+        for t, (k, stages) in WHOLE_K.items()
+    ]
     return {c.label: c for c in tiles}
 
 
