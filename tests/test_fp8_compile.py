@@ -75,7 +75,7 @@ def test_fp8_machine_code(mode, arch, index):
 @pytest.mark.parametrize(("mode", "arch", "index"), SPECS)
 def test_fp8_config_computes_the_shared_memory(mode, arch, index):
     spec, r = compiled_report(mode, arch, FP8, index)
-    assert spec.config.ELEM_BYTES == 1 and spec.config.BLOCK_K == 128
+    assert spec.config.ELEM_BYTES == 1 and spec.config.BLOCK_K % 128 == 0  # 128-byte rows or more
     expected = spec.config.smem_bytes()
     assert 0 <= r.shared_bytes - expected < 1024, (spec.kernel, r.shared_bytes, expected)
     assert r.shared_bytes <= common.SMEM_LIMIT
