@@ -108,10 +108,17 @@ def test_the_committed_tables_name_real_candidates():
 
 
 def test_tune_narrows_candidates_by_m():
-    widths = {
-        M: [c.BLOCK_N for c in tune.candidates_for("swapab", M, (9, 0)).values()] for M in (1, 16, 17, 64)
+    tiles = {
+        M: [(c.BLOCK_N, c.SPLIT_K) for c in tune.candidates_for("swapab", M, (9, 0)).values()]
+        for M in (1, 16, 17, 64)
     }
-    assert widths == {1: [16], 16: [16], 17: [32], 64: [64]}
+    # the split tile (SPLIT_K chosen per shape: 0) and the whole-K one (SPLIT_K 1) of each width
+    assert tiles == {
+        1: [(16, 0), (16, 1)],
+        16: [(16, 0), (16, 1)],
+        17: [(32, 0), (32, 1)],
+        64: [(64, 0), (64, 1)],
+    }
     assert [c.BLOCK_N for c in tune.candidates_for("swapab", 128, (9, 0)).values()] == [128]
     assert tune.candidates_for("swapab", 1024, (9, 0)) == {}
     assert tune.candidates_for("splitk", 1024, (9, 0)) == {}
