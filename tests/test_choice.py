@@ -80,15 +80,26 @@ def test_the_rule(M, capability, mode):
 
 
 @pytest.mark.parametrize(
-    ("M", "N", "dtype", "mode"),
-    [(1, 57344, "fp8-row", "swapab"), (16, 28672, "fp8-row", "swapab"), (17, 28672, "fp8-row", "torch"),
-     (16, 4096, "fp8-row", "swapab"), (1, 57344, "fp8", "torch"), (2048, 8192, "fp8-row", "torch"),
-     (2049, 8192, "fp8", "warpspec"), (2049, 8192, "fp8-row", "warpspec")],
+    ("M", "N", "dtype", "mode", "tokens"),
+    [(1, 57344, "fp8-row", "swapab", 16), (16, 28672, "fp8-row", "swapab", 16),
+     (17, 28672, "fp8-row", "swapab", 32), (64, 4096, "fp8-row", "swapab", 64),
+     (65, 4096, "fp8-row", "torch", None), (1, 57344, "fp8", "swapab", 16), (16, 4096, "fp8", "swapab", 16),
+     (17, 4096, "fp8", "torch", None), (2048, 8192, "fp8-row", "torch", None),
+     (2049, 8192, "fp8", "warpspec", None), (2049, 8192, "fp8-row", "warpspec", None)],
 )  # fmt: skip
-def test_the_fp8_rule(M, N, dtype, mode):
-    assert choice.rule(M, (9, 0), dtype).mode == mode
-    assert choice.choose(M, N, 4096, dtype, "t", (9, 0), "NVIDIA H100 80GB HBM3").mode == mode
+def test_the_fp8_rule(M, N, dtype, mode, tokens):
+    """fp8 has no table: the rule, the same on a GPU with a table; swapab runs its whole-K tile of
+    the narrowest token width that holds M, named by a label its fp8 candidates have."""
+    c = choice.rule(M, (9, 0), dtype)
+    assert c.mode == mode
+    chosen = choice.choose(M, N, 4096, dtype, "t", (9, 0), "NVIDIA H100 80GB HBM3")
+    assert (chosen.mode, chosen.config) == (c.mode, c.config)
     assert choice.rule(M, (8, 0), dtype).mode == "torch"
+    if tokens:
+        cfg = swapab.candidates((9, 0), fp8=True)[c.config]
+        assert (1, tokens, 1) == (cfg.SPLIT_K, cfg.BLOCK_N, cfg.ELEM_BYTES)
+    else:
+        assert c.config is None
 
 
 def test_the_committed_tables_name_real_candidates():

@@ -13,8 +13,9 @@ is the range of M nearer to one measured M than to any other (`explain` prints i
 tokens: `slab` (mma.sync's 16-row slabs of the weight, no K split); M <= 64: `swapab` (the tokens
 become the MMA's narrow N, K split to fill the SMs); M <= 256: `splitk`; larger: `warpspec` (its
 own choice by K). fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec` from M = 2049;
-with row-wise scales and M <= 16, `swapab`; cuBLAS fp8 otherwise (warpspec lost to it at M = 1024
-on the H100, and swap-AB beat its row-wise kernel at M <= 16 only).
+swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise scales at
+M <= 64 and with per-tensor scales at M <= 16; cuBLAS fp8 otherwise (warpspec lost to it at
+M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor scales).
 Other GPUs: cuBLAS (`torch`).
 """
 
@@ -32,11 +33,12 @@ NEAR = 4.0  # an entry answers for M within this factor of its own
 # llm shapes (results/h100-fp8-llm). So the rule keeps cuBLAS fp8 up to this M and runs warpspec
 # above it.
 FP8_GLUON_FROM_M = 2048
-# fp8 at M = 1, 16, 64 over the llm weights: with 8-stage rings (one program per SM) swapab took
-# 0.75-0.97x the kernel time of cuBLAS fp8's row-wise kernel at M <= 16 on all 8 weights
-# (1.03-1.60x; results/h100-kernel-time/decode-fp8row.csv), and lost at M = 64. With 4 stages it
-# had won only on the widest weights (results/h100-fp8-decode). Per-tensor scales: cuBLAS fp8.
-FP8_ROW_SWAPAB_M = 16  # at most
+# fp8 at M = 1, 16, 64 over the llm weights, kernel-only (results/h100-fp8-wholek): swapab's
+# whole-K tile ran 1.00-1.76x cuBLAS fp8's speed with row-wise scales at all 24 shapes (split
+# swapab, the rule before: 1.03-1.60x at M <= 16 only); with per-tensor scales 1.00-1.10x at M <= 16
+# on 14 of the 16 (0.97-0.98x on 10240 x 8192) and 0.93-1.04x at M = 64. Up to these M, the rule
+# runs it.
+FP8_WHOLE_K_M = {"fp8-row": 64, "fp8": 16}  # at most
 # fp16/bf16 at M = 1 and 16 over the llm weights, kernel-only: slab took 0.94-0.99x swapab's time
 # on 31 of the 32 pairs, 1.01x on the other (results/h100-slab); at M = 64 it lost to cuBLAS on
 # six of the eight weights.
@@ -70,12 +72,15 @@ def rule(M: int, capability: tuple[int, int], dtype: str = "fp16") -> Choice:
             return Choice(
                 "warpspec", None, f"rule: fp8 with M > {FP8_GLUON_FROM_M}: the warp-specialized rung"
             )
-        if dtype == "fp8-row" and M <= FP8_ROW_SWAPAB_M:
+        most = FP8_WHOLE_K_M.get(dtype, 0)
+        if most >= M:
+            from .kernels.swapab import whole_k
+
             return Choice(
                 "swapab",
-                None,
-                f"rule: fp8 row-wise, M <= {FP8_ROW_SWAPAB_M}: swap-AB streams the weight faster than "
-                "cuBLAS fp8's row-wise kernel",
+                whole_k(capability, M, fp8=True).label,
+                f"rule: {dtype}, M <= {most}: swap-AB's whole-K tile streams the weight faster than "
+                "cuBLAS fp8",
             )
         return Choice("torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
     if capability[0] not in (9, 10):

@@ -39,6 +39,7 @@ __all__ = [
     "prepare",
     "swapab_kernel",
     "unsupported_reason",
+    "whole_k",
 ]
 
 
@@ -167,6 +168,13 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Swap
         for t, (k, stages) in WHOLE_K.items()
     ]
     return {c.label: c for c in tiles}
+
+
+def whole_k(capability: tuple[int, int], M: int, fp8: bool = False) -> SwapABConfig:
+    """The whole-K candidate (WHOLE_K) whose token tile is the narrowest that holds M (the widest
+    beyond)."""
+    width = next((t for t in sorted(WHOLE_K) if t >= M), max(WHOLE_K))
+    return next(c for c in candidates(capability, fp8).values() if c.SPLIT_K == 1 and width == c.BLOCK_N)
 
 
 def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> SwapABConfig:
