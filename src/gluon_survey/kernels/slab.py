@@ -12,11 +12,13 @@ program streams its slab's whole K through a ring of TMA stages and stores its t
 its own registers. No partials, no counters, nothing read back: the kernel's fixed cost is a
 read's (the ring's first fill) plus one small store.
 
-What it gives up is tensor-core rate, which these shapes do not need: at 16 tokens the MMA work
-of a 4096 x 4096 weight is 0.5 GFLOP, a few percent of what mma.sync does in the 11 µs the bytes
-take; at 64 tokens 2.1 GFLOP. Every program loads the tokens' [BLOCK_T, BLOCK_K] tile of each K
-step from L2 (the weight's 16-row slabs share it there), so a wider slab (more warps) reads the
-tokens fewer times; `tune` tries 16-, 32- and 64-row slabs.
+What it gives up is tensor-core rate. The MMA work is small (at 16 tokens 0.5 GFLOP on a
+4096 x 4096 weight, 2.1 at 64), but a warp issues it as a chain of operand loads and mma.sync
+instructions that is only ~1.4x as fast as one SM's share of HBM at 8 tokens, so the warps, not the
+bytes, set slab's pace (docs/perf-notes.md, entry 26); swapab's whole-K tile, whose wgmma runs
+asynchronously from shared memory, streams the 4096-wide weights faster. Every program loads the
+tokens' [BLOCK_T, BLOCK_K] tile of each K step from L2 (the weight's 16-row slabs share it there),
+so a wider slab (more warps) reads the tokens fewer times; `tune` tries 16-, 32- and 64-row slabs.
 
 The ring is as deep as the resident programs' shared memory allows (`stages_for`): the grid is
 sized so that every program is resident at once (one wave, the busiest SM with one program more
@@ -139,9 +141,9 @@ def k_width(dtype):
 
 @gluon.constexpr_function
 def sub_k(dtype, BLOCK_T):
-    """K elements of a sub-step (one `mma_v2`): 128 bytes of each row for token tiles of 8 and 16
-    (a sub-step's loads are issued together, then its MMAs), 32 bytes for wider ones (whose
-    operands take 4 to 8 times the registers)."""
+    """K elements of a sub-step (one `mma_v2`, one accumulator chain's turn): 128 bytes of each row
+    for token tiles of 8 and 16, 32 bytes for wider ones (whose operands take 4 to 8 times the
+    registers)."""
     return (1024 if BLOCK_T <= 16 else 256) // dtype.primitive_bitwidth
 
 
@@ -196,8 +198,9 @@ def slab_kernel(
 
     layout: gl.constexpr = slab_layout(gl.num_warps())
     SUB_K: gl.constexpr = sub_k(x_desc.dtype, BLOCK_T)
-    # CHAINS accumulators, the sub-steps of a stage dealt out among them in turn: a warp's MMAs into
-    # one accumulator wait for each other, and a narrow token tile has too few of them in flight
+    # CHAINS accumulators, the sub-steps of a stage dealt out among them in turn, so that a warp's
+    # MMAs do not all wait for each other. Measured: -2 to +1 %, because the compiler still issues
+    # each sub-step's loads right before its MMA, and their latency sets the pace instead
     # (docs/perf-notes.md, entry 26).
     CHAINS: gl.constexpr = chains_for(BLOCK_T, BLOCK_K // SUB_K)
     acc0 = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout)
