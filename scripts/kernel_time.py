@@ -144,11 +144,16 @@ def main(argv: list[str] | None = None) -> int:
             }  # fmt: skip
             rows.append(row)
             print(",".join(str(v) for v in row.values()), flush=True)
-    with open(args.output, "w", newline="") as f:
+    write_csv(args.output, rows)
+    return 0
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    """Rows of one shape of dict, with a header of their keys."""
+    with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    return 0
 
 
 if __name__ == "__main__":

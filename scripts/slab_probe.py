@@ -24,7 +24,6 @@ Not part of the package: an experiment, run on the GPU with
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, kernel_times, operands
+from kernel_time import call_of, kernel_times, operands, write_csv
 
 from gluon_survey.api import target_of
 from gluon_survey.compat import cta_barrier, tma_load
@@ -244,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     flush = torch.randn(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
     sink = torch.empty(triton.cdiv(flush.numel(), 8192), device="cuda")
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     rows, clock_rows = [], []
     for M, N, K in SHAPES:
         a, b, _ = operands(Shape(M, N, K), "bf16", "tensor")
@@ -254,10 +254,11 @@ def main(argv: list[str] | None = None) -> int:
             for mma in (1, 0):
                 for rot in (0, 1):
                     variants[f"probe w{r} mma{mma} rot{rot}"] = probe_call(a, b, r, mma, rot)[0]
+            # the ring slab's grid would get at M = 1 (8-token stages) on this GPU
+            stages = slab.stages_for(
+                slab.SlabConfig(BLOCK_M=8, BLOCK_N=r, num_warps=r // 16), triton.cdiv(N, r), sm_count
+            )
             for order in (0, 1, 2):
-                stages = slab.stages_for(
-                    slab.SlabConfig(BLOCK_M=8, BLOCK_N=r, num_warps=r // 16), triton.cdiv(N, r), 132
-                )
                 variants[f"stream w{r} s{stages} order{order}"] = stream_call(w, r, 256, stages, order)
         ref = a.float() @ w.float().t()
         for name, fn in variants.items():
@@ -286,11 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                 row |= {k: round(v, 3) for k, v in s.items()}
                 clock_rows.append(row)
                 print(row, flush=True)
-    for path, table in ((args.output, rows), (args.output.replace(".csv", "-clocks.csv"), clock_rows)):
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(table[0]))
-            w.writeheader()
-            w.writerows(table)
+    write_csv(args.output, rows)
+    write_csv(args.output.replace(".csv", "-clocks.csv"), clock_rows)
     return 0
 
 

@@ -200,10 +200,8 @@ def test_fp8_slabs_scale_every_token_tile(rows, scaling):
 def test_fp8_whole_k_swapab_tiles_scale_the_tile(tokens, scaling):
     """swapab's whole-K fp8 candidates (K steps of 256 or 512 bytes, no split): M up to the tile
     and one token past it, a ragged N, a K tail; the scales applied once to C's tile."""
-    capability = torch.cuda.get_device_capability()
-    cfg = next(
-        c for c in swapab.candidates(capability, fp8=True).values() if c.SPLIT_K == 1 and tokens == c.BLOCK_N
-    )
+    cfg = swapab.whole_k(torch.cuda.get_device_capability(), tokens, fp8=True)
+    assert (1, tokens, 1) == (cfg.SPLIT_K, cfg.BLOCK_N, cfg.ELEM_BYTES)
     for M in (1, tokens + 1):
         a, b, sa, sb = fp8_inputs(M, 1000, 512 * 4 + 48, scaling, seed=M + tokens)
         out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")

@@ -213,12 +213,7 @@ def test_every_slab_and_token_tile_matches_reference(rows, b_layout):
         out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")
         launch = slab.prepare(a, b, out, api.target_of(a.device), cfg)
         assert launch.config["BLOCK_M"] == slab.tokens_for(M) and launch.config["BLOCK_N"] == rows
-        for _ in range(2):
-            launch.fn()
-            torch.cuda.synchronize()
-            _assert_close_to_reference(out, a, b)
-            a.copy_(torch.randn_like(a))
-            out.fill_(float("nan"))
+        _assert_relaunches_match_reference(launch, out, a, b)
 
 
 @pytest.mark.parametrize("b_layout", ["row", "t"])
@@ -227,18 +222,24 @@ def test_whole_k_swapab_tiles_match_reference(tokens, b_layout):
     """swapab's whole-K candidates (one 64-row tile per program over all of K, no split): M up to
     the tile, one token past it (two token tiles), a ragged N and a K tail; the same launch again
     on fresh tokens gives the new answer."""
-    cfg = next(c for c in swapab.candidates((9, 0)).values() if c.SPLIT_K == 1 and tokens == c.BLOCK_N)
+    cfg = swapab.whole_k((9, 0), tokens)
+    assert (1, tokens) == (cfg.SPLIT_K, cfg.BLOCK_N)
     for M in (1, tokens - 1, tokens + 1):
         a, b = _inputs(M, 1000, 2056, torch.bfloat16, b_layout, seed=M + tokens)
         out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")
         launch = swapab.prepare(a, b, out, api.target_of(a.device), cfg)
         assert launch.config["split_k"] == 1 and launch.config["grid"] == 16 * -(-M // tokens)
-        for _ in range(2):
-            launch.fn()
-            torch.cuda.synchronize()
-            _assert_close_to_reference(out, a, b)
-            a.copy_(torch.randn_like(a))
-            out.fill_(float("nan"))
+        _assert_relaunches_match_reference(launch, out, a, b)
+
+
+def _assert_relaunches_match_reference(launch, out, a, b):
+    """The launch twice, the second time on fresh tokens into a poisoned `out`: both answers right."""
+    for _ in range(2):
+        launch.fn()
+        torch.cuda.synchronize()
+        _assert_close_to_reference(out, a, b)
+        a.copy_(torch.randn_like(a))
+        out.fill_(float("nan"))
 
 
 def test_auto_says_what_it_chose():
