@@ -147,21 +147,23 @@ def split_reduce(
     counters,
     tile,
     split,
-    SPLIT_K: gl.constexpr,
+    splits,
+    slots,
     off_m,
     off_n,
     scale_a,
     scale_b,
     SCALING: gl.constexpr,
 ):
-    """Sum the SPLIT_K partial tiles of `tile` and store C: every program writes its fp32 partial
-    `acc` to its slot, the last to arrive on the tile's counter adds all of them (in split order,
-    so the sum does not depend on who arrives last), writes C at (off_m, off_n) (`store_sum`: the
-    fp8 scales apply to the sum, never to a partial) and resets the counter. `acc` may be any
-    [BM, BN] fp32 tensor (the MMA's layout); the partials are [BM, BN] slots of `partials`,
-    SPLIT_K per tile, written and read as 16-byte vectors (`partial_layout`). The last program
+    """Sum the `splits` partial tiles of `tile` and store C: every program writes its fp32 partial
+    `acc` to slot `split` of the tile's `slots` (splitk: SPLIT_K slices, SPLIT_K slots; streamk:
+    a runtime count of pieces), arrives on the tile's counter, and the last to arrive adds all of
+    them (in slot order, so the sum does not depend on who arrives last), writes C at
+    (off_m, off_n) (`store_sum`: the fp8 scales apply to the sum, never to a partial) and resets
+    the counter. `acc` may be any [BM, BN] fp32 tensor (the MMA's layout); the partials are [BM, BN]
+    slots of `partials`, written and read as 16-byte vectors (`partial_layout`). The last program
     loads them BATCH at a time, each batch's loads issued together, so the tail of the tile waits
-    for about SPLIT_K / BATCH L2 round trips instead of SPLIT_K (SPLIT_K is 4-12 at 4096-wide
+    for about splits / BATCH L2 round trips instead of splits (SPLIT_K is 4-12 at 4096-wide
     weights, on kernels of 15-60 µs; the gain was not measured on its own: docs/perf-notes.md,
     entry 23)."""
     BM: gl.constexpr = acc.shape[0]
@@ -171,17 +173,17 @@ def split_reduce(
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
     offs = gl.expand_dims(rows, 1) * BN + gl.expand_dims(cols, 0)
-    first = partials + tile * (SPLIT_K * BM * BN)
+    first = partials + tile * (slots * BM * BN)
     gl.store(first + split * (BM * BN) + offs, gl.convert_layout(acc, layout))
     cta_barrier()  # every thread's part of the partial is written before the arrival
     arrived = gl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT_K - 1:  # the last: every partial is visible (acquire)
+    if arrived == splits - 1:  # the last: every partial is visible (acquire)
         total = gl.zeros([BM, BN], gl.float32, layout)
-        for base in range(0, SPLIT_K, BATCH):
+        for base in range(0, splits, BATCH):
             for j in gl.static_range(BATCH):
                 s = base + j
                 total += gl.load(
-                    first + s * (BM * BN) + offs, mask=s < SPLIT_K, other=0.0, cache_modifier=".cg"
+                    first + s * (BM * BN) + offs, mask=s < splits, other=0.0, cache_modifier=".cg"
                 )
         gl.store(counters + tile, 0)  # ready for the next launch
         store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING)
@@ -226,7 +228,19 @@ def splitk_kernel(
         store_sum(c_desc, acc, off_m, off_n, scale_a, scale_b, SCALING)
     else:
         split_reduce(
-            c_desc, acc, partials, counters, tile, split, SPLIT_K, off_m, off_n, scale_a, scale_b, SCALING
+            c_desc,
+            acc,
+            partials,
+            counters,
+            tile,
+            split,
+            SPLIT_K,
+            SPLIT_K,  # as many slots as slices
+            off_m,
+            off_n,
+            scale_a,
+            scale_b,
+            SCALING,
         )
 
 
@@ -289,16 +303,28 @@ def launch(
     grid, workspace, as a `Plan` (so `matmul` reuses it) whose kernel takes the fp8 `scales` (None
     for fp16/bf16) after the descriptors; `constexprs(split)` gives the kernel's, SCALING aside."""
     split = plan_split(cfg, tiles, a.shape[1], target.sm_count)
-    partials, counters = WORKSPACE.get(a.device, tiles * split * cfg.BLOCK_M * cfg.BLOCK_N, tiles)
-    grid = (tiles * split,)
+    grid = tiles * split
+    return workspace_launch(
+        kernel, grid, grid, tiles, a, b, out, cfg, descs, constexprs(split), scales, {"split_k": split}
+    )
+
+
+def workspace_launch(
+    kernel, grid: int, slots: int, tiles: int, a, b, out, cfg: SplitKConfig, descs, constexprs, scales, report
+) -> Launch:
+    """A launch of `grid` programs of a kernel that sums partial tiles in the launch (`split_reduce`):
+    the workspace holds `slots` fp32 partial tiles and `tiles` counters; the kernel takes the fp8
+    `scales` (None for fp16/bf16) after the descriptors, then the workspace; `constexprs` are the
+    kernel's, SCALING aside; `report` joins the config in the launch's table row."""
+    partials, counters = WORKSPACE.get(a.device, slots * cfg.BLOCK_M * cfg.BLOCK_N, tiles)
     plan = Plan(
-        Launcher(kernel, grid, constexprs(split) | {"SCALING": scaling_code(scales)}, cfg.num_warps),
+        Launcher(kernel, (grid,), constexprs | {"SCALING": scaling_code(scales)}, cfg.num_warps),
         templates_of(descs),
         cfg,
         (partials, counters),
         scaled=True,
     )
-    return Launch(plan.bind(a, b, out, scales), cfg.table() | {"split_k": split, "grid": grid[0]})
+    return Launch(plan.bind(a, b, out, scales), cfg.table() | report | {"grid": grid})
 
 
 def configs_of(fp8: bool) -> dict[int, SplitKConfig]:
