@@ -140,6 +140,30 @@ def reduce_batch(BM, BN, num_warps, registers=64):
 
 
 @gluon.jit
+def slot_offsets(BM: gl.constexpr, BN: gl.constexpr):
+    """The offsets of a [BM, BN] partial slot's elements, in the layout partials travel in."""
+    layout: gl.constexpr = partial_layout(BM, BN, gl.num_warps())
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+    return gl.expand_dims(rows, 1) * BN + gl.expand_dims(cols, 0)
+
+
+@gluon.jit
+def add_slots(total, slots_base, begin, end, offs):
+    """`total` plus the [BM, BN] fp32 partial slots begin .. end - 1 at `slots_base` (`offs`: a slot's
+    offsets in `total`'s layout), loaded `reduce_batch` at a time, each batch's loads issued together
+    and read from L2 (.cg: another SM wrote them)."""
+    BM: gl.constexpr = total.shape[0]
+    BN: gl.constexpr = total.shape[1]
+    BATCH: gl.constexpr = reduce_batch(BM, BN, gl.num_warps())
+    for base in range(begin, end, BATCH):
+        for j in gl.static_range(BATCH):
+            s = base + j
+            total += gl.load(slots_base + s * (BM * BN) + offs, mask=s < end, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@gluon.jit
 def split_reduce(
     c_desc,
     acc,
@@ -168,23 +192,14 @@ def split_reduce(
     entry 23)."""
     BM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
-    layout: gl.constexpr = partial_layout(BM, BN, gl.num_warps())
-    BATCH: gl.constexpr = reduce_batch(BM, BN, gl.num_warps())
-    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-    offs = gl.expand_dims(rows, 1) * BN + gl.expand_dims(cols, 0)
+    offs = slot_offsets(BM, BN)
+    layout: gl.constexpr = offs.type.layout
     first = partials + tile * (slots * BM * BN)
     gl.store(first + split * (BM * BN) + offs, gl.convert_layout(acc, layout))
     cta_barrier()  # every thread's part of the partial is written before the arrival
     arrived = gl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
     if arrived == splits - 1:  # the last: every partial is visible (acquire)
-        total = gl.zeros([BM, BN], gl.float32, layout)
-        for base in range(0, splits, BATCH):
-            for j in gl.static_range(BATCH):
-                s = base + j
-                total += gl.load(
-                    first + s * (BM * BN) + offs, mask=s < splits, other=0.0, cache_modifier=".cg"
-                )
+        total = add_slots(gl.zeros([BM, BN], gl.float32, layout), first, 0, splits, offs)
         gl.store(counters + tile, 0)  # ready for the next launch
         store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING)
 

@@ -25,10 +25,19 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ..compat import cta_barrier
 from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
 from .common import FP8, Ring, init_barriers, invalidate_barriers, load_step, make_descriptors, mbarrier
-from .splitk import check_operands, split_reduce, splitk_specs, store_sum, workspace_launch
+from .splitk import (
+    add_slots,
+    check_operands,
+    slot_offsets,
+    split_reduce,
+    splitk_specs,
+    store_sum,
+    workspace_launch,
+)
 from .swapab import WHOLE_K, SwapABConfig, swapped_operands, whole_k
 from .swapab import _blocks as swapab_blocks
 
@@ -46,7 +55,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class StreamKConfig(SwapABConfig):
-    """swapab's whole-K tile (BLOCK_M weight rows, BLOCK_N tokens), dealt out by stream-K."""
+    """swapab's whole-K tile (BLOCK_M weight rows, BLOCK_N tokens), dealt out by stream-K over
+    PROGRAMS shares (0: one per program an SM holds). HEAD_SUMS 1: a cut tile is summed by the
+    program holding its first K step, which waits for the other pieces (`head_sum`); 0: by whichever
+    piece arrives last (`split_reduce`)."""
+
+    PROGRAMS: int = 0
+    HEAD_SUMS: int = 1
 
     @property
     def label(self) -> str:
@@ -114,6 +129,37 @@ def _next_load(x_desc, w_desc, p, end, k_steps, num_t, x_bufs, w_bufs, ready, W_
 
 
 @gluon.jit
+def publish(acc, partials, counters, tile, piece, slots):
+    """A piece of a cut tile other than its head: its fp32 partial to slot `piece` of the tile, then
+    one arrival on the tile's counter, released after the partial (nothing waits for it here)."""
+    BM: gl.constexpr = acc.shape[0]
+    BN: gl.constexpr = acc.shape[1]
+    offs = slot_offsets(BM, BN)
+    gl.store(partials + (tile * slots + piece) * (BM * BN) + offs, gl.convert_layout(acc, offs.type.layout))
+    cta_barrier()  # every thread's part of the partial is written before the arrival
+    gl.atomic_add(counters + tile, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def head_sum(c_desc, acc, partials, counters, tile, pieces, slots, off_m, off_n, scale_a, scale_b, SCALING):
+    """The head piece of a cut tile (its first K steps, the end of this program's share): wait until
+    the other pieces - 1 have arrived (they are the first steps of later shares, so they are
+    usually long done), add their partials to this one's accumulator in piece order, reset the
+    counter for the next launch and store C. The waits point only at later programs, which start
+    no later than this one, so the wait ends whenever the GPU runs at least two of them at once."""
+    BM: gl.constexpr = acc.shape[0]
+    BN: gl.constexpr = acc.shape[1]
+    offs = slot_offsets(BM, BN)
+    arrived = gl.atomic_add(counters + tile, 0, sem="acquire", scope="gpu")
+    while arrived < pieces - 1:
+        arrived = gl.atomic_add(counters + tile, 0, sem="acquire", scope="gpu")
+    total = gl.convert_layout(acc, offs.type.layout)
+    total = add_slots(total, partials + tile * slots * (BM * BN), 1, pieces, offs)
+    gl.store(counters + tile, 0)
+    store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING)
+
+
+@gluon.jit
 def streamk_kernel(
     x_desc,
     w_desc,
@@ -125,6 +171,7 @@ def streamk_kernel(
     MMA: gl.constexpr,
     W_KMAJOR: gl.constexpr,
     STAGES: gl.constexpr,
+    HEAD_SUMS: gl.constexpr,
     SCALING: gl.constexpr,
 ):
     """This program's share of the (tile, K step) iterations of C^T = W X^T, stored as C (times
@@ -176,21 +223,40 @@ def streamk_kernel(
             # The tile's pieces belong to programs first .. last, in K order; this is piece pid - first.
             first = _owner(tile_start, total, programs)
             pieces = _owner(tile_start + k_steps - 1, total, programs) - first + 1
-            split_reduce(
-                c_desc,
-                c_tile,
-                partials,
-                counters,
-                tile,
-                pid - first,
-                pieces,
-                slots,
-                off_t,
-                off_w,
-                scale_a,
-                scale_b,
-                SCALING,
-            )
+            if HEAD_SUMS:
+                if pid == first:
+                    head_sum(
+                        c_desc,
+                        c_tile,
+                        partials,
+                        counters,
+                        tile,
+                        pieces,
+                        slots,
+                        off_t,
+                        off_w,
+                        scale_a,
+                        scale_b,
+                        SCALING,
+                    )
+                else:
+                    publish(c_tile, partials, counters, tile, pid - first, slots)
+            else:
+                split_reduce(
+                    c_desc,
+                    c_tile,
+                    partials,
+                    counters,
+                    tile,
+                    pid - first,
+                    pieces,
+                    slots,
+                    off_t,
+                    off_w,
+                    scale_a,
+                    scale_b,
+                    SCALING,
+                )
     invalidate_barriers(ready, STAGES)
 
 
@@ -217,7 +283,12 @@ def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> Stream
 
 
 def _constexprs(cfg: StreamKConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
-    return {"MMA": select_mma(capability), "W_KMAJOR": is_kmajor(layout), "STAGES": cfg.STAGES}
+    return {
+        "MMA": select_mma(capability),
+        "W_KMAJOR": is_kmajor(layout),
+        "STAGES": cfg.STAGES,
+        "HEAD_SUMS": bool(cfg.HEAD_SUMS),
+    }
 
 
 def prepare(
@@ -230,7 +301,7 @@ def prepare(
     tiles = triton.cdiv(out.shape[1], cfg.BLOCK_M) * triton.cdiv(M, cfg.BLOCK_N)
     k_steps = triton.cdiv(K, cfg.BLOCK_K)
     total = tiles * k_steps
-    programs = min(target.sm_count * cfg.blocks_per_sm(), total)  # no empty share
+    programs = min(cfg.PROGRAMS or target.sm_count * cfg.blocks_per_sm(), total)  # no empty share
     if (total + 1) * programs >= 2**31:
         raise ValueError(
             f"streamk: {tiles} tiles x {k_steps} K steps is too many iterations to deal out in int32; "
