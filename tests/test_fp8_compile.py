@@ -51,7 +51,7 @@ SPECS = [
 
 
 def test_the_fp8_rungs_are_the_ladder():
-    assert FP8_RUNGS == ["Pipelined", "persistent", "warpspec", "splitk", "swapab", "streamk", "slab"]
+    assert FP8_RUNGS == ["Pipelined", "persistent", "warpspec", "splitk", "swapab", "slab"]
     for arch in MMA:
         for mode in FP8_RUNGS:
             labels = [s.kernel for s in specs(mode, arch, FP8)]

@@ -13,7 +13,7 @@ import torch
 
 from gluon_survey import api, registry
 from gluon_survey.driver.check import rel_error
-from gluon_survey.kernels import slab, splitk, streamk, swapab
+from gluon_survey.kernels import slab, splitk, swapab
 from gluon_survey.launch import Scales
 
 pytestmark = pytest.mark.gpu
@@ -119,7 +119,7 @@ def test_fp8_matches_reference(mode, shape, scaling):
     assert_close(out, a, b, sa, sb)
 
 
-@pytest.mark.parametrize("mode", ["Pipelined", "persistent", "warpspec", *SPLIT_K_MODES, "streamk"])
+@pytest.mark.parametrize("mode", ["Pipelined", "persistent", "warpspec", *SPLIT_K_MODES])
 def test_fp8_repeated_calls_use_the_new_scales(mode):
     """A cached plan takes each call's scales (and tensors): a second call with other values gives
     the other answer; fp16 output too."""
@@ -135,10 +135,9 @@ def test_fp8_repeated_calls_use_the_new_scales(mode):
     assert rel_error(half.float(), fp8_reference(a, b, sa, sb)) < 2e-3
 
 
-@pytest.mark.parametrize("mode", ["warpspec", *SPLIT_K_MODES, "streamk"])
+@pytest.mark.parametrize("mode", ["warpspec", *SPLIT_K_MODES])
 def test_fp8_in_a_cuda_graph(mode):
-    """splitk and swapab split K here (32 and 128 tiles), streamk cuts 64 tiles over the SMs: each
-    replay finds its counters at 0."""
+    """splitk and swapab split K here (32 and 128 tiles): each replay finds its counters at 0."""
     a, b, sa, sb = fp8_inputs(64, 4096, 4096, "tensor", seed=5)
     out = torch.empty(64, 4096, dtype=torch.bfloat16, device="cuda")
     api.matmul(a, b, kernel=mode, out=out, scale_a=sa, scale_b=sb)  # plan and compile first
@@ -324,25 +323,3 @@ def test_modes_without_fp8_say_which_have_it(mode):
     a, b, sa, sb = fp8_inputs(16, 256, 256, "tensor")
     with pytest.raises(TypeError, match=r"no fp8 kernel.*warpspec"):
         api.matmul(a, b, kernel=mode, scale_a=sa, scale_b=sb)
-
-
-@pytest.mark.parametrize("scaling", ["tensor", "row"])
-@pytest.mark.parametrize("programs", [5, 132])
-@pytest.mark.parametrize("tokens", sorted(swapab.WHOLE_K))
-def test_fp8_streamk_scales_the_summed_pieces(tokens, programs, scaling):
-    """stream-K in fp8 (K steps of 256 or 512 bytes) over 5 programs (tiles cut in two or three
-    pieces) and 132 (in up to five): M up to the token tile and one past it, a ragged N, a K tail;
-    the scales apply once to the summed tile, and a relaunch on fresh scales reads them anew."""
-    target = dataclasses.replace(api.target_of(torch.device("cuda")), sm_count=programs)
-    cfg = streamk.tile_for(target.capability, tokens, fp8=True)
-    assert cfg.ELEM_BYTES == 1
-    for M in (1, tokens + 1):
-        a, b, sa, sb = fp8_inputs(M, 1000, 512 * 4 + 48, scaling, seed=M + tokens + programs)
-        out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")
-        launch = streamk.prepare(a, b, out, target, cfg, scales=Scales(sa.view(-1), sb.view(-1), scaling))
-        for i in range(2):
-            sa.mul_(i + 1)
-            out.fill_(float("nan"))
-            launch.fn()
-            torch.cuda.synchronize()
-            assert_close(out, a, b, sa, sb)

@@ -11,7 +11,7 @@ import torch
 from bad_inputs import BAD_INPUTS
 from gluon_survey import api, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
-from gluon_survey.kernels import persistent, slab, splitk, streamk, swapab, warpspec
+from gluon_survey.kernels import persistent, slab, splitk, swapab, warpspec
 
 pytestmark = pytest.mark.gpu
 
@@ -173,7 +173,7 @@ SMALL_M = [(1, 1000, 4104), (7, 520, 9000), (63, 3000, 520), (65, 264, 12296), (
 @pytest.mark.parametrize("b_layout", ["row", "t"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", SMALL_M, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("mode", ["splitk", "swapab", "streamk", "slab", "auto"])
+@pytest.mark.parametrize("mode", ["splitk", "swapab", "slab", "auto"])
 def test_small_m_modes_match_reference(mode, shape, dtype, b_layout):
     a, b = _inputs(*shape, dtype, b_layout, seed=hash((mode, shape)) % 1000)
     out = torch.full(shape[:2], float("nan"), dtype=dtype, device="cuda")
@@ -230,26 +230,6 @@ def test_whole_k_swapab_tiles_match_reference(tokens, b_layout):
         launch = swapab.prepare(a, b, out, api.target_of(a.device), cfg)
         assert launch.config["split_k"] == 1 and launch.config["grid"] == 16 * -(-M // tokens)
         _assert_relaunches_match_reference(launch, out, a, b)
-
-
-@pytest.mark.parametrize("programs", [1, 5, 7, 132])
-@pytest.mark.parametrize("tokens", sorted(swapab.WHOLE_K))
-def test_streamk_shares_may_cut_tiles_anywhere(tokens, programs):
-    """stream-K over 1 program (every tile whole in its share), 5 and 7 (shares that cut tiles
-    into two or three pieces at K steps of their own) and 132 (shares of one or two K steps, a
-    tile in up to 9 pieces): M up to the token tile and one past it (two token tiles), a ragged N
-    (16 weight tiles, the last partly past it), a K tail, both B layouts; the same launch again on
-    fresh tokens gives the new answer, so every tile counter was left at 0."""
-    target = dataclasses.replace(api.target_of(torch.device("cuda")), sm_count=programs)
-    cfg = streamk.tile_for(target.capability, tokens)
-    for b_layout in ("row", "t"):
-        for M in (1, tokens + 1):
-            a, b = _inputs(M, 1000, 2056, torch.bfloat16, b_layout, seed=M + tokens + programs)
-            out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")
-            launch = streamk.prepare(a, b, out, target, cfg)
-            iterations = 16 * -(-M // tokens) * -(-2056 // cfg.BLOCK_K)
-            assert (launch.config["grid"], launch.config["iterations"]) == (programs, iterations)
-            _assert_relaunches_match_reference(launch, out, a, b)
 
 
 def _assert_relaunches_match_reference(launch, out, a, b):

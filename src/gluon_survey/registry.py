@@ -114,15 +114,6 @@ MODES: tuple[Mode, ...] = (
         fp8=True,
     ),
     Mode(
-        "streamk",
-        "swapab's whole-K tile + stream-K: one program per SM, each an equal share of the (tile, K step) "
-        "iterations; tiles cut between shares summed in the launch (decode)",
-        "gluon",
-        ("sm_90", "sm_100"),
-        "gluon_survey.kernels.streamk",
-        fp8=True,
-    ),
-    Mode(
         "slab",
         "swapab without split-K: mma.sync's 16-row MMA cuts the weight into slabs that fill the GPU, "
         "each summed over its whole K by one program (decode, narrow weights)",

@@ -140,30 +140,6 @@ def reduce_batch(BM, BN, num_warps, registers=64):
 
 
 @gluon.jit
-def slot_offsets(BM: gl.constexpr, BN: gl.constexpr):
-    """The offsets of a [BM, BN] partial slot's elements, in the layout partials travel in."""
-    layout: gl.constexpr = partial_layout(BM, BN, gl.num_warps())
-    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
-    return gl.expand_dims(rows, 1) * BN + gl.expand_dims(cols, 0)
-
-
-@gluon.jit
-def add_slots(total, slots_base, begin, end, offs):
-    """`total` plus the [BM, BN] fp32 partial slots begin .. end - 1 at `slots_base` (`offs`: a slot's
-    offsets in `total`'s layout), loaded `reduce_batch` at a time, each batch's loads issued together
-    and read from L2 (.cg: another SM wrote them)."""
-    BM: gl.constexpr = total.shape[0]
-    BN: gl.constexpr = total.shape[1]
-    BATCH: gl.constexpr = reduce_batch(BM, BN, gl.num_warps())
-    for base in range(begin, end, BATCH):
-        for j in gl.static_range(BATCH):
-            s = base + j
-            total += gl.load(slots_base + s * (BM * BN) + offs, mask=s < end, other=0.0, cache_modifier=".cg")
-    return total
-
-
-@gluon.jit
 def split_reduce(
     c_desc,
     acc,
@@ -171,35 +147,42 @@ def split_reduce(
     counters,
     tile,
     split,
-    splits,
-    slots,
+    SPLIT_K: gl.constexpr,
     off_m,
     off_n,
     scale_a,
     scale_b,
     SCALING: gl.constexpr,
 ):
-    """Sum the `splits` partial tiles of `tile` and store C: every program writes its fp32 partial
-    `acc` to slot `split` of the tile's `slots` (splitk: SPLIT_K slices, SPLIT_K slots; streamk:
-    a runtime count of pieces), arrives on the tile's counter, and the last to arrive adds all of
-    them (in slot order, so the sum does not depend on who arrives last), writes C at
-    (off_m, off_n) (`store_sum`: the fp8 scales apply to the sum, never to a partial) and resets
-    the counter. `acc` may be any [BM, BN] fp32 tensor (the MMA's layout); the partials are [BM, BN]
-    slots of `partials`, written and read as 16-byte vectors (`partial_layout`). The last program
+    """Sum the SPLIT_K partial tiles of `tile` and store C: every program writes its fp32 partial
+    `acc` to its slot, the last to arrive on the tile's counter adds all of them (in split order,
+    so the sum does not depend on who arrives last), writes C at (off_m, off_n) (`store_sum`: the
+    fp8 scales apply to the sum, never to a partial) and resets the counter. `acc` may be any
+    [BM, BN] fp32 tensor (the MMA's layout); the partials are [BM, BN] slots of `partials`,
+    SPLIT_K per tile, written and read as 16-byte vectors (`partial_layout`). The last program
     loads them BATCH at a time, each batch's loads issued together, so the tail of the tile waits
-    for about splits / BATCH L2 round trips instead of splits (SPLIT_K is 4-12 at 4096-wide
+    for about SPLIT_K / BATCH L2 round trips instead of SPLIT_K (SPLIT_K is 4-12 at 4096-wide
     weights, on kernels of 15-60 µs; the gain was not measured on its own: docs/perf-notes.md,
     entry 23)."""
     BM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
-    offs = slot_offsets(BM, BN)
-    layout: gl.constexpr = offs.type.layout
-    first = partials + tile * (slots * BM * BN)
+    layout: gl.constexpr = partial_layout(BM, BN, gl.num_warps())
+    BATCH: gl.constexpr = reduce_batch(BM, BN, gl.num_warps())
+    rows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+    offs = gl.expand_dims(rows, 1) * BN + gl.expand_dims(cols, 0)
+    first = partials + tile * (SPLIT_K * BM * BN)
     gl.store(first + split * (BM * BN) + offs, gl.convert_layout(acc, layout))
     cta_barrier()  # every thread's part of the partial is written before the arrival
     arrived = gl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == splits - 1:  # the last: every partial is visible (acquire)
-        total = add_slots(gl.zeros([BM, BN], gl.float32, layout), first, 0, splits, offs)
+    if arrived == SPLIT_K - 1:  # the last: every partial is visible (acquire)
+        total = gl.zeros([BM, BN], gl.float32, layout)
+        for base in range(0, SPLIT_K, BATCH):
+            for j in gl.static_range(BATCH):
+                s = base + j
+                total += gl.load(
+                    first + s * (BM * BN) + offs, mask=s < SPLIT_K, other=0.0, cache_modifier=".cg"
+                )
         gl.store(counters + tile, 0)  # ready for the next launch
         store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING)
 
@@ -243,19 +226,7 @@ def splitk_kernel(
         store_sum(c_desc, acc, off_m, off_n, scale_a, scale_b, SCALING)
     else:
         split_reduce(
-            c_desc,
-            acc,
-            partials,
-            counters,
-            tile,
-            split,
-            SPLIT_K,
-            SPLIT_K,  # as many slots as slices
-            off_m,
-            off_n,
-            scale_a,
-            scale_b,
-            SCALING,
+            c_desc, acc, partials, counters, tile, split, SPLIT_K, off_m, off_n, scale_a, scale_b, SCALING
         )
 
 
@@ -318,28 +289,16 @@ def launch(
     grid, workspace, as a `Plan` (so `matmul` reuses it) whose kernel takes the fp8 `scales` (None
     for fp16/bf16) after the descriptors; `constexprs(split)` gives the kernel's, SCALING aside."""
     split = plan_split(cfg, tiles, a.shape[1], target.sm_count)
-    grid = tiles * split
-    return workspace_launch(
-        kernel, grid, grid, tiles, a, b, out, cfg, descs, constexprs(split), scales, {"split_k": split}
-    )
-
-
-def workspace_launch(
-    kernel, grid: int, slots: int, tiles: int, a, b, out, cfg: SplitKConfig, descs, constexprs, scales, report
-) -> Launch:
-    """A launch of `grid` programs of a kernel that sums partial tiles in the launch (`split_reduce`):
-    the workspace holds `slots` fp32 partial tiles and `tiles` counters; the kernel takes the fp8
-    `scales` (None for fp16/bf16) after the descriptors, then the workspace; `constexprs` are the
-    kernel's, SCALING aside; `report` joins the config in the launch's table row."""
-    partials, counters = WORKSPACE.get(a.device, slots * cfg.BLOCK_M * cfg.BLOCK_N, tiles)
+    partials, counters = WORKSPACE.get(a.device, tiles * split * cfg.BLOCK_M * cfg.BLOCK_N, tiles)
+    grid = (tiles * split,)
     plan = Plan(
-        Launcher(kernel, (grid,), constexprs | {"SCALING": scaling_code(scales)}, cfg.num_warps),
+        Launcher(kernel, grid, constexprs(split) | {"SCALING": scaling_code(scales)}, cfg.num_warps),
         templates_of(descs),
         cfg,
         (partials, counters),
         scaled=True,
     )
-    return Launch(plan.bind(a, b, out, scales), cfg.table() | report | {"grid": grid})
+    return Launch(plan.bind(a, b, out, scales), cfg.table() | {"split_k": split, "grid": grid[0]})
 
 
 def configs_of(fp8: bool) -> dict[int, SplitKConfig]:

@@ -123,19 +123,7 @@ def swapab_kernel(
         store_sum(c_desc, c_tile, off_t, off_w, scale_a, scale_b, SCALING)
     else:
         split_reduce(
-            c_desc,
-            c_tile,
-            partials,
-            counters,
-            tile,
-            split,
-            SPLIT_K,
-            SPLIT_K,
-            off_t,
-            off_w,
-            scale_a,
-            scale_b,
-            SCALING,
+            c_desc, c_tile, partials, counters, tile, split, SPLIT_K, off_t, off_w, scale_a, scale_b, SCALING
         )
 
 
