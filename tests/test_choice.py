@@ -89,17 +89,32 @@ def test_the_rule(M, capability, mode):
 )  # fmt: skip
 def test_the_fp8_rule(M, N, dtype, mode, tokens):
     """fp8 has no table: the rule, the same on a GPU with a table; swapab runs its whole-K tile of
-    the narrowest token width that holds M, named by a label its fp8 candidates have."""
-    c = choice.rule(M, (9, 0), dtype)
+    the narrowest token width that holds M, named by a label its fp8 candidates have, on the ring
+    two programs share where the weight has more 64-row tiles than the GPU has SMs (132 here)."""
+    c = choice.rule(M, (9, 0), dtype, N, 132)
     assert c.mode == mode
-    chosen = choice.choose(M, N, 4096, dtype, "t", (9, 0), "NVIDIA H100 80GB HBM3")
+    chosen = choice.choose(M, N, 4096, dtype, "t", (9, 0), "NVIDIA H100 80GB HBM3", 132)
     assert (chosen.mode, chosen.config) == (c.mode, c.config)
-    assert choice.rule(M, (8, 0), dtype).mode == "torch"
+    assert choice.rule(M, (8, 0), dtype, N, 132).mode == "torch"
     if tokens:
         cfg = swapab.candidates((9, 0), fp8=True)[c.config]
         assert (1, tokens, 1) == (cfg.SPLIT_K, cfg.BLOCK_N, cfg.ELEM_BYTES)
+        rings = swapab.WHOLE_K_SHARED if N > 64 * 132 else swapab.WHOLE_K
+        assert 2 * rings[tokens][0] == cfg.BLOCK_K
+        # With the SM count unknown: the one-program-per-SM ring.
+        unknown = swapab.candidates((9, 0), fp8=True)[choice.rule(M, (9, 0), dtype, N).config]
+        assert 2 * swapab.WHOLE_K[tokens][0] == unknown.BLOCK_K
     else:
         assert c.config is None
+
+
+@pytest.mark.parametrize(
+    ("N", "sm_count", "shared"),
+    [(8192, 132, False), (8448, 132, False), (8449, 132, True), (10240, 132, True), (10240, 160, False)],
+)
+def test_the_fp8_rule_shares_sms_only_past_a_wave_of_tiles(N, sm_count, shared):
+    cfg = swapab.candidates((9, 0), fp8=True)[choice.rule(1, (9, 0), "fp8-row", N, sm_count).config]
+    assert cfg == swapab.whole_k((9, 0), 1, fp8=True, shared=shared)
 
 
 def test_the_committed_tables_name_real_candidates():
@@ -120,16 +135,22 @@ def test_the_committed_tables_name_real_candidates():
 
 def test_tune_narrows_candidates_by_m():
     tiles = {
-        M: [(c.BLOCK_N, c.SPLIT_K) for c in tune.candidates_for("swapab", M, (9, 0)).values()]
+        M: [(c.BLOCK_N, c.SPLIT_K, c.BLOCK_K) for c in tune.candidates_for("swapab", M, (9, 0)).values()]
         for M in (1, 16, 17, 64)
     }
-    # the split tile (SPLIT_K chosen per shape: 0) and the whole-K one (SPLIT_K 1) of each width
+    # the split tile (SPLIT_K chosen per shape: 0) and the whole-K ones (SPLIT_K 1) of each width:
+    # on one program's ring per SM, and on rings of half the K step that two programs share
     assert tiles == {
-        1: [(16, 0), (16, 1)],
-        16: [(16, 0), (16, 1)],
-        17: [(32, 0), (32, 1)],
-        64: [(64, 0), (64, 1)],
+        1: [(16, 0, 64), (16, 1, 256), (16, 1, 128)],
+        16: [(16, 0, 64), (16, 1, 256), (16, 1, 128)],
+        17: [(32, 0, 64), (32, 1, 256), (32, 1, 128)],
+        64: [(64, 0, 64), (64, 1, 128), (64, 1, 64)],
     }
+    for cfg in (swapab.whole_k((9, 0), M, shared=True) for M in (1, 17, 64)):
+        assert (
+            cfg.blocks_per_sm() == 2
+            and dataclasses.replace(cfg, BLOCK_K=2 * cfg.BLOCK_K).blocks_per_sm() == 1
+        )
     assert [c.BLOCK_N for c in tune.candidates_for("swapab", 128, (9, 0)).values()] == [128]
     assert tune.candidates_for("swapab", 1024, (9, 0)) == {}
     assert tune.candidates_for("splitk", 1024, (9, 0)) == {}

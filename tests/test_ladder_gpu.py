@@ -216,13 +216,14 @@ def test_every_slab_and_token_tile_matches_reference(rows, b_layout):
         _assert_relaunches_match_reference(launch, out, a, b)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["ring", "shared-ring"])
 @pytest.mark.parametrize("b_layout", ["row", "t"])
 @pytest.mark.parametrize("tokens", sorted(swapab.WHOLE_K))
-def test_whole_k_swapab_tiles_match_reference(tokens, b_layout):
-    """swapab's whole-K candidates (one 64-row tile per program over all of K, no split): M up to
-    the tile, one token past it (two token tiles), a ragged N and a K tail; the same launch again
-    on fresh tokens gives the new answer."""
-    cfg = swapab.whole_k((9, 0), tokens)
+def test_whole_k_swapab_tiles_match_reference(tokens, b_layout, shared):
+    """swapab's whole-K candidates (one 64-row tile per program over all of K, no split), on both
+    rings: M up to the tile, one token past it (two token tiles), a ragged N and a K tail; the same
+    launch again on fresh tokens gives the new answer."""
+    cfg = swapab.whole_k((9, 0), tokens, shared=shared)
     assert (1, tokens) == (cfg.SPLIT_K, cfg.BLOCK_N)
     for M in (1, tokens - 1, tokens + 1):
         a, b = _inputs(M, 1000, 2056, torch.bfloat16, b_layout, seed=M + tokens)

@@ -22,7 +22,7 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
 def prepare(a, b, out, target: Target, scales: Scales | None = None) -> Launch:
     M, K = a.shape
     dtype = _DTYPE_NAMES[a.dtype] if scales is None else _FP8_NAMES[scales.kind]
-    choice = choose(M, b.shape[1], K, dtype, b_layout(b), target.capability, target.name)
+    choice = choose(M, b.shape[1], K, dtype, b_layout(b), target.capability, target.name, target.sm_count)
     if scales is not None and choice.mode == "torch" and (b.shape[1] % 16 or K % 16):
         choice = Choice("warpspec", None, f"{choice.why}; but cuBLAS fp8 needs N and K multiples of 16")
     provider = registry.get(choice.mode).provider(target.capability)

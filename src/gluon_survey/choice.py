@@ -14,7 +14,8 @@ tokens: `slab` (mma.sync's 16-row slabs of the weight, no K split); M <= 64: `sw
 become the MMA's narrow N, K split to fill the SMs); M <= 256: `splitk`; larger: `warpspec` (its
 own choice by K). fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec` from M = 2049;
 swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise scales at
-M <= 64 and with per-tensor scales at M <= 16; cuBLAS fp8 otherwise (warpspec lost to it at
+M <= 64 and with per-tensor scales at M <= 16, on its shared ring (two programs an SM) where the
+weight has more 64-row tiles than the GPU has SMs; cuBLAS fp8 otherwise (warpspec lost to it at
 M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor scales).
 Other GPUs: cuBLAS (`torch`).
 """
@@ -65,8 +66,9 @@ def _tables() -> tuple[dict, ...]:
     return tuple(json.loads(p.read_text()) for p in sorted(TABLES.glob("*.json")))
 
 
-def rule(M: int, capability: tuple[int, int], dtype: str = "fp16") -> Choice:
-    """The documented choice without a measured entry (module docstring)."""
+def rule(M: int, capability: tuple[int, int], dtype: str = "fp16", N: int = 0, sm_count: int = 0) -> Choice:
+    """The documented choice without a measured entry (module docstring); N and the GPU's SM count
+    pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring)."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M:
             return Choice(
@@ -76,11 +78,13 @@ def rule(M: int, capability: tuple[int, int], dtype: str = "fp16") -> Choice:
         if most >= M:
             from .kernels.swapab import whole_k
 
+            shared = sm_count > 0 and 64 * sm_count < N  # more 64-row tiles than SMs
+            ring = ", two programs an SM (more tiles than SMs)" if shared else ""
             return Choice(
                 "swapab",
-                whole_k(capability, M, fp8=True).label,
+                whole_k(capability, M, fp8=True, shared=shared).label,
                 f"rule: {dtype}, M <= {most}: swap-AB's whole-K tile streams the weight faster than "
-                "cuBLAS fp8",
+                f"cuBLAS fp8{ring}",
             )
         return Choice("torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
     if capability[0] not in (9, 10):
@@ -104,9 +108,16 @@ def _bucket(M: int, measured: list[int]) -> tuple[int, int]:
 
 
 def choose(
-    M: int, N: int, K: int, dtype: str, layout: str, capability: tuple[int, int], gpu_name: str
+    M: int,
+    N: int,
+    K: int,
+    dtype: str,
+    layout: str,
+    capability: tuple[int, int],
+    gpu_name: str,
+    sm_count: int = 0,
 ) -> Choice:
-    """The mode and config for this shape on this GPU (module docstring)."""
+    """The mode and config for this shape on this GPU (module docstring); `sm_count` for the rule."""
     table = table_for(gpu_name)
     entries = [
         e
@@ -124,7 +135,7 @@ def choose(
                 f"{best['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS ({best['cublas_ms'] * 1e3:.1f} us)"
             )
             return Choice(best["mode"], best["config"], why)
-    choice = rule(M, capability, dtype)
+    choice = rule(M, capability, dtype, N, sm_count)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
     return Choice(choice.mode, choice.config, f"{choice.why} (table {table['name']} has no entry near it)")

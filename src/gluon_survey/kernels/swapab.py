@@ -32,6 +32,8 @@ from .splitk import SplitKConfig, check_operands, fp8_of, launch, split_reduce, 
 __all__ = [
     "CONFIGS",
     "FP8_CONFIGS",
+    "WHOLE_K",
+    "WHOLE_K_SHARED",
     "SwapABConfig",
     "candidates",
     "compile_specs",
@@ -151,11 +153,17 @@ def _constexprs(cfg: SwapABConfig, capability: tuple[int, int], layout: str, spl
 # 13.5-13.6 µs at 1 and 16 x 4096 x 4096 against slab's 14.7 and cuBLAS's 15.3-15.6, and 43.7 µs at
 # 64 x 4096 x 14336 against cuBLAS's 44.5.
 WHOLE_K = {16: (256, 4), 32: (256, 4), 64: (128, 6)}
+# The same tiles on rings half as deep in bytes (K steps half as wide), so that two programs share
+# an SM: for weights with more 64-row tiles than the GPU has SMs, where one program per SM would
+# leave a second, partial wave. fp8 on the H100, kernel-only (results/experiments/h100-fp8-rings):
+# at 10240 x 8192 (160 tiles) and 28672 x 4096 (448) 1-5 % faster than the WHOLE_K rings, at
+# 4096 x 14336 (64 tiles) 4-17 % slower.
+WHOLE_K_SHARED = {t: (k // 2, stages) for t, (k, stages) in WHOLE_K.items()}
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, SwapABConfig]:
     """The configs `gluon-survey tune` may pick, by label: the tile at each width of TOKENS, and the
-    whole-K tile (WHOLE_K) at 16, 32 and 64 tokens."""
+    whole-K tiles (WHOLE_K, WHOLE_K_SHARED) at 16, 32 and 64 tokens."""
     base = config_for(capability, 0, fp8)
     # 128 tokens: a 128x128 fp32 accumulator on 4 warps would spill (inspect), so 8 warps and 3 stages.
     tiles = [
@@ -165,16 +173,22 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Swap
     scale = 2 if fp8 else 1  # fp8: K steps twice as wide, the same bytes a stage (`fp8_of`)
     tiles += [
         replace(base, BLOCK_M=64, BLOCK_N=t, BLOCK_K=k * scale, STAGES=stages, SPLIT_K=1)
-        for t, (k, stages) in WHOLE_K.items()
+        for rings in (WHOLE_K, WHOLE_K_SHARED)
+        for t, (k, stages) in rings.items()
     ]
     return {c.label: c for c in tiles}
 
 
-def whole_k(capability: tuple[int, int], M: int, fp8: bool = False) -> SwapABConfig:
-    """The whole-K candidate (WHOLE_K) whose token tile is the narrowest that holds M (the widest
-    beyond)."""
+def whole_k(capability: tuple[int, int], M: int, fp8: bool = False, shared: bool = False) -> SwapABConfig:
+    """The whole-K candidate whose token tile is the narrowest that holds M (the widest beyond), on
+    the WHOLE_K ring, or (`shared`) the WHOLE_K_SHARED one."""
     width = next((t for t in sorted(WHOLE_K) if t >= M), max(WHOLE_K))
-    return next(c for c in candidates(capability, fp8).values() if c.SPLIT_K == 1 and width == c.BLOCK_N)
+    k = (WHOLE_K_SHARED if shared else WHOLE_K)[width][0] * (2 if fp8 else 1)
+    return next(
+        c
+        for c in candidates(capability, fp8).values()
+        if c.SPLIT_K == 1 and (width, k) == (c.BLOCK_N, c.BLOCK_K)
+    )
 
 
 def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> SwapABConfig:
