@@ -99,7 +99,7 @@ def test_the_fp8_rule(M, N, dtype, mode, tokens):
     if tokens:
         cfg = swapab.candidates((9, 0), fp8=True)[c.config]
         assert (1, tokens, 1) == (cfg.SPLIT_K, cfg.BLOCK_N, cfg.ELEM_BYTES)
-        rings = swapab.WHOLE_K_SHARED if N > 64 * 132 else swapab.WHOLE_K
+        rings = swapab.WHOLE_K_SHARED if 64 * 132 < N <= 4 * 64 * 132 else swapab.WHOLE_K
         assert 2 * rings[tokens][0] == cfg.BLOCK_K
         # With the SM count unknown: the one-program-per-SM ring.
         unknown = swapab.candidates((9, 0), fp8=True)[choice.rule(M, (9, 0), dtype, N).config]
@@ -110,9 +110,10 @@ def test_the_fp8_rule(M, N, dtype, mode, tokens):
 
 @pytest.mark.parametrize(
     ("N", "sm_count", "shared"),
-    [(8192, 132, False), (8448, 132, False), (8449, 132, True), (10240, 132, True), (10240, 160, False)],
-)
-def test_the_fp8_rule_shares_sms_only_past_a_wave_of_tiles(N, sm_count, shared):
+    [(8192, 132, False), (8448, 132, False), (8449, 132, True), (10240, 132, True), (10240, 160, False),
+     (28672, 132, True), (33792, 132, True), (33856, 132, False), (57344, 132, False)],
+)  # fmt: skip
+def test_the_fp8_rule_shares_sms_between_one_and_four_waves_of_tiles(N, sm_count, shared):
     cfg = swapab.candidates((9, 0), fp8=True)[choice.rule(1, (9, 0), "fp8-row", N, sm_count).config]
     assert cfg == swapab.whole_k((9, 0), 1, fp8=True, shared=shared)
 

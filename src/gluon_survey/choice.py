@@ -15,7 +15,8 @@ become the MMA's narrow N, K split to fill the SMs); M <= 256: `splitk`; larger:
 own choice by K). fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec` from M = 2049;
 swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise scales at
 M <= 64 and with per-tensor scales at M <= 16, on its shared ring (two programs an SM) where the
-weight has more 64-row tiles than the GPU has SMs; cuBLAS fp8 otherwise (warpspec lost to it at
+weight has more 64-row tiles than the GPU has SMs, but at most four times as many; cuBLAS fp8
+otherwise (warpspec lost to it at
 M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor scales).
 Other GPUs: cuBLAS (`torch`).
 """
@@ -40,6 +41,11 @@ FP8_GLUON_FROM_M = 2048
 # on 14 of the 16 (0.97-0.98x on 10240 x 8192) and 0.93-1.04x at M = 64. Up to these M, the rule
 # runs it.
 FP8_WHOLE_K_M = {"fp8-row": 64, "fp8": 16}  # at most
+# ... and on its shared ring (two programs an SM, swapab.WHOLE_K_SHARED) where the weight has more
+# 64-row tiles than the GPU has SMs, up to this many waves of them. Kernel-only on the H100
+# (docs/perf-notes.md, entry 28): 0-5 % faster than the one-program-per-SM ring at 160 and 448
+# tiles (10240 x 8192, 28672 x 4096), 0.4-3.5 % slower at 896 (57344 x 8192).
+FP8_SHARED_WAVES = 4
 # fp16/bf16 at M = 1 and 16 over the llm weights, kernel-only: slab took 0.94-0.99x swapab's time
 # on 31 of the 32 pairs, 1.01x on the other (results/h100-slab); at M = 64 it lost to cuBLAS on
 # six of the eight weights.
@@ -78,8 +84,9 @@ def rule(M: int, capability: tuple[int, int], dtype: str = "fp16", N: int = 0, s
         if most >= M:
             from .kernels.swapab import whole_k
 
-            shared = sm_count > 0 and 64 * sm_count < N  # more 64-row tiles than SMs
-            ring = ", two programs an SM (more tiles than SMs)" if shared else ""
+            tiles = N / 64  # the whole-K tile's programs
+            shared = sm_count > 0 and sm_count < tiles <= FP8_SHARED_WAVES * sm_count
+            ring = f", two programs an SM ({tiles:.0f} tiles on {sm_count} SMs)" if shared else ""
             return Choice(
                 "swapab",
                 whole_k(capability, M, fp8=True, shared=shared).label,
