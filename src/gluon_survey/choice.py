@@ -16,8 +16,8 @@ own choice by K). fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec`
 swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise scales at
 M <= 64 and with per-tensor scales at M <= 16, on its shared ring (two programs an SM) where the
 weight has more 64-row tiles than the GPU has SMs, but at most four times as many; cuBLAS fp8
-otherwise (warpspec lost to it at
-M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor scales).
+otherwise (warpspec lost to it at M = 1024 on the H100, and the whole-K tile at M = 64 with
+per-tensor scales).
 Other GPUs: cuBLAS (`torch`).
 """
 
@@ -43,7 +43,7 @@ FP8_GLUON_FROM_M = 2048
 FP8_WHOLE_K_M = {"fp8-row": 64, "fp8": 16}  # at most
 # ... and on its shared ring (two programs an SM, swapab.WHOLE_K_SHARED) where the weight has more
 # 64-row tiles than the GPU has SMs, up to this many waves of them. Kernel-only on the H100
-# (docs/perf-notes.md, entry 28): 0-5 % faster than the one-program-per-SM ring at 160 and 448
+# (docs/perf-notes.md, entry 28): 1-5 % faster than the one-program-per-SM ring at 160 and 448
 # tiles (10240 x 8192, 28672 x 4096), 0.4-3.5 % slower at 896 (57344 x 8192).
 FP8_SHARED_WAVES = 4
 # fp16/bf16 at M = 1 and 16 over the llm weights, kernel-only: slab took 0.94-0.99x swapab's time
