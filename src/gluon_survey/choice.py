@@ -84,12 +84,13 @@ def rule(M: int, capability: tuple[int, int], dtype: str = "fp16", N: int = 0, s
         if most >= M:
             from .kernels.swapab import whole_k
 
-            tiles = N / 64  # the whole-K tile's programs
+            tile = whole_k(capability, M, fp8=True)
+            tiles = -(-N // tile.BLOCK_M)  # the whole-K tile's programs
             shared = sm_count > 0 and sm_count < tiles <= FP8_SHARED_WAVES * sm_count
-            ring = f", two programs an SM ({tiles:.0f} tiles on {sm_count} SMs)" if shared else ""
+            ring = f", two programs an SM ({tiles} tiles on {sm_count} SMs)" if shared else ""
             return Choice(
                 "swapab",
-                whole_k(capability, M, fp8=True, shared=shared).label,
+                (whole_k(capability, M, fp8=True, shared=True) if shared else tile).label,
                 f"rule: {dtype}, M <= {most}: swap-AB's whole-K tile streams the weight faster than "
                 f"cuBLAS fp8{ring}",
             )
