@@ -13,6 +13,7 @@
 #               fp8-tensor, fp8-row; default bf16,fp8-tensor), modes DECODE_MODES (default torch,
 #               swapab,slab and slab's 16- and 64-row slabs)           -> decode-<dtype>.csv
 #     probe     where a slab program's time goes (scripts/slab_probe.py)  -> slab-probe*.csv/.log
+#     wholek    where swapab's whole-K tile's time goes (scripts/wholek_probe.py) -> wholek-probe*.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
 #   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
@@ -59,6 +60,9 @@ if step decode; then
 fi
 if step probe; then
   python3 scripts/slab_probe.py --output "$OUT/slab-probe.csv" 2>&1 | tee "$OUT/slab-probe.log" | tail -30
+fi
+if step wholek; then
+  python3 scripts/wholek_probe.py --output "$OUT/wholek-probe.csv" 2>&1 | tee "$OUT/wholek-probe.log" | tail -30
 fi
 if step tune; then
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \

@@ -139,32 +139,6 @@ def k_width(dtype):
     return 32 // dtype.primitive_bitwidth
 
 
-@gluon.constexpr_function
-def sub_k(dtype, BLOCK_T):
-    """K elements of a sub-step (one `mma_v2`, one accumulator chain's turn): 128 bytes of each row
-    for token tiles of 8 and 16, 32 bytes for wider ones (whose operands take 4 to 8 times the
-    registers)."""
-    return (1024 if BLOCK_T <= 16 else 256) // dtype.primitive_bitwidth
-
-
-@gluon.constexpr_function
-def chains_for(BLOCK_T, sub_steps):
-    """Independent accumulators a warp keeps: 4 for a token tile of 8 (one m16n8 MMA per 16 of
-    K), 2 for 16, 1 from 32 (four and more m16n8 MMAs per 16 of K, independent already); at most
-    one per sub-step of a stage."""
-    return max(1, min(4, 32 // BLOCK_T, sub_steps))
-
-
-@gluon.jit
-def sub_step(w_view, xt_view, j: gl.constexpr, SUB_K: gl.constexpr, layout: gl.constexpr):
-    """The MMA operands of sub-step j of a stage: the weight's [BLOCK_W, SUB_K] and the tokens'
-    [SUB_K, BLOCK_T] slices, in mma.sync's register layouts."""
-    KW: gl.constexpr = k_width(xt_view.dtype)
-    w = w_view.slice(j * SUB_K, SUB_K, dim=1).load(gl.DotOperandLayout(0, layout, KW))
-    xt = xt_view.slice(j * SUB_K, SUB_K, dim=0).load(gl.DotOperandLayout(1, layout, KW))
-    return w, xt
-
-
 @gluon.jit
 def slab_kernel(
     x_desc,
@@ -197,31 +171,21 @@ def slab_kernel(
         )  # fmt: skip
 
     layout: gl.constexpr = slab_layout(gl.num_warps())
-    SUB_K: gl.constexpr = sub_k(x_desc.dtype, BLOCK_T)
-    # CHAINS accumulators, the sub-steps of a stage dealt out among them in turn, so that a warp's
-    # MMAs do not all wait for each other. Measured: -2 to +1 %, because the compiler still issues
-    # each sub-step's loads right before its MMA, and their latency sets the pace instead
-    # (docs/perf-notes.md, entry 26).
-    CHAINS: gl.constexpr = chains_for(BLOCK_T, BLOCK_K // SUB_K)
-    acc0 = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout)
-    acc1 = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout)
-    acc2 = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout)
-    acc3 = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout)
+    KW: gl.constexpr = k_width(x_desc.dtype)
+    SUB_K: gl.constexpr = 256 // x_desc.dtype.primitive_bitwidth  # 32 bytes of K a sub-step
+    acc = gl.zeros([BLOCK_W, BLOCK_T], gl.float32, layout)
     ring = Ring.start(STAGES)
     for k in range(k_steps):
         slot = ring.slot()
         ring.wait_filled(ready)
         w_view, xt_view = swapped_operands(x_bufs.index(slot), w_bufs.index(slot), W_KMAJOR)
-        for j in gl.static_range(BLOCK_K // SUB_K):  # sub-step j feeds chain j % CHAINS
-            w, xt = sub_step(w_view, xt_view, j, SUB_K, layout)
-            if j % CHAINS == 0:
-                acc0 = mma_v2(w, xt, acc0)
-            elif j % CHAINS == 1:
-                acc1 = mma_v2(w, xt, acc1)
-            elif j % CHAINS == 2:
-                acc2 = mma_v2(w, xt, acc2)
-            else:
-                acc3 = mma_v2(w, xt, acc3)
+        # A sub-step's operands at a time: loading a whole 64-token step's at once spilled (8 B).
+        # One accumulator: four, the sub-steps dealt out among them, measured -2 to +1 %
+        # (docs/perf-notes.md, entry 26); the loads' latency, not the MMAs', sets the pace.
+        for j in gl.static_range(BLOCK_K // SUB_K):
+            w = w_view.slice(j * SUB_K, SUB_K, dim=1).load(gl.DotOperandLayout(0, layout, KW))
+            xt = xt_view.slice(j * SUB_K, SUB_K, dim=0).load(gl.DotOperandLayout(1, layout, KW))
+            acc = mma_v2(w, xt, acc)
         # Every warp has read the stage (the barrier), the reads are ordered before the async
         # proxy's writes (the fence): TMA refills it with step k + STAGES.
         cta_barrier()
@@ -232,7 +196,6 @@ def slab_kernel(
         )  # fmt: skip
         ring = ring.next()
     invalidate_barriers(ready, STAGES)
-    acc = (acc0 + acc1) + (acc2 + acc3)  # the unused chains are zeros
     store_sum(c_desc, gl.permute(acc, (1, 0)), off_t, off_w, scale_a, scale_b, SCALING)
 
 
