@@ -38,8 +38,12 @@ from gluon_survey.driver.shapes import Shape
 
 WEIGHTS = [(4096, 4096), (4096, 14336), (6144, 4096), (8192, 8192), (8192, 28672), (10240, 8192),
            (28672, 4096), (57344, 8192)]  # fmt: skip
-# (ROWS, BLOCK_K in bytes of a row, num_warps)
-CONFIGS = [(4, 2048, 4), (8, 2048, 4), (2, 2048, 2), (4, 1024, 4), (8, 1024, 8), (16, 1024, 8)]
+# (ROWS, BLOCK_K in bytes of a row, num_warps, PREFETCH); run 1 had the six without prefetch
+CONFIGS = [(8, 2048, 4, False), (16, 1024, 8, False)] + [
+    (r, kb, nw, True)
+    for r, kb, nw in [(4, 2048, 4), (8, 2048, 4), (2, 2048, 2), (1, 2048, 1), (4, 1024, 4), (16, 1024, 8),
+                      (2, 4096, 2), (8, 512, 4)]
+]  # fmt: skip
 
 
 @gluon.jit
@@ -54,8 +58,12 @@ def gemv_kernel(
     BLOCK_K: gl.constexpr,
     SCALED: gl.constexpr,
     EVEN_K: gl.constexpr,
+    PREFETCH: gl.constexpr,
 ):
-    """c[n] = sum_k w[n, k] x[k] for ROWS rows n of a contiguous [N, K] weight (times *scale)."""
+    """c[n] = sum_k w[n, k] x[k] for ROWS rows n of a contiguous [N, K] weight (times *scale).
+    PREFETCH loads chunk i + 1 before multiplying chunk i (two chunks of registers a thread), so
+    a warp keeps its loads in flight while it multiplies; without it each chunk's loads wait for
+    the previous chunk's FMAs."""
     VEC: gl.constexpr = 128 // w_ptr.dtype.element_ty.primitive_bitwidth  # 16 bytes a load
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
     rows = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
@@ -63,22 +71,35 @@ def gemv_kernel(
     row_ok = gl.expand_dims(rows < N, 1)
     w_rows = w_ptr + gl.expand_dims(rows.to(gl.int64) * K, 1)
     acc = gl.zeros([ROWS, BLOCK_K], gl.float32, layout)
-    for k in range(0, K, BLOCK_K):
-        kk = k + cols
-        if EVEN_K:
-            x = gl.load(x_ptr + kk)
-            w = gl.load(w_rows + gl.expand_dims(kk, 0), mask=row_ok)
-        else:
-            x = gl.load(x_ptr + kk, mask=kk < K, other=0.0)
-            w = gl.load(w_rows + gl.expand_dims(kk, 0), mask=row_ok & gl.expand_dims(kk < K, 0), other=0.0)
-        acc += w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 0)
+    if PREFETCH:
+        x_next, w_next = _chunk(x_ptr, w_rows, row_ok, cols, K, False)
+        for k in range(0, K, BLOCK_K):
+            x, w = x_next, w_next
+            x_next, w_next = _chunk(x_ptr, w_rows, row_ok, k + BLOCK_K + cols, K, False)  # none past K
+            acc += w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 0)
+    else:
+        for k in range(0, K, BLOCK_K):
+            x, w = _chunk(x_ptr, w_rows, row_ok, k + cols, K, EVEN_K)
+            acc += w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 0)
     out = gl.sum(acc, axis=1)
     if SCALED:
         out = out * gl.load(scale)
     gl.store(c_ptr + rows, out.to(c_ptr.dtype.element_ty), mask=rows < N)
 
 
-def gemv_call(a, w, scale, rows: int, block_bytes: int, warps: int):
+@gluon.jit
+def _chunk(x_ptr, w_rows, row_ok, kk, K, EVEN_K: gl.constexpr):
+    """The token's and the rows' elements at columns kk (masked past K unless EVEN_K)."""
+    if EVEN_K:
+        x = gl.load(x_ptr + kk)
+        w = gl.load(w_rows + gl.expand_dims(kk, 0), mask=row_ok)
+    else:
+        x = gl.load(x_ptr + kk, mask=kk < K, other=0.0)
+        w = gl.load(w_rows + gl.expand_dims(kk, 0), mask=row_ok & gl.expand_dims(kk < K, 0), other=0.0)
+    return x, w
+
+
+def gemv_call(a, w, scale, rows: int, block_bytes: int, warps: int, prefetch: bool):
     """The probe over one token a [1, K] and the [N, K] weight w; out [1, N] (bf16 for fp8)."""
     N, K = w.shape
     block_k = block_bytes // w.element_size()
@@ -88,6 +109,7 @@ def gemv_call(a, w, scale, rows: int, block_bytes: int, warps: int):
     grid = (triton.cdiv(N, rows),)
     s = scale if scale is not None else out
     flags = {"ROWS": rows, "BLOCK_K": block_k, "SCALED": scale is not None, "EVEN_K": K % block_k == 0}
+    flags["PREFETCH"] = prefetch
 
     def fn():
         gemv_kernel[grid](a, w, out, s, N, K, **flags, num_warps=warps)
@@ -116,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                 "torch": call_of("torch", a, b, scales, None)[0],
                 "auto": call_of("auto", a, b, scales, None)[0],
             }
-            for r, kb, nw in CONFIGS:
-                variants[f"gemv r{r} k{kb} w{nw}"] = gemv_call(a, w, scale, r, kb, nw)
+            for r, kb, nw, pre in CONFIGS:
+                variants[f"gemv r{r} k{kb} w{nw}{' prefetch' if pre else ''}"] = gemv_call(
+                    a, w, scale, r, kb, nw, pre
+                )
             ref = (a.float() @ w.float().t()) * (scale.item() if fp8 else 1.0)
             for name, fn in variants.items():
                 if name.startswith("gemv"):
