@@ -2,7 +2,8 @@
 `make test`, 3.9.0), and its machine code is what the rung claims: wgmma (HGMMA), TMA loads and
 stores (UTMALDG/UTMASTG), no local-memory spills, the shared memory its config computes, and, for
 warpspec, the producer giving registers to the MMA warpgroups (USETMAXREG). (slab multiplies with
-mma.sync by design: its machine code is tests/test_slab_compile.py's.)"""
+mma.sync and gemv with FMAs by design: their machine code is tests/test_slab_compile.py's and
+tests/test_gemv_compile.py's.)"""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ def test_every_rung_has_hopper_specs_for_both_b_layouts():
         assert any(label.endswith("B=t") for label in labels), (mode.name, labels)
 
 
-# slab multiplies with mma.sync (HMMA), by design: its machine code is tests/test_slab_compile.py's.
-@pytest.mark.parametrize(("mode", "dtype", "index"), [p for p in SPECS if p.values[0] != "slab"])
+# slab multiplies with mma.sync (HMMA) and gemv with FMAs, by design: their own tests check them.
+NOT_WGMMA = ("slab", "gemv")
+
+
+@pytest.mark.parametrize(("mode", "dtype", "index"), [p for p in SPECS if p.values[0] not in NOT_WGMMA])
 def test_rung_machine_code(mode, dtype, index):
     spec, r = compiled_report(mode, "sm_90a", dtype, index)
     assert r.error is None, r.error
@@ -47,7 +51,7 @@ def test_rung_machine_code(mode, dtype, index):
     assert 0 < r.shared_bytes <= common.SMEM_LIMIT
 
 
-@pytest.mark.parametrize(("mode", "dtype", "index"), SPECS)
+@pytest.mark.parametrize(("mode", "dtype", "index"), [p for p in SPECS if p.values[0] != "gemv"])
 def test_config_computes_the_compilers_shared_memory(mode, dtype, index):
     """GemmConfig.smem_bytes() is the compiled kernel's shared memory but for its mbarriers (8 B each)."""
     spec, r = compiled_report(mode, "sm_90a", dtype, index)

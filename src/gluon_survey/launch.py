@@ -111,3 +111,7 @@ class CompileSpec:
     options: dict[str, object]
     gluon: bool = True
     config: object = None  # the rung's config (GemmConfig), where it has one
+    # Arguments a launch specializes as multiples of 16 (pointers: 16-byte aligned), for a kernel
+    # that takes pointers and integers rather than descriptors (a GPU-less compile knows nothing
+    # of the buffers, and vectorizes only what it is told is aligned).
+    divisible: tuple[str, ...] = ()

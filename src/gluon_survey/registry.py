@@ -123,6 +123,14 @@ MODES: tuple[Mode, ...] = (
         fp8=True,
     ),
     Mode(
+        "gemv",
+        "rung 0's read plus a multiply, for one token: the weight streamed by many small programs with "
+        "16-byte loads into registers, CUDA-core FMAs, no tensor core, no shared memory (decode, M = 1)",
+        "gluon",
+        ("sm_90", "sm_100"),
+        "gluon_survey.kernels.gemv",
+    ),
+    Mode(
         "auto",
         "what matmul(kernel=None) runs: per shape, the mode the committed table measured fastest, "
         "or the documented rule",

@@ -81,6 +81,7 @@ FULL_FORM_FAMILIES = (
     "LDTM",
     "STTM",
     "UTMA",  # TMA: UTMALDG, UTMASTG, UTMAPF, UTMACMDFLUSH, UTMACCTL
+    "LDG",  # global loads: LDG.E.128 is a 16-byte vector
     "LDL",
     "STL",
     "USETMAXREG",
@@ -301,13 +302,14 @@ def ptx_register_hints(ptx: str) -> tuple[int | None, dict[str, list[int]], int 
 
 
 def _ast_source(spec: CompileSpec) -> object:
+    attrs = {(spec.fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in spec.divisible}
     if spec.gluon:
         from gluon_survey.compat import GluonASTSource
 
-        return GluonASTSource(spec.fn, spec.signature, spec.constexprs)
+        return GluonASTSource(spec.fn, spec.signature, spec.constexprs, attrs)
     from triton.compiler import ASTSource
 
-    return ASTSource(spec.fn, spec.signature, spec.constexprs)
+    return ASTSource(spec.fn, spec.signature, spec.constexprs, attrs)
 
 
 def compile_spec(spec: CompileSpec, arch: str) -> Compiled:

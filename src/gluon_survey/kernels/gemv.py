@@ -1,0 +1,246 @@
+"""Rung gemv: rung 0's read plus a multiply, for one token.
+
+The idea: at M = 1 the GEMM is a matrix-vector product, 2 N K FLOPs over N K weight elements, a
+couple of percent of what the CUDA cores do while the bytes stream (34 MFLOP at 4096 x 4096 in
+the ~11 µs its 33 MB take at 3 TB/s). So it needs no tensor core, no shared memory and no TMA
+ring: each program takes ROWS rows of the weight and streams them as rung 0's copy streams a
+buffer, with 16-byte loads straight into registers, many small programs resident on every SM;
+it multiplies each chunk by the token's chunk (from L2: every program reads the same K elements),
+keeps a [ROWS, BLOCK_K] fp32 partial in registers and sums it once at the end. The one thing the
+loop adds to a read is the prefetch: chunk i + 1 is loaded before chunk i is multiplied, so a
+warp's loads stay in flight while it multiplies (without it each chunk's loads waited for the
+previous chunk's FMAs, and the rung ran 3-8 % slower on the 4096- to 10240-wide weights).
+
+Why it beats the tensor-core designs here: swapab's whole-K tile and slab move the weight through
+a TMA ring into shared memory, one program per 64-row tile or per slab, and the ring alone stays
+0.4-1.2 µs over a read of the same bytes at 4096- and 6144-wide weights (docs/perf-notes.md,
+entries 29 and 30). Kernel-only on the H100 at M = 1 in bf16, this loop ran 1-7 % faster than
+`auto` on all eight decode weights, within 0.3 µs of the read at 6144 x 4096.
+
+Where it does not apply: several tokens multiply the FMAs (16 tokens at 4096 x 4096 would keep the
+CUDA cores busy for ~8 of the ~12 µs), so M > 1 runs the same loop once per token, correct but
+re-reading the weight from L2 each time; `matmul(kernel=None)` runs gemv only where `tune`
+measured it fastest. fp8 operands are refused: converting e4m3 to fp32 element by element took
+more instructions than the bytes leave time for, and this loop measured 1-10 % slower than the
+whole-K tile on the fp8 decode weights (entry 30). A row-major B ([K, N], unit stride along N) is
+streamed along N instead: a program takes BLOCK_N columns and walks K, a layout no table picks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
+from .common import Launcher
+
+__all__ = [
+    "CONFIGS",
+    "GemvConfig",
+    "candidates",
+    "compile_specs",
+    "config_for",
+    "gemv_kernel",
+    "prepare",
+    "unsupported_reason",
+]
+
+VECTOR_BYTES = 16  # one LDG.E.128 a thread
+_VECTOR_BITS = gl.constexpr(8 * VECTOR_BYTES)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """ROWS weight rows a program (for a row-major B: columns, in steps of a warp's 16-byte vectors),
+    K in chunks of BLOCK_K elements, num_warps warps (one weight row each, or ROWS / num_warps)."""
+
+    ROWS: int = 2
+    BLOCK_K: int = 2048
+    num_warps: int = 2
+    ELEM_BYTES: int = 2
+
+    def __post_init__(self):
+        vector = VECTOR_BYTES // self.ELEM_BYTES
+        if self.BLOCK_K % (32 * vector):
+            raise ValueError(
+                f"BLOCK_K ({self.BLOCK_K}) must be a multiple of a warp's vectors ({32 * vector})"
+            )
+        if self.ROWS % self.num_warps:
+            raise ValueError(f"ROWS ({self.ROWS}) must be a multiple of num_warps ({self.num_warps})")
+
+    @property
+    def label(self) -> str:
+        return f"R{self.ROWS}xK{self.BLOCK_K} w{self.num_warps}"
+
+    def table(self) -> dict[str, object]:
+        return {"BLOCK_M": 1, "BLOCK_N": self.ROWS, "BLOCK_K": self.BLOCK_K, "num_warps": self.num_warps,
+                "mma": "none (FMA)"}  # fmt: skip
+
+
+# Two rows of 4 KB chunks on two warps: kernel-only at 1 x N x K bf16 on the H100, the fastest or
+# within 1 % of it on six of the eight decode weights, and within 3 % on the others
+# (results/experiments/h100-gemv). `tune` also tries 2 KB chunks and 8 rows on 4 warps.
+CONFIGS = {major: GemvConfig() for major in (9, 10)}
+
+
+def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, GemvConfig]:
+    """The configs `gluon-survey tune` may pick, by label (none for fp8 operands)."""
+    if fp8:
+        return {}
+    base = config_for(capability, 0)
+    tiles = [
+        base,
+        GemvConfig(ROWS=2, BLOCK_K=1024, num_warps=2),
+        GemvConfig(ROWS=8, BLOCK_K=1024, num_warps=4),
+    ]
+    return {c.label: c for c in tiles}
+
+
+def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> GemvConfig:
+    if fp8:
+        raise ValueError(_FP8)
+    return CONFIGS[capability[0]]
+
+
+def unsupported_reason(capability: tuple[int, int]) -> str | None:
+    """Plain loads and FMAs: any GPU the ladder runs on (its configs are per architecture)."""
+    if capability[0] in CONFIGS:
+        return None
+    return f"gemv has configs for sm_90 and sm_100; this GPU is sm_{capability[0]}{capability[1]}"
+
+
+_FP8 = (
+    "gemv takes fp16/bf16 operands only: for fp8, converting e4m3 to fp32 per element measured slower "
+    "than swapab's whole-K tile (docs/perf-notes.md, entry 30); use kernel='swapab' or kernel=None"
+)
+
+
+@gluon.jit
+def _chunk(a_row, w_ptr, offs_n, offs_k, N, K, stride_w, W_KMAJOR: gl.constexpr):
+    """The token's elements at offs_k and the weight's at (offs_n, offs_k), 0 past N and K, as a
+    [ROWS, BLOCK_K] tile (W_KMAJOR) or a [BLOCK_K, ROWS] one."""
+    x = gl.load(a_row + offs_k, mask=offs_k < K, other=0.0)
+    if W_KMAJOR:  # w[n, k] at n * stride_w + k
+        ptrs = gl.expand_dims(offs_n.to(gl.int64) * stride_w, 1) + gl.expand_dims(offs_k, 0)
+        mask = gl.expand_dims(offs_n < N, 1) & gl.expand_dims(offs_k < K, 0)
+    else:  # b[k, n] at k * stride_w + n
+        ptrs = gl.expand_dims(offs_k.to(gl.int64) * stride_w, 1) + gl.expand_dims(offs_n, 0)
+        mask = gl.expand_dims(offs_k < K, 1) & gl.expand_dims(offs_n < N, 0)
+    return x, gl.load(w_ptr + ptrs, mask=mask, other=0.0)
+
+
+@gluon.jit
+def gemv_kernel(
+    a_ptr,
+    w_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_w,
+    stride_cm,
+    ROWS: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    W_KMAJOR: gl.constexpr,
+):
+    """c[m, n] = sum_k a[m, k] w[n, k] for ROWS rows n of the weight and every token m (a loop):
+    W_KMAJOR, w is the [N, K] weight (row stride stride_w); else b = [K, N] (row stride stride_w).
+    The loads are 16 bytes wide where the launch specializes the bases, the row strides and the
+    extent along the unit stride as multiples of 16 (as it does on every llm weight)."""
+    VEC: gl.constexpr = _VECTOR_BITS // w_ptr.dtype.element_ty.primitive_bitwidth
+    if W_KMAJOR:  # a warp's 32 vectors run along K, the warps down the rows
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
+        offs_n = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
+        acc_shape: gl.constexpr = [ROWS, BLOCK_K]
+        SUM_AXIS: gl.constexpr = 1
+    else:  # along N (b's unit stride): ROWS columns (a warp's vectors), K down the warps
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
+        offs_n = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout))
+        cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, layout))
+        acc_shape: gl.constexpr = [BLOCK_K, ROWS]
+        SUM_AXIS: gl.constexpr = 0
+    for m in range(M):
+        a_row = a_ptr + m * stride_am
+        acc = gl.zeros(acc_shape, gl.float32, layout)
+        x_next, w_next = _chunk(a_row, w_ptr, offs_n, cols, N, K, stride_w, W_KMAJOR)
+        for k in range(0, K, BLOCK_K):
+            x, w = x_next, w_next
+            # The next chunk's loads go out before this one's FMAs (none past K: masked off).
+            x_next, w_next = _chunk(a_row, w_ptr, offs_n, k + BLOCK_K + cols, N, K, stride_w, W_KMAJOR)
+            acc += w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 1 - SUM_AXIS)
+        out = gl.sum(acc, axis=SUM_AXIS)
+        gl.store(c_ptr + m * stride_cm + offs_n, out.to(c_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+class GemvPlan:
+    """The launch on other tensors of the problem `prepare` checked (`gluon_survey.api`'s plan
+    cache keys them on shapes, strides, dtypes and 16-byte alignment): the kernel's scalar
+    arguments are the same for all of them, so a call only passes the three tensors."""
+
+    def __init__(self, launcher: Launcher, scalars: tuple[int, ...]):
+        self.launcher, self.scalars = launcher, scalars
+
+    def launch(self, a, b, out, scales: Scales | None = None) -> None:
+        self.launcher(a, b, out, *self.scalars)
+
+
+def _constexprs(cfg: GemvConfig, kmajor: bool) -> dict[str, object]:
+    """The kernel's tile: the config's for the [N, K] weight; for a row-major B, one warp's
+    16-byte vectors of columns (32 of them) by four K rows a warp."""
+    if kmajor:
+        return {"ROWS": cfg.ROWS, "BLOCK_K": cfg.BLOCK_K, "W_KMAJOR": True}
+    return {"ROWS": 32 * VECTOR_BYTES // cfg.ELEM_BYTES, "BLOCK_K": 4 * cfg.num_warps, "W_KMAJOR": False}
+
+
+def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Scales | None = None) -> Launch:
+    """out = a @ b, one program per ROWS rows (columns) of the weight."""
+    if scales is not None or a.element_size() == 1:
+        raise ValueError(_FP8)
+    cfg = cfg or config_for(target.capability, a.shape[1])
+    (M, K), N = a.shape, b.shape[1]
+    kmajor = is_kmajor(b_layout(b))
+    stride_w = b.stride(1) if kmajor else b.stride(0)
+    constexprs = _constexprs(cfg, kmajor)
+    grid = (triton.cdiv(N, constexprs["ROWS"]),)
+    plan = GemvPlan(
+        Launcher(gemv_kernel, grid, constexprs, cfg.num_warps),
+        (M, N, K, a.stride(0), stride_w, out.stride(0)),
+    )
+
+    def fn():
+        plan.launch(a, b, out)
+
+    fn.plan = plan
+    return Launch(fn, cfg.table() | {"grid": grid[0]})
+
+
+def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
+    """Every candidate, both B layouts, with the pointers and integers a launch on the llm weights
+    specializes as multiples of 16 (`divisible`), so the SASS shows the loads such a launch runs."""
+    if unsupported_reason(capability) or dtype not in ("float16", "bfloat16"):
+        return []
+    ty = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
+    specs = []
+    for cfg in candidates(capability).values():
+        for layout in ("row", "t"):
+            constexprs = _constexprs(cfg, is_kmajor(layout))
+            signature = {"a_ptr": ty, "w_ptr": ty, "c_ptr": ty, "M": "i32", "N": "i32", "K": "i32"}
+            signature |= {"stride_am": "i32", "stride_w": "i32", "stride_cm": "i32"}
+            specs.append(
+                CompileSpec(
+                    "gemv",
+                    f"gemv_kernel {cfg.label} B={layout}",
+                    gemv_kernel,
+                    signature | dict.fromkeys(constexprs, "constexpr"),
+                    constexprs,
+                    {"num_warps": cfg.num_warps},
+                    config=cfg,
+                    divisible=("a_ptr", "w_ptr", "c_ptr", "N", "K", "stride_am", "stride_w", "stride_cm"),
+                )
+            )
+    return specs

@@ -1,0 +1,67 @@
+"""The gemv rung without a GPU: it compiles for sm_90a and sm_100a (both B layouts, every config
+`tune` may pick) and its SASS is what its docstring claims: 16-byte loads straight into registers
+(LDG.E.128), CUDA-core FMAs, no MMA of any kind, no TMA, no shared-memory ring, no spills. On the
+host: fp8 operands are refused with the reason, and the launch plan passes only the tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gluon_survey.kernels import gemv
+from gluon_survey.launch import Scales, Target
+from kernel_reports import compiled_report, specs
+
+pytestmark = pytest.mark.compile
+
+CASES = [
+    pytest.param(arch, dtype, i, id=f"{arch}-{dtype}-{spec.kernel.replace(' ', '-')}")
+    for arch in ("sm_90a", "sm_100a")
+    for dtype in ("float16", "bfloat16")
+    for i, spec in enumerate(specs("gemv", arch, dtype))
+]
+MMAS = ("HMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA")
+
+
+@pytest.mark.parametrize(("arch", "dtype", "index"), CASES)
+def test_gemv_machine_code(arch, dtype, index):
+    spec, r = compiled_report("gemv", arch, dtype, index)
+    assert r.error is None, r.error
+    wide = sum(n for op, n in r.sass.items() if op.startswith("LDG.") and op.endswith(".128"))
+    assert wide > 0, f"no 16-byte loads in {spec.kernel}: {r.sass}"
+    assert r.count("FFMA") + r.count("FFMA2") > 0, f"no FMAs in {spec.kernel}: {r.sass}"
+    assert all(r.count(m) == 0 for m in MMAS), f"an MMA in {spec.kernel}: {r.sass}"
+    assert r.count("UTMALDG") == 0 and r.count("LDSM") == 0
+    assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
+    assert r.spill_bytes == 0 and r.stack_bytes == 0
+
+
+def test_every_candidate_is_compiled_for_both_layouts():
+    labels = {s.kernel for s in specs("gemv", "sm_90a")}
+    for cfg in gemv.candidates((9, 0)).values():
+        assert {f"gemv_kernel {cfg.label} B=row", f"gemv_kernel {cfg.label} B=t"} <= labels
+
+
+def test_fp8_is_refused_with_the_reason():
+    assert gemv.candidates((9, 0), fp8=True) == {}
+    with pytest.raises(ValueError, match="fp16/bf16 operands only"):
+        gemv.config_for((9, 0), 4096, fp8=True)
+    a = torch.empty(1, 64, dtype=torch.float8_e4m3fn)
+    b = torch.empty(32, 64, dtype=torch.float8_e4m3fn).t()
+    one = torch.ones(1)
+    with pytest.raises(ValueError, match="whole-K tile"):
+        gemv.prepare(
+            a,
+            b,
+            torch.empty(1, 32, dtype=torch.bfloat16),
+            Target((9, 0), 132),
+            None,
+            Scales(one, one, "tensor"),
+        )
+
+
+def test_config_refuses_tiles_that_do_not_divide():
+    with pytest.raises(ValueError, match="multiple of a warp's vectors"):
+        gemv.GemvConfig(BLOCK_K=1000)
+    with pytest.raises(ValueError, match="multiple of num_warps"):
+        gemv.GemvConfig(ROWS=3, num_warps=2)
