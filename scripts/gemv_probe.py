@@ -22,7 +22,6 @@ Not part of the package: an experiment, run on the GPU with
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, kernel_times, operands, write_csv
+from kernel_time import call_of, flush_buffers, kernel_times, operands, spread, write_csv
 
 from gluon_survey.driver.shapes import Shape
 
@@ -123,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--output", required=True)
     args = p.parse_args(argv)
-    flush = torch.randn(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
-    sink = torch.empty(triton.cdiv(flush.numel(), 8192), device="cuda")
+    flush, sink = flush_buffers()
     rows = []
     for dtype in ("bf16", "fp8"):
         for N, K in WEIGHTS:
@@ -149,11 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                     err = ((got - ref).abs().max() / ref.abs().max()).item()
                     if not err <= 1e-2:  # NaN (an unwritten row) fails too
                         raise RuntimeError(f"{name} at 1x{N}x{K} {dtype}: relative error {err:.3g}")
-                times = kernel_times(fn, args.reps, flush, sink)
-                q = statistics.quantiles(times, n=5)
-                med = statistics.median(times)
+                med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
                 row = {"M": 1, "N": N, "K": K, "dtype": dtype, "variant": name, "us_median": round(med, 2),
-                       "us_p20": round(q[0], 2), "us_p80": round(q[-1], 2),
+                       "us_p20": round(p20, 2), "us_p80": round(p80, 2),
                        "gbps": round(moved / med / 1e3, 1)}  # fmt: skip
                 rows.append(row)
                 print(",".join(str(v) for v in row.values()), flush=True)

@@ -116,6 +116,18 @@ def kernel_times(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> list
     return groups
 
 
+def flush_buffers() -> tuple[torch.Tensor, torch.Tensor]:
+    """`kernel_times`' flush source (twice this GPU's L2, fp32) and its per-program sink."""
+    flush = torch.randn(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
+    return flush, torch.empty(triton.cdiv(flush.numel(), READ_BLOCK), device="cuda")
+
+
+def spread(times: list[float]) -> tuple[float, float, float]:
+    """Median, p20 and p80 of `kernel_times`' calls (µs)."""
+    q = statistics.quantiles(times, n=5)
+    return statistics.median(times), q[0], q[-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", required=True, help="CSV of M,N,K")
@@ -125,21 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--output", required=True)
     args = p.parse_args(argv)
-    flush = torch.randn(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
-    sink = torch.empty(triton.cdiv(flush.numel(), READ_BLOCK), device="cuda")
+    flush, sink = flush_buffers()
     rows = []
     for shape in read_csv(args.shapes):
         a, b, scales = operands(shape, args.dtype, args.scaling)
         moved = a.numel() * a.element_size() + b.numel() * b.element_size() + shape.M * shape.N * 2
         for mode in ["copy", "read", *args.modes.split(",")]:
             fn, copy_bytes = call_of(mode, a, b, scales, moved)
-            times = kernel_times(fn, args.reps, flush, sink)
-            q = statistics.quantiles(times, n=5)
-            med = statistics.median(times)
+            med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
             nbytes = copy_bytes or moved
             row = {
                 "M": shape.M, "N": shape.N, "K": shape.K, "dtype": args.dtype, "scaling": args.scaling,
-                "mode": mode, "us_median": round(med, 2), "us_p20": round(q[0], 2), "us_p80": round(q[-1], 2),
+                "mode": mode, "us_median": round(med, 2), "us_p20": round(p20, 2), "us_p80": round(p80, 2),
                 "bytes": nbytes, "gbps": round(nbytes / med / 1e3, 1),
             }  # fmt: skip
             rows.append(row)

@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, kernel_times, operands, write_csv
+from kernel_time import call_of, flush_buffers, kernel_times, operands, spread, write_csv
 
 from gluon_survey.api import target_of
 from gluon_survey.compat import cta_barrier, tma_load
@@ -241,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--output", required=True)
     args = p.parse_args(argv)
-    flush = torch.randn(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
-    sink = torch.empty(triton.cdiv(flush.numel(), 8192), device="cuda")
+    flush, sink = flush_buffers()
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     rows, clock_rows = [], []
     for M, N, K in SHAPES:
@@ -267,11 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                 err = ((got - ref).abs().max() / ref.abs().max()).item()
                 if err > 1e-2:
                     raise RuntimeError(f"{name} at {M}x{N}x{K}: relative error {err:.3g}")
-            times = kernel_times(fn, args.reps, flush, sink)
-            q = statistics.quantiles(times, n=5)
-            med = statistics.median(times)
+            med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
             row = {"M": M, "N": N, "K": K, "variant": name, "us_median": round(med, 2),
-                   "us_p20": round(q[0], 2), "us_p80": round(q[-1], 2)}  # fmt: skip
+                   "us_p20": round(p20, 2), "us_p80": round(p80, 2)}  # fmt: skip
             rows.append(row)
             print(",".join(str(v) for v in row.values()), flush=True)
         for r in (32, 64):

@@ -29,7 +29,6 @@ Not part of the package: an experiment, run on the GPU with
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, kernel_times, operands, write_csv
+from kernel_time import call_of, flush_buffers, kernel_times, operands, spread, write_csv
 from slab_probe import _now, stream_call
 
 from gluon_survey.api import target_of
@@ -211,8 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--output", required=True)
     args = p.parse_args(argv)
-    flush = torch.randn(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, device="cuda")
-    sink = torch.empty(triton.cdiv(flush.numel(), 8192), device="cuda")
+    flush, sink = flush_buffers()
     rows, clock_rows = [], []
     for M, N, K, dtype in SHAPES:
         a, b, scales = operands(Shape(M, N, K), dtype, "tensor")
@@ -245,11 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                 err = ((got - ref).abs().max() / ref.abs().max()).item()
                 if not err <= 2e-2:  # NaN (an unwritten tile) fails too
                     raise RuntimeError(f"{name} at {M}x{N}x{K} {dtype}: relative error {err:.3g}")
-            times = kernel_times(fn, args.reps, flush, sink)
-            q = statistics.quantiles(times, n=5)
-            med = statistics.median(times)
+            med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
             row = {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, "us_median": round(med, 2),
-                   "us_p20": round(q[0], 2), "us_p80": round(q[-1], 2)}  # fmt: skip
+                   "us_p20": round(p20, 2), "us_p80": round(p80, 2)}  # fmt: skip
             rows.append(row)
             print(",".join(str(v) for v in row.values()), flush=True)
         for epi, name in EPILOGUES.items():

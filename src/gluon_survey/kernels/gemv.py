@@ -149,14 +149,15 @@ def gemv_kernel(
     The loads are 16 bytes wide where the launch specializes the bases, the row strides and the
     extent along the unit stride as multiples of 16 (as it does on every llm weight)."""
     VEC: gl.constexpr = _VECTOR_BITS // w_ptr.dtype.element_ty.primitive_bitwidth
-    if W_KMAJOR:  # a warp's 32 vectors run along K, the warps down the rows
-        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
+    # A warp's 32 vectors run along the unit stride (K of the weight, or N of a row-major B), the
+    # warps down the other dimension.
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
+    if W_KMAJOR:
         offs_n = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
         acc_shape: gl.constexpr = [ROWS, BLOCK_K]
         SUM_AXIS: gl.constexpr = 1
-    else:  # along N (b's unit stride): ROWS columns (a warp's vectors), K down the warps
-        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
+    else:  # ROWS columns (a warp's vectors), K down the warps
         offs_n = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout))
         cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, layout))
         acc_shape: gl.constexpr = [BLOCK_K, ROWS]
