@@ -55,7 +55,8 @@ _VECTOR_BITS = gl.constexpr(8 * VECTOR_BYTES)
 @dataclass(frozen=True)
 class GemvConfig:
     """ROWS weight rows a program (for a row-major B: columns, in steps of a warp's 16-byte vectors),
-    K in chunks of BLOCK_K elements, num_warps warps (one weight row each, or ROWS / num_warps)."""
+    K in chunks of BLOCK_K elements, num_warps warps: ROWS / num_warps rows a warp, or, with fewer
+    rows than warps, num_warps / ROWS warps side by side along each row's K."""
 
     ROWS: int = 2
     BLOCK_K: int = 2048
@@ -63,13 +64,13 @@ class GemvConfig:
     ELEM_BYTES: int = 2
 
     def __post_init__(self):
-        vector = VECTOR_BYTES // self.ELEM_BYTES
-        if self.BLOCK_K % (32 * vector):
+        if self.ROWS % self.num_warps and self.num_warps % self.ROWS:
             raise ValueError(
-                f"BLOCK_K ({self.BLOCK_K}) must be a multiple of a warp's vectors ({32 * vector})"
+                f"ROWS ({self.ROWS}) and num_warps ({self.num_warps}): one must be a multiple of the other"
             )
-        if self.ROWS % self.num_warps:
-            raise ValueError(f"ROWS ({self.ROWS}) must be a multiple of num_warps ({self.num_warps})")
+        width = 32 * VECTOR_BYTES // self.ELEM_BYTES * max(1, self.num_warps // self.ROWS)
+        if self.BLOCK_K % width:
+            raise ValueError(f"BLOCK_K ({self.BLOCK_K}) must be a multiple of a row's vectors ({width})")
 
     @property
     def label(self) -> str:
@@ -150,8 +151,11 @@ def gemv_kernel(
     extent along the unit stride as multiples of 16 (as it does on every llm weight)."""
     VEC: gl.constexpr = _VECTOR_BITS // w_ptr.dtype.element_ty.primitive_bitwidth
     # A warp's 32 vectors run along the unit stride (K of the weight, or N of a row-major B), the
-    # warps down the other dimension.
-    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
+    # warps down the other dimension; with fewer weight rows than warps, the rest side by side
+    # along K.
+    NW: gl.constexpr = gl.num_warps()
+    WARPS_DOWN: gl.constexpr = ROWS if W_KMAJOR and ROWS < NW else NW
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS_DOWN, NW // WARPS_DOWN], [1, 0])
     if W_KMAJOR:
         offs_n = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
