@@ -61,7 +61,9 @@ def test_fp8_is_refused_with_the_reason():
 
 
 def test_config_refuses_tiles_that_do_not_divide():
-    with pytest.raises(ValueError, match="multiple of a warp's vectors"):
+    with pytest.raises(ValueError, match="multiple of a row's vectors"):
         gemv.GemvConfig(BLOCK_K=1000)
-    with pytest.raises(ValueError, match="multiple of num_warps"):
+    with pytest.raises(ValueError, match="multiple of a row's vectors \\(1024\\)"):
+        gemv.GemvConfig(ROWS=1, BLOCK_K=512, num_warps=4)  # four warps along K take 1024 a step
+    with pytest.raises(ValueError, match="one must be a multiple of the other"):
         gemv.GemvConfig(ROWS=3, num_warps=2)

@@ -4,7 +4,9 @@ The idea: at M = 1 the GEMM is a matrix-vector product, 2 N K FLOPs over N K wei
 couple of percent of what the CUDA cores do while the bytes stream (34 MFLOP at 4096 x 4096 in
 the ~11 µs its 33 MB take at 3 TB/s). So it needs no tensor core, no shared memory and no TMA
 ring: each program takes ROWS rows of the weight and streams them as rung 0's copy streams a
-buffer, with 16-byte loads straight into registers, many small programs resident on every SM;
+buffer, with 16-byte loads straight into registers, many small programs resident on every SM
+(with fewer rows than warps, the warps share a row's K: one 8 KB row on four warps is a program
+the size and shape of the fastest read measured, entries 31 and 32);
 it multiplies each chunk by the token's chunk (from L2: every program reads the same K elements),
 keeps a [ROWS, BLOCK_K] fp32 partial in registers and sums it once at the end. The one thing the
 loop adds to a read is the prefetch: chunk i + 1 is loaded before chunk i is multiplied, so a
@@ -81,10 +83,11 @@ class GemvConfig:
                 "mma": "none (FMA)"}  # fmt: skip
 
 
-# Two rows of 4 KB chunks on two warps: kernel-only at 1 x N x K bf16 on the H100, the fastest or
-# within 1 % of it on six of the eight decode weights, and within 3 % on the others
-# (results/experiments/h100-gemv). `tune` also tries 2 KB chunks.
-CONFIGS = {major: GemvConfig() for major in (9, 10)}
+# One 8 KB row chunk a program on four warps side by side (a program shaped like the fastest read
+# of entry 31): kernel-only at 1 x N x K on the H100, the fastest or within 1 % of it on six of
+# the eight decode weights in bf16 and fp16, 1-4 % faster than two rows on two warps (entry 32,
+# results/experiments/h100-gemv/gemv-warps-along-k-*.csv). `tune` also tries those two.
+CONFIGS = {major: GemvConfig(ROWS=1, BLOCK_K=4096, num_warps=4) for major in (9, 10)}
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, GemvConfig]:
@@ -92,8 +95,13 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Gemv
     if fp8:
         return {}
     base = config_for(capability, 0)
-    # (8 rows of 1024 on 4 warps, measured within 0.5 % of these, spilled under triton 3.9.)
-    tiles = [base, GemvConfig(ROWS=2, BLOCK_K=1024, num_warps=2)]
+    # One row of 2 KB chunks on two warps, and two rows a warp each (the first default); 8 rows of
+    # 1024 on 4 warps, within 0.5 % of that, spilled under triton 3.9.
+    tiles = [
+        base,
+        GemvConfig(ROWS=1, BLOCK_K=2048, num_warps=2),
+        GemvConfig(ROWS=2, BLOCK_K=2048, num_warps=2),
+    ]
     return {c.label: c for c in tiles}
 
 
