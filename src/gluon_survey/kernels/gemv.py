@@ -60,9 +60,9 @@ class GemvConfig:
     K in chunks of BLOCK_K elements, num_warps warps: ROWS / num_warps rows a warp, or, with fewer
     rows than warps, num_warps / ROWS warps side by side along each row's K."""
 
-    ROWS: int = 2
-    BLOCK_K: int = 2048
-    num_warps: int = 2
+    ROWS: int = 1
+    BLOCK_K: int = 4096
+    num_warps: int = 4
     ELEM_BYTES: int = 2
 
     def __post_init__(self):
@@ -87,7 +87,7 @@ class GemvConfig:
 # of entry 31): kernel-only at 1 x N x K on the H100, the fastest or within 1 % of it on six of
 # the eight decode weights in bf16 and fp16, 1-4 % faster than two rows on two warps (entry 32,
 # results/experiments/h100-gemv/gemv-warps-along-k-*.csv). `tune` also tries those two.
-CONFIGS = {major: GemvConfig(ROWS=1, BLOCK_K=4096, num_warps=4) for major in (9, 10)}
+CONFIGS = {major: GemvConfig() for major in (9, 10)}
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, GemvConfig]:
