@@ -5,7 +5,7 @@ Rung 0's 3,015 GB/s is measured on 1 GiB copies, where a kernel's fixed costs (t
 first bytes' latency from HBM, the tail of the last wave) vanish. A 4096 x 4096 weight is 32 MiB:
 at 3,015 GB/s its bytes take 11.1 µs, and 0.90 of that rate leaves 1.2 µs for everything else.
 kernel_time's `read` (2,048 programs of 16 KB) takes 12.3 µs there. This asks whether any read
-does better: plain-Triton streams of 16-byte loads over block sizes and warps, persistent grids
+does better: kernel_time's read over other block sizes and warps, persistent grids
 (a few programs an SM, each walking the buffer with its next chunk's loads in flight), and an
 empty launch of as many programs (the fixed cost alone), each timed kernel-only (CUPTI, cold L2:
 kernel_time's clock), on buffers the size of the decode weights' bytes in bf16 and in fp8.
@@ -26,17 +26,11 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import flush_buffers, kernel_times, spread, write_csv
+from kernel_time import flush_buffers, kernel_times, spread, stream_read, write_csv
 
 RUNG0_GBPS = 3015.0  # results/h100-memcpy, the best of the copy ladder
 # Bytes of A, W and C at M = 1 for the decode weights' (N, K), 2-byte and 1-byte weights.
 WEIGHTS = [(4096, 4096), (6144, 4096), (4096, 14336), (8192, 8192), (10240, 8192), (28672, 4096)]
-
-
-@triton.jit
-def block_read(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(dst + tl.program_id(0), tl.sum(tl.load(src + offs, mask=offs < n, other=0.0)))
 
 
 @triton.jit
@@ -65,7 +59,7 @@ def variants(src: torch.Tensor, sms: int):
     out = {}
     for block, warps in [(2048, 4), (4096, 4), (8192, 4), (8192, 8), (16384, 8), (32768, 8)]:
         grid = (triton.cdiv(n, block),)
-        out[f"blocks {block * 2 // 1024}KB w{warps}"] = lambda g=grid, b=block, w=warps: block_read[g](
+        out[f"blocks {block * 2 // 1024}KB w{warps}"] = lambda g=grid, b=block, w=warps: stream_read[g](
             src, dst, n, BLOCK=b, num_warps=w
         )
     for per_sm, block, warps in [(1, 8192, 8), (2, 4096, 8), (4, 4096, 4), (8, 2048, 4), (16, 1024, 4)]:
