@@ -94,8 +94,6 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Frag
     tiles = [
         config_for(capability, 0),
         FragmmaConfig(ROWS=32, BLOCK_T=16, KC=64, num_warps=8),
-        FragmmaConfig(ROWS=32, BLOCK_T=64, KC=32, num_warps=8),
-        FragmmaConfig(ROWS=32, BLOCK_T=32, KC=64, num_warps=8),
     ]
     return {c.label: c for c in tiles}
 
