@@ -4,9 +4,10 @@ The idea: a dot product does not care in which order it walks K, as long as both
 in the same order. Ampere's `mma.sync` (m16n8k16, which Hopper and Blackwell still run) wants
 each thread of a quad (lanes 4g .. 4g + 3) to hold, per 16 of K, the pairs at k = 2c, 2c + 1 and
 2c + 8, 2c + 9 of its row g; a 16-byte load gives a thread 8 *contiguous* elements. So this rung
-relabels K: thread c of a quad loads the contiguous physical columns [c KC/4, (c + 1) KC/4) of its
-rows with 16-byte loads, and the kernel declares them (a reshape and a permute, which move no
-data) to be logical columns 16 s + 8 j1 + 2 c + j0 of the MMA. The tokens are loaded the same way
+relabels K: thread c of a quad loads the 8 contiguous physical columns 32 v + 8 c + e of its rows
+with one 16-byte load for each v (a warp's load is 64 contiguous bytes of each of 8 rows), and the
+kernel declares them (a reshape and a permute, which move no data) to be the logical columns
+32 v + 16 e2 + 8 e1 + 2 c + e0 of the MMA. The tokens are loaded the same way
 and relabelled the same way, so the sum is the same; the layout conversion the compiler emits is
 a renaming of registers: no shared memory, no shuffles, no ldmatrix between the loads and the
 HMMA (regmma, measured before this rung and dropped, converted through shared memory; slab and
@@ -54,7 +55,7 @@ _MMA_K = gl.constexpr(16)  # an mma.sync's K (16-bit operands)
 @dataclass(frozen=True)
 class FragmmaConfig:
     """ROWS weight rows and BLOCK_T tokens a program; num_warps warps each take KC columns of every
-    BLOCK_K = num_warps * KC step of K (KC / 4 contiguous elements a thread and row)."""
+    BLOCK_K = num_warps * KC step of K (KC / 32 16-byte loads a thread and row)."""
 
     ROWS: int = 16
     BLOCK_T: int = 16
@@ -67,9 +68,7 @@ class FragmmaConfig:
         if self.BLOCK_T not in (8, 16, 32, 64):
             raise ValueError(f"BLOCK_T ({self.BLOCK_T}) is 8, 16, 32 or 64 tokens")
         if self.KC not in (32, 64, 128):
-            raise ValueError(
-                f"KC ({self.KC}) is 32, 64 or 128: a thread's KC / 4 elements are whole 16-byte loads"
-            )
+            raise ValueError(f"KC ({self.KC}) is 32, 64 or 128: a quad's 16-byte loads cover 32 columns")
 
     @property
     def BLOCK_K(self) -> int:
@@ -120,14 +119,15 @@ _ROW_MAJOR = (
 
 @gluon.jit
 def _as_fragments(t, KC: gl.constexpr):
-    """[B, R, KC] loaded with thread c of each quad holding the KC / 4 contiguous columns
-    [c KC / 4, (c + 1) KC / 4), relabelled along K so that the thread holds the columns mma.sync
-    wants from it: physical column c KC/4 + 4 s + 2 j1 + j0 becomes logical column 16 s + 8 j1 +
-    2 c + j0. A reshape and a permute: no data moves."""
+    """[B, R, KC] loaded with thread c of each quad holding the 8 contiguous columns 32 v + 8 c + e
+    (e < 8, one 16-byte load for each v: a warp's load is 64 contiguous bytes of each of 8 rows),
+    relabelled along K so that the thread holds the columns mma.sync wants from it: physical column
+    32 v + 8 c + 4 e2 + 2 e1 + e0 becomes logical column 32 v + 16 e2 + 8 e1 + 2 c + e0. A reshape
+    and a permute: no data moves."""
     B: gl.constexpr = t.shape[0]
     R: gl.constexpr = t.shape[1]
-    t = gl.reshape(t, [B, R, 4, KC // _MMA_K, 2, 2])
-    t = gl.permute(t, [0, 1, 3, 4, 2, 5])
+    t = gl.reshape(t, [B, R, KC // 32, 4, 2, 2, 2])
+    t = gl.permute(t, [0, 1, 2, 4, 5, 3, 6])
     return gl.reshape(t, [B, R, KC])
 
 
@@ -161,9 +161,9 @@ def fragmma_kernel(
     [w KC, (w + 1) KC) of each step."""
     KW: gl.constexpr = gl.num_warps()
     BLOCK_K: gl.constexpr = KW * KC
-    # A quad's four threads side by side along K (KC / 4 contiguous elements each), eight quads
-    # down the rows (tokens): the rows (tokens) an mma.sync fragment gives lane 4 g + c.
-    ld: gl.constexpr = gl.BlockedLayout([1, 1, KC // 4], [1, 8, 4], [KW, 1, 1], [2, 1, 0])
+    # A quad's four threads side by side along K (8 contiguous elements each, repeated every 32),
+    # eight quads down the rows (tokens): the rows (tokens) an mma.sync fragment gives lane 4 g + c.
+    ld: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 8, 4], [KW, 1, 1], [2, 1, 0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[KW, 1, 1],
                                                   instr_shape=[1, _MMA_ROWS, 8])  # fmt: skip
     w_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
