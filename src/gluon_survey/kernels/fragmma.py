@@ -17,7 +17,7 @@ docs/perf-notes.md, entries 29-31).
 Swap-AB as in swapab: ROWS weight rows a program are the MMA's M (16 an instruction), BLOCK_T
 tokens its N (8 an instruction). The warps split K (a batched MMA, warp w taking columns
 [w KC, (w + 1) KC) of every BLOCK_K = num_warps KC step) and sum their partial tiles once at the
-end. As in gemv, the next step's loads go out before this step's MMAs.
+end. The loads of the next two steps are in flight while a step's MMAs run.
 
 `matmul(kernel=None)` runs it only where `tune` measured it fastest. It streams an [N, K] weight
 (b = w.t(), nn.Linear's layout): a row-major B, whose K is not contiguous, gets a clear error, as
@@ -182,11 +182,15 @@ def fragmma_kernel(
     x_offs = t.to(gl.int64) * stride_am
 
     acc = gl.zeros([KW, ROWS, BLOCK_T], gl.float32, mma)
-    w_next, x_next = _step(a_ptr, w_ptr, w_offs, n < N, x_offs, t < M, col, K)
+    w_1, x_1 = _step(a_ptr, w_ptr, w_offs, n < N, x_offs, t < M, col, K)
+    w_2, x_2 = _step(a_ptr, w_ptr, w_offs, n < N, x_offs, t < M, col + BLOCK_K, K)
     for k in range(0, K, BLOCK_K):
-        w, x = w_next, x_next
-        # The next step's loads go out before this step's MMAs (none past K: masked off).
-        w_next, x_next = _step(a_ptr, w_ptr, w_offs, n < N, x_offs, t < M, col + (k + BLOCK_K), K)
+        w, x = w_1, x_1
+        w_1, x_1 = w_2, x_2
+        # The loads of two steps ahead go out before this step's MMAs (none past K: masked off):
+        # ptxas issues them after the MMAs that need this step's data, so one step ahead would
+        # leave each step waiting for its own loads' round trip.
+        w_2, x_2 = _step(a_ptr, w_ptr, w_offs, n < N, x_offs, t < M, col + (k + 2 * BLOCK_K), K)
         a_frag = gl.convert_layout(_as_fragments(w, KC), w_op)
         b_frag = gl.convert_layout(gl.permute(_as_fragments(x, KC), [0, 2, 1]), x_op)
         acc = mma_v2(a_frag, b_frag, acc)
