@@ -15,7 +15,6 @@
 #     probe     where a slab program's time goes (scripts/slab_probe.py)  -> slab-probe*.csv/.log
 #     wholek    where swapab's whole-K tile's time goes (scripts/wholek_probe.py) -> wholek-probe*.csv/.log
 #     readfloor the fastest read of a decode weight's bytes (scripts/read_floor.py) -> read-floor.csv/.log
-#     fragmma   rung fragmma's configs at M = 4, 16, 64 (scripts/fragmma_probe.py) -> fragmma-probe.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
 #   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
@@ -68,9 +67,6 @@ if step wholek; then
 fi
 if step readfloor; then
   python3 scripts/read_floor.py --output "$OUT/read-floor.csv" 2>&1 | tee "$OUT/read-floor.log" | tail -5
-fi
-if step fragmma; then
-  python3 scripts/fragmma_probe.py --output "$OUT/fragmma-probe.csv" 2>&1 | tee "$OUT/fragmma-probe.log" | tail -30
 fi
 if step tune; then
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \
