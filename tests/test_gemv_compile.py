@@ -39,7 +39,27 @@ def test_gemv_machine_code(arch, dtype, index):
 def test_every_candidate_is_compiled_for_both_layouts():
     labels = {s.kernel for s in specs("gemv", "sm_90a")}
     for cfg in gemv.candidates((9, 0)).values():
-        assert {f"gemv_kernel {cfg.label} B=row", f"gemv_kernel {cfg.label} B=t"} <= labels
+        want = {f"gemv_kernel {cfg.label} B=row", f"gemv_kernel {cfg.label} B=t"}
+        assert want | {f"gemv_kernel {cfg.label} B=t one chunk"} <= labels
+
+
+@pytest.mark.parametrize("K", [1, 4095, 4096, 4097, 14336])
+def test_the_loop_is_dropped_exactly_where_k_fits_one_chunk(K):
+    a = torch.empty(1, K, dtype=torch.bfloat16)
+    b = torch.empty(4096, K, dtype=torch.bfloat16).t()
+    launch = gemv.prepare(a, b, torch.empty(1, 4096, dtype=torch.bfloat16), Target((9, 0), 132))
+    assert launch.fn.plan.launcher.constexprs["ONE_CHUNK"] == (K <= 4096)
+    assert launch.config["k_chunks"] == -(-K // 4096)
+
+
+def test_one_chunk_takes_fewer_registers_than_the_loop():
+    """The point of ONE_CHUNK: without the prefetched chunk a program needs far fewer registers,
+    so more programs (and more bytes in flight) fit an SM."""
+    by_label = {s.kernel: i for i, s in enumerate(specs("gemv", "sm_90a", "bfloat16"))}
+    label = f"gemv_kernel {gemv.config_for((9, 0), 4096).label} B=t"
+    _, loop = compiled_report("gemv", "sm_90a", "bfloat16", by_label[label])
+    _, one = compiled_report("gemv", "sm_90a", "bfloat16", by_label[label + " one chunk"])
+    assert one.registers * 2 <= loop.registers, (one.registers, loop.registers)
 
 
 def test_fp8_is_refused_with_the_reason():

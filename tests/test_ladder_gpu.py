@@ -11,7 +11,7 @@ import torch
 from bad_inputs import BAD_INPUTS
 from gluon_survey import api, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
-from gluon_survey.kernels import persistent, slab, splitk, swapab, warpspec
+from gluon_survey.kernels import gemv, persistent, slab, splitk, swapab, warpspec
 
 pytestmark = pytest.mark.gpu
 
@@ -231,6 +231,23 @@ def test_whole_k_swapab_tiles_match_reference(tokens, b_layout, shared):
         launch = swapab.prepare(a, b, out, api.target_of(a.device), cfg)
         assert launch.config["split_k"] == 1 and launch.config["grid"] == 16 * -(-M // tokens)
         _assert_relaunches_match_reference(launch, out, a, b)
+
+
+@pytest.mark.parametrize("b_layout", ["row", "t"])
+@pytest.mark.parametrize("label", sorted(gemv.candidates((9, 0))))
+def test_every_gemv_candidate_matches_reference_with_and_without_its_loop(label, b_layout):
+    """Each gemv config `tune` may pick, with K in one chunk (the loop-free kernel) and with K a
+    chunk and a tail deeper (the prefetching loop), at M = 1 and 7 (the loop over tokens) and a
+    ragged N; the same launch again on fresh tokens gives the new answer."""
+    cfg = gemv.candidates((9, 0))[label]
+    for K in (cfg.BLOCK_K - 8, cfg.BLOCK_K + 24):
+        for M in (1, 7):
+            a, b = _inputs(M, 1000, K, torch.bfloat16, b_layout, seed=M + K)
+            out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")
+            launch = gemv.prepare(a, b, out, api.target_of(a.device), cfg)
+            if b_layout == "t":
+                assert launch.config["k_chunks"] == (1 if K < cfg.BLOCK_K else 2)
+            _assert_relaunches_match_reference(launch, out, a, b)
 
 
 def _assert_relaunches_match_reference(launch, out, a, b):

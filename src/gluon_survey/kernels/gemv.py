@@ -11,7 +11,11 @@ it multiplies each chunk by the token's chunk (from L2: every program reads the 
 keeps a [ROWS, BLOCK_K] fp32 partial in registers and sums it once at the end. The one thing the
 loop adds to a read is the prefetch: chunk i + 1 is loaded before chunk i is multiplied, so a
 warp's loads stay in flight while it multiplies (without it each chunk's loads waited for the
-previous chunk's FMAs, and the rung ran 3-8 % slower on the 4096- to 10240-wide weights).
+previous chunk's FMAs, and the rung ran 3-8 % slower on the 4096- to 10240-wide weights). Where K
+fits one chunk there is nothing to prefetch, and the kernel is specialized without the loop
+(ONE_CHUNK): the prefetch's registers are what limits how many programs an SM holds (sm_90a, one
+8 KB row on four warps: 114 registers a thread with the loop, 40 without, so 4 programs an SM
+become 12 and three times the bytes are in flight; entry 35).
 
 Why it beats the tensor-core designs here: swapab's whole-K tile and slab move the weight through
 a TMA ring into shared memory, one program per 64-row tile or per slab, and the ring alone stays
@@ -96,11 +100,15 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Gemv
         return {}
     base = config_for(capability, 0)
     # One row of 2 KB chunks on two warps, and two rows a warp each (the first default); 8 rows of
-    # 1024 on 4 warps, within 0.5 % of that, spilled under triton 3.9.
+    # 1024 on 4 warps, within 0.5 % of that, spilled under triton 3.9. The one-row programs of 8
+    # and 16 warps take a K of 8192 and 16384 in one chunk (four 16-byte loads a thread, as the
+    # default's at K = 4096; docs/perf-notes.md, entry 35).
     tiles = [
         base,
         GemvConfig(ROWS=1, BLOCK_K=2048, num_warps=2),
         GemvConfig(ROWS=2, BLOCK_K=2048, num_warps=2),
+        GemvConfig(ROWS=1, BLOCK_K=8192, num_warps=8),
+        GemvConfig(ROWS=1, BLOCK_K=16384, num_warps=16),
     ]
     return {c.label: c for c in tiles}
 
@@ -152,11 +160,13 @@ def gemv_kernel(
     ROWS: gl.constexpr,
     BLOCK_K: gl.constexpr,
     W_KMAJOR: gl.constexpr,
+    ONE_CHUNK: gl.constexpr,
 ):
     """c[m, n] = sum_k a[m, k] w[n, k] for ROWS rows n of the weight and every token m (a loop):
     W_KMAJOR, w is the [N, K] weight (row stride stride_w); else b = [K, N] (row stride stride_w).
     The loads are 16 bytes wide where the launch specializes the bases, the row strides and the
-    extent along the unit stride as multiples of 16 (as it does on every llm weight)."""
+    extent along the unit stride as multiples of 16 (as it does on every llm weight). ONE_CHUNK:
+    K fits one chunk, so there is no loop and nothing to prefetch."""
     VEC: gl.constexpr = _VECTOR_BITS // w_ptr.dtype.element_ty.primitive_bitwidth
     # A warp's 32 vectors run along the unit stride (K of the weight, or N of a row-major B), the
     # warps down the other dimension; with fewer weight rows than warps, the rest side by side
@@ -176,13 +186,16 @@ def gemv_kernel(
         SUM_AXIS: gl.constexpr = 0
     for m in range(M):
         a_row = a_ptr + m * stride_am
-        acc = gl.zeros(acc_shape, gl.float32, layout)
         x_next, w_next = _chunk(a_row, w_ptr, offs_n, cols, N, K, stride_w, W_KMAJOR)
-        for k in range(0, K, BLOCK_K):
-            x, w = x_next, w_next
-            # The next chunk's loads go out before this one's FMAs (none past K: masked off).
-            x_next, w_next = _chunk(a_row, w_ptr, offs_n, k + BLOCK_K + cols, N, K, stride_w, W_KMAJOR)
-            acc += w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 1 - SUM_AXIS)
+        if ONE_CHUNK:  # the read and one multiply: the registers of a single chunk
+            acc = w_next.to(gl.float32) * gl.expand_dims(x_next.to(gl.float32), 1 - SUM_AXIS)
+        else:
+            acc = gl.zeros(acc_shape, gl.float32, layout)
+            for k in range(0, K, BLOCK_K):
+                x, w = x_next, w_next
+                # The next chunk's loads go out before this one's FMAs (none past K: masked off).
+                x_next, w_next = _chunk(a_row, w_ptr, offs_n, k + BLOCK_K + cols, N, K, stride_w, W_KMAJOR)
+                acc += w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 1 - SUM_AXIS)
         out = gl.sum(acc, axis=SUM_AXIS)
         gl.store(c_ptr + m * stride_cm + offs_n, out.to(c_ptr.dtype.element_ty), mask=offs_n < N)
 
@@ -199,12 +212,15 @@ class GemvPlan:
         self.launcher(a, b, out, *self.scalars)
 
 
-def _constexprs(cfg: GemvConfig, kmajor: bool) -> dict[str, object]:
+def _constexprs(cfg: GemvConfig, kmajor: bool, K: int) -> dict[str, object]:
     """The kernel's tile: the config's for the [N, K] weight; for a row-major B, one warp's
-    16-byte vectors of columns (32 of them) by four K rows a warp."""
+    16-byte vectors of columns (32 of them) by four K rows a warp. Where K fits one chunk the
+    kernel is specialized without its loop (ONE_CHUNK)."""
     if kmajor:
-        return {"ROWS": cfg.ROWS, "BLOCK_K": cfg.BLOCK_K, "W_KMAJOR": True}
-    return {"ROWS": 32 * VECTOR_BYTES // cfg.ELEM_BYTES, "BLOCK_K": 4 * cfg.num_warps, "W_KMAJOR": False}
+        tile = {"ROWS": cfg.ROWS, "BLOCK_K": cfg.BLOCK_K, "W_KMAJOR": True}
+    else:
+        tile = {"ROWS": 32 * VECTOR_BYTES // cfg.ELEM_BYTES, "BLOCK_K": 4 * cfg.num_warps, "W_KMAJOR": False}
+    return tile | {"ONE_CHUNK": tile["BLOCK_K"] >= K}
 
 
 def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Scales | None = None) -> Launch:
@@ -215,7 +231,7 @@ def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Sc
     (M, K), N = a.shape, b.shape[1]
     kmajor = is_kmajor(b_layout(b))
     stride_w = b.stride(1) if kmajor else b.stride(0)
-    constexprs = _constexprs(cfg, kmajor)
+    constexprs = _constexprs(cfg, kmajor, K)
     grid = (triton.cdiv(N, constexprs["ROWS"]),)
     plan = GemvPlan(
         Launcher(gemv_kernel, grid, constexprs, cfg.num_warps),
@@ -226,25 +242,30 @@ def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Sc
         plan.launch(a, b, out)
 
     fn.plan = plan
-    return Launch(fn, cfg.table() | {"grid": grid[0]})
+    return Launch(fn, cfg.table() | {"grid": grid[0], "k_chunks": triton.cdiv(K, constexprs["BLOCK_K"])})
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
-    """Every candidate, both B layouts, with the pointers and integers a launch on the llm weights
-    specializes as multiples of 16 (`divisible`), so the SASS shows the loads such a launch runs."""
+    """Every candidate, both B layouts (the [N, K] weight both with K in one chunk and deeper), with
+    the pointers and integers a launch on the llm weights specializes as multiples of 16
+    (`divisible`), so the SASS shows the loads such a launch runs."""
     if unsupported_reason(capability) or dtype not in ("float16", "bfloat16"):
         return []
     ty = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
     specs = []
     for cfg in candidates(capability).values():
-        for layout in ("row", "t"):
-            constexprs = _constexprs(cfg, is_kmajor(layout))
+        for layout, K, suffix in (
+            ("row", 2 * cfg.BLOCK_K, ""),
+            ("t", 2 * cfg.BLOCK_K, ""),
+            ("t", 1, " one chunk"),
+        ):
+            constexprs = _constexprs(cfg, is_kmajor(layout), K)
             signature = {"a_ptr": ty, "w_ptr": ty, "c_ptr": ty, "M": "i32", "N": "i32", "K": "i32"}
             signature |= {"stride_am": "i32", "stride_w": "i32", "stride_cm": "i32"}
             specs.append(
                 CompileSpec(
                     "gemv",
-                    f"gemv_kernel {cfg.label} B={layout}",
+                    f"gemv_kernel {cfg.label} B={layout}{suffix}",
                     gemv_kernel,
                     signature | dict.fromkeys(constexprs, "constexpr"),
                     constexprs,
