@@ -44,19 +44,27 @@ def test_every_candidate_is_compiled_for_both_layouts():
 
 
 @pytest.mark.parametrize("K", [1, 4095, 4096, 4097, 14336])
-def test_the_loop_is_dropped_exactly_where_k_fits_one_chunk(K):
+@pytest.mark.parametrize("label", sorted(gemv.candidates((9, 0))))
+def test_the_loop_is_dropped_exactly_where_k_fits_one_chunk(K, label):
+    cfg = gemv.candidates((9, 0))[label]
     a = torch.empty(1, K, dtype=torch.bfloat16)
     b = torch.empty(4096, K, dtype=torch.bfloat16).t()
-    launch = gemv.prepare(a, b, torch.empty(1, 4096, dtype=torch.bfloat16), Target((9, 0), 132))
-    assert launch.fn.plan.launcher.constexprs["ONE_CHUNK"] == (K <= 4096)
-    assert launch.config["k_chunks"] == -(-K // 4096)
+    launch = gemv.prepare(a, b, torch.empty(1, 4096, dtype=torch.bfloat16), Target((9, 0), 132), cfg)
+    assert launch.fn.plan.launcher.constexprs["ONE_CHUNK"] == (cfg.BLOCK_K >= K)
+    assert launch.config["k_chunks"] == -(-K // cfg.BLOCK_K)
+
+
+@pytest.mark.parametrize(("K", "label"), [(1, "R1xK512 w1"), (4096, "R1xK4096 w8"), (4097, "R1xK8192 w16"),
+                                          (16384, "R1xK16384 w32"), (16385, "R1xK4096 w4")])  # fmt: skip
+def test_the_default_is_one_chunk_of_two_loads_a_thread_up_to_16384(K, label):
+    assert gemv.config_for((9, 0), K).label == label
 
 
 def test_one_chunk_takes_fewer_registers_than_the_loop():
     """The point of ONE_CHUNK: without the prefetched chunk a program needs far fewer registers,
     so more programs (and more bytes in flight) fit an SM."""
     by_label = {s.kernel: i for i, s in enumerate(specs("gemv", "sm_90a", "bfloat16"))}
-    label = f"gemv_kernel {gemv.config_for((9, 0), 4096).label} B=t"
+    label = f"gemv_kernel {gemv.CONFIGS[9].label} B=t"
     _, loop = compiled_report("gemv", "sm_90a", "bfloat16", by_label[label])
     _, one = compiled_report("gemv", "sm_90a", "bfloat16", by_label[label + " one chunk"])
     assert one.registers * 2 <= loop.registers, (one.registers, loop.registers)

@@ -87,35 +87,53 @@ class GemvConfig:
                 "mma": "none (FMA)"}  # fmt: skip
 
 
-# One 8 KB row chunk a program on four warps side by side (a program shaped like the fastest read
-# of entry 31): kernel-only at 1 x N x K on the H100, the fastest or within 1 % of it on six of
-# the eight decode weights in bf16 and fp16, 1-4 % faster than two rows on two warps (entry 32,
-# results/experiments/h100-gemv/gemv-warps-along-k-*.csv). `tune` also tries those two.
+# Where K is deeper than one chunk: one 8 KB row chunk a program on four warps side by side (a
+# program shaped like the fastest read of entry 31), the loop prefetching the next chunk:
+# kernel-only at 1 x N x K on the H100, the fastest or within 1 % of it on six of the eight decode
+# weights in bf16 and fp16, 1-4 % faster than two rows on two warps (entry 32,
+# results/experiments/h100-gemv/gemv-warps-along-k-*.csv).
 CONFIGS = {major: GemvConfig() for major in (9, 10)}
+
+# Where K fits one chunk: one row a program, no loop, two 16-byte loads a thread and as many
+# warps side by side as that takes (8 at K = 4096, 16 at 8192, 32 at 16384: the most a program
+# has). Kernel-only at M = 1 on the H100, the fastest config tried at every decode weight with
+# K <= 16384, 0.2-3.7 % faster than the loop's (docs/perf-notes.md, entry 35;
+# results/experiments/h100-gemv/one-chunk).
+ONE_CHUNK_LOADS = 2
+ONE_CHUNK_MAX_K = 16384
+
+
+def one_chunk(K: int) -> GemvConfig:
+    """One weight row a program in a single chunk of K (rounded up to a power of two), two 16-byte
+    loads a thread."""
+    per_warp = 32 * ONE_CHUNK_LOADS * VECTOR_BYTES // 2
+    block_k = max(per_warp, triton.next_power_of_2(K))
+    return GemvConfig(ROWS=1, BLOCK_K=block_k, num_warps=block_k // per_warp)
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, GemvConfig]:
     """The configs `gluon-survey tune` may pick, by label (none for fp8 operands)."""
     if fp8:
         return {}
-    base = config_for(capability, 0)
-    # One row of 2 KB chunks on two warps, and two rows a warp each (the first default); 8 rows of
-    # 1024 on 4 warps, within 0.5 % of that, spilled under triton 3.9. The one-row programs of 8
-    # and 16 warps take a K of 8192 and 16384 in one chunk (four 16-byte loads a thread, as the
-    # default's at K = 4096; docs/perf-notes.md, entry 35).
+    # The loop's default, one row of 2 KB chunks on two warps and two rows a warp each (the first
+    # default); 8 rows of 1024 on 4 warps, within 0.5 % of that, spilled under triton 3.9. Then
+    # the one-chunk rows of the llm weights' K (4096, 8192, 14336); with four loads a thread
+    # instead of two they measured up to 2 % slower (entry 35).
     tiles = [
-        base,
+        CONFIGS[capability[0]],
         GemvConfig(ROWS=1, BLOCK_K=2048, num_warps=2),
         GemvConfig(ROWS=2, BLOCK_K=2048, num_warps=2),
-        GemvConfig(ROWS=1, BLOCK_K=8192, num_warps=8),
-        GemvConfig(ROWS=1, BLOCK_K=16384, num_warps=16),
+        *(one_chunk(K) for K in (4096, 8192, 16384)),
     ]
     return {c.label: c for c in tiles}
 
 
 def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> GemvConfig:
+    """The one-chunk row where K fits one (K <= ONE_CHUNK_MAX_K), else the loop's config."""
     if fp8:
         raise ValueError(_FP8)
+    if K <= ONE_CHUNK_MAX_K:
+        return one_chunk(K)
     return CONFIGS[capability[0]]
 
 
@@ -212,6 +230,15 @@ class GemvPlan:
         self.launcher(a, b, out, *self.scalars)
 
 
+# A row-major B's program is a warp's 32 vectors of columns by four K rows a warp: past 16 warps
+# the register cap (64 a thread at 32 warps) spills its loop.
+ROW_MAJOR_MAX_WARPS = 16
+
+
+def _warps(cfg: GemvConfig, kmajor: bool) -> int:
+    return cfg.num_warps if kmajor else min(cfg.num_warps, ROW_MAJOR_MAX_WARPS)
+
+
 def _constexprs(cfg: GemvConfig, kmajor: bool, K: int) -> dict[str, object]:
     """The kernel's tile: the config's for the [N, K] weight; for a row-major B, one warp's
     16-byte vectors of columns (32 of them) by four K rows a warp. Where K fits one chunk the
@@ -219,7 +246,11 @@ def _constexprs(cfg: GemvConfig, kmajor: bool, K: int) -> dict[str, object]:
     if kmajor:
         tile = {"ROWS": cfg.ROWS, "BLOCK_K": cfg.BLOCK_K, "W_KMAJOR": True}
     else:
-        tile = {"ROWS": 32 * VECTOR_BYTES // cfg.ELEM_BYTES, "BLOCK_K": 4 * cfg.num_warps, "W_KMAJOR": False}
+        tile = {
+            "ROWS": 32 * VECTOR_BYTES // cfg.ELEM_BYTES,
+            "BLOCK_K": 4 * _warps(cfg, False),
+            "W_KMAJOR": False,
+        }
     return tile | {"ONE_CHUNK": tile["BLOCK_K"] >= K}
 
 
@@ -234,7 +265,7 @@ def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Sc
     constexprs = _constexprs(cfg, kmajor, K)
     grid = (triton.cdiv(N, constexprs["ROWS"]),)
     plan = GemvPlan(
-        Launcher(gemv_kernel, grid, constexprs, cfg.num_warps),
+        Launcher(gemv_kernel, grid, constexprs, _warps(cfg, kmajor)),
         (M, N, K, a.stride(0), stride_w, out.stride(0)),
     )
 
@@ -242,7 +273,8 @@ def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Sc
         plan.launch(a, b, out)
 
     fn.plan = plan
-    return Launch(fn, cfg.table() | {"grid": grid[0], "k_chunks": triton.cdiv(K, constexprs["BLOCK_K"])})
+    chunks = triton.cdiv(K, constexprs["BLOCK_K"])
+    return Launch(fn, cfg.table() | {"num_warps": _warps(cfg, kmajor), "grid": grid[0], "k_chunks": chunks})
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
@@ -269,7 +301,7 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
                     gemv_kernel,
                     signature | dict.fromkeys(constexprs, "constexpr"),
                     constexprs,
-                    {"num_warps": cfg.num_warps},
+                    {"num_warps": _warps(cfg, is_kmajor(layout))},
                     config=cfg,
                     divisible=("a_ptr", "w_ptr", "c_ptr", "N", "K", "stride_am", "stride_w", "stride_cm"),
                 )
