@@ -14,14 +14,16 @@ warp's loads stay in flight while it multiplies (without it each chunk's loads w
 previous chunk's FMAs, and the rung ran 3-8 % slower on the 4096- to 10240-wide weights). Where K
 fits one chunk there is nothing to prefetch, and the kernel is specialized without the loop
 (ONE_CHUNK): the prefetch's registers are what limits how many programs an SM holds (sm_90a, one
-8 KB row on four warps: 114 registers a thread with the loop, 40 without, so 4 programs an SM
-become 12 and three times the bytes are in flight; entry 35).
+8 KB row on four warps: 114 registers a thread with the loop, 40 without, so the register file
+holds 12 programs instead of 4). Measured on the H100 (entry 35): 12.67 -> 12.30 µs at bf16
+1 x 4096 x 4096 with the same config, and 12.1 with the one-chunk default, one row with two
+16-byte loads a thread (8 warps there), 0.92 of rung 0's bandwidth.
 
 Why it beats the tensor-core designs here: swapab's whole-K tile and slab move the weight through
 a TMA ring into shared memory, one program per 64-row tile or per slab, and the ring alone stays
 0.4-1.2 µs over a read of the same bytes at 4096- and 6144-wide weights (docs/perf-notes.md,
-entries 29 and 30). Kernel-only on the H100 at M = 1 in bf16, this loop ran 1-7 % faster than
-`auto` on all eight decode weights, within 0.3 µs of the read at 6144 x 4096.
+entries 29 and 30). Kernel-only on the H100 at M = 1 in bf16, its first version ran 1-7 % faster
+than `auto` (then the whole-K tile or cuBLAS) on all eight decode weights.
 
 Where it does not apply: several tokens multiply the FMAs (16 tokens at 4096 x 4096 would keep the
 CUDA cores busy for ~8 of the ~12 µs), so M > 1 runs the same loop once per token, correct but
@@ -97,8 +99,7 @@ CONFIGS = {major: GemvConfig() for major in (9, 10)}
 # Where K fits one chunk: one row a program, no loop, two 16-byte loads a thread and as many
 # warps side by side as that takes (8 at K = 4096, 16 at 8192, 32 at 16384: the most a program
 # has). Kernel-only at M = 1 on the H100, the fastest config tried at every decode weight with
-# K <= 16384, 0.2-3.7 % faster than the loop's (docs/perf-notes.md, entry 35;
-# results/experiments/h100-gemv/one-chunk).
+# K <= 16384 (docs/perf-notes.md, entry 35; results/experiments/h100-gemv/one-chunk).
 ONE_CHUNK_LOADS = 2
 ONE_CHUNK_MAX_K = 16384
 
