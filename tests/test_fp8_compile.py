@@ -45,13 +45,15 @@ SPECS = [
     pytest.param(mode, arch, i, id=f"{arch}-{spec.kernel.replace(' ', '-')}")
     for arch in MMA
     for mode in FP8_RUNGS
-    if mode != "slab"  # mma.sync with fp8 widened to fp16: tests/test_slab_compile.py
+    # slab: mma.sync with fp8 widened to fp16, tests/test_slab_compile.py; gemv: FMAs,
+    # tests/test_gemv_compile.py
+    if mode not in ("slab", "gemv")
     for i, spec in enumerate(specs(mode, arch, FP8))
 ]
 
 
 def test_the_fp8_rungs_are_the_ladder():
-    assert FP8_RUNGS == ["Pipelined", "persistent", "warpspec", "splitk", "swapab", "slab"]
+    assert FP8_RUNGS == ["Pipelined", "persistent", "warpspec", "splitk", "swapab", "slab", "gemv"]
     for arch in MMA:
         for mode in FP8_RUNGS:
             labels = [s.kernel for s in specs(mode, arch, FP8)]
@@ -188,7 +190,7 @@ def _fp8_operands(M, N, K, scaling):
 
 
 @pytest.mark.parametrize("scaling", ["tensor", "row"])
-@pytest.mark.parametrize("mode", FP8_RUNGS)
+@pytest.mark.parametrize("mode", [m for m in FP8_RUNGS if m != "gemv"])  # gemv: test_gemv_compile.py
 def test_an_fp8_launch_passes_its_scales_and_the_fp8_config(fake_hopper, mode, scaling):
     a, b, sa, sb = _fp8_operands(300, 520, 1024, scaling)
     out = api.matmul(a, b, kernel=mode, scale_a=sa, scale_b=sb)

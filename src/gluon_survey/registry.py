@@ -129,6 +129,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.gemv",
+        fp8=True,
     ),
     Mode(
         "auto",

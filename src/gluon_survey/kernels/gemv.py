@@ -43,7 +43,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
-from .common import Launcher
+from .common import FP8, Launcher, check_config_kind, scale_args, scaling_code
 
 __all__ = [
     "CONFIGS",
@@ -82,7 +82,7 @@ class GemvConfig:
 
     @property
     def label(self) -> str:
-        return f"R{self.ROWS}xK{self.BLOCK_K} w{self.num_warps}"
+        return f"R{self.ROWS}xK{self.BLOCK_K} w{self.num_warps}" + (" fp8" if self.ELEM_BYTES == 1 else "")
 
     def table(self) -> dict[str, object]:
         return {"BLOCK_M": 1, "BLOCK_N": self.ROWS, "BLOCK_K": self.BLOCK_K, "num_warps": self.num_warps,
@@ -97,25 +97,31 @@ class GemvConfig:
 CONFIGS = {major: GemvConfig() for major in (9, 10)}
 
 # Where K fits one chunk: one row a program, no loop, two 16-byte loads a thread and as many
-# warps side by side as that takes (8 at K = 4096, 16 at 8192, 32 at 16384: the most a program
-# has). Kernel-only at M = 1 on the H100, the fastest config tried at every decode weight with
-# K <= 16384 (docs/perf-notes.md, entry 35; results/experiments/h100-gemv/one-chunk).
+# warps side by side as that takes (16-bit: 8 at K = 4096, 16 at 8192, 32 at 16384, the most a
+# program has; fp8, 16 elements a load: half as many). Kernel-only at M = 1 on the H100, the
+# fastest config tried at every 16-bit decode weight with K <= 16384 (docs/perf-notes.md, entry
+# 35; results/experiments/h100-gemv/one-chunk).
 ONE_CHUNK_LOADS = 2
-ONE_CHUNK_MAX_K = 16384
+MAX_WARPS = 32
 
 
-def one_chunk(K: int) -> GemvConfig:
+def one_chunk_max_k(elem_bytes: int = 2) -> int:
+    """The deepest K one program takes in one chunk: 16384 in fp16/bf16, 32768 in fp8."""
+    return MAX_WARPS * 32 * ONE_CHUNK_LOADS * VECTOR_BYTES // elem_bytes
+
+
+def one_chunk(K: int, elem_bytes: int = 2) -> GemvConfig:
     """One weight row a program in a single chunk of K (rounded up to a power of two), two 16-byte
     loads a thread."""
-    per_warp = 32 * ONE_CHUNK_LOADS * VECTOR_BYTES // 2
+    per_warp = 32 * ONE_CHUNK_LOADS * VECTOR_BYTES // elem_bytes
     block_k = max(per_warp, triton.next_power_of_2(K))
-    return GemvConfig(ROWS=1, BLOCK_K=block_k, num_warps=block_k // per_warp)
+    return GemvConfig(ROWS=1, BLOCK_K=block_k, num_warps=block_k // per_warp, ELEM_BYTES=elem_bytes)
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, GemvConfig]:
-    """The configs `gluon-survey tune` may pick, by label (none for fp8 operands)."""
+    """The configs `gluon-survey tune` may pick, by label (fp8: the one-chunk rows only)."""
     if fp8:
-        return {}
+        return {c.label: c for c in (one_chunk(K, 1) for K in (4096, 8192, 16384, 32768))}
     # The loop's default, one row of 2 KB chunks on two warps and two rows a warp each (the first
     # default); 8 rows of 1024 on 4 warps, within 0.5 % of that, spilled under triton 3.9. Then
     # the one-chunk rows of the llm weights' K (4096, 8192, 14336); with four loads a thread
@@ -130,10 +136,13 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Gemv
 
 
 def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> GemvConfig:
-    """The one-chunk row where K fits one (K <= ONE_CHUNK_MAX_K), else the loop's config."""
+    """The one-chunk row where K fits one (K <= one_chunk_max_k), else the loop's config; fp8
+    runs in one chunk only."""
     if fp8:
-        raise ValueError(_FP8)
-    if K <= ONE_CHUNK_MAX_K:
+        if one_chunk_max_k(1) < K:
+            raise ValueError(_fp8_too_deep(K))
+        return one_chunk(K, 1)
+    if one_chunk_max_k() >= K:
         return one_chunk(K)
     return CONFIGS[capability[0]]
 
@@ -145,10 +154,11 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return f"gemv has configs for sm_90 and sm_100; this GPU is sm_{capability[0]}{capability[1]}"
 
 
-_FP8 = (
-    "gemv takes fp16/bf16 operands only: for fp8, converting e4m3 to fp32 per element measured slower "
-    "than swapab's whole-K tile (docs/perf-notes.md, entry 30); use kernel='swapab' or kernel=None"
-)
+def _fp8_too_deep(K: int) -> str:
+    return (
+        f"gemv runs fp8 in one chunk of K, at most {one_chunk_max_k(1)} (K is {K}): its loop's prefetch "
+        "spilled in fp8 (docs/perf-notes.md, entry 30); use kernel='swapab' or kernel=None"
+    )
 
 
 @gluon.jit
@@ -170,6 +180,8 @@ def gemv_kernel(
     a_ptr,
     w_ptr,
     c_ptr,
+    scale_a,
+    scale_b,
     M,
     N,
     K,
@@ -180,12 +192,15 @@ def gemv_kernel(
     BLOCK_K: gl.constexpr,
     W_KMAJOR: gl.constexpr,
     ONE_CHUNK: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
     """c[m, n] = sum_k a[m, k] w[n, k] for ROWS rows n of the weight and every token m (a loop):
     W_KMAJOR, w is the [N, K] weight (row stride stride_w); else b = [K, N] (row stride stride_w).
     The loads are 16 bytes wide where the launch specializes the bases, the row strides and the
     extent along the unit stride as multiples of 16 (as it does on every llm weight). ONE_CHUNK:
-    K fits one chunk, so there is no loop and nothing to prefetch."""
+    K fits one chunk, so there is no loop and nothing to prefetch. fp8 operands (e4m3) come with
+    fp32 scales: SCALING 1 per tensor (one element each), 2 row-wise (scale_a per token, scale_b
+    per weight row); 0 for fp16/bf16 (None, None)."""
     VEC: gl.constexpr = _VECTOR_BITS // w_ptr.dtype.element_ty.primitive_bitwidth
     # A warp's 32 vectors run along the unit stride (K of the weight, or N of a row-major B), the
     # warps down the other dimension; with fewer weight rows than warps, the rest side by side
@@ -203,8 +218,15 @@ def gemv_kernel(
         cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, layout))
         acc_shape: gl.constexpr = [BLOCK_K, ROWS]
         SUM_AXIS: gl.constexpr = 0
+    # The scales are loaded before the stream, so their latency hides under it.
+    if SCALING == 1:
+        scale = gl.load(scale_a) * gl.load(scale_b)
+    elif SCALING == 2:
+        row_scales = gl.load(scale_b + offs_n, mask=offs_n < N, other=0.0)
     for m in range(M):
         a_row = a_ptr + m * stride_am
+        if SCALING == 2:
+            token_scale = gl.load(scale_a + m)
         x_next, w_next = _chunk(a_row, w_ptr, offs_n, cols, N, K, stride_w, W_KMAJOR)
         if ONE_CHUNK:  # the read and one multiply: the registers of a single chunk
             acc = w_next.to(gl.float32) * gl.expand_dims(x_next.to(gl.float32), 1 - SUM_AXIS)
@@ -216,6 +238,10 @@ def gemv_kernel(
                 x_next, w_next = _chunk(a_row, w_ptr, offs_n, k + BLOCK_K + cols, N, K, stride_w, W_KMAJOR)
                 acc += w.to(gl.float32) * gl.expand_dims(x.to(gl.float32), 1 - SUM_AXIS)
         out = gl.sum(acc, axis=SUM_AXIS)
+        if SCALING == 1:
+            out = out * scale
+        elif SCALING == 2:
+            out = out * row_scales * token_scale
         gl.store(c_ptr + m * stride_cm + offs_n, out.to(c_ptr.dtype.element_ty), mask=offs_n < N)
 
 
@@ -228,7 +254,7 @@ class GemvPlan:
         self.launcher, self.scalars = launcher, scalars
 
     def launch(self, a, b, out, scales: Scales | None = None) -> None:
-        self.launcher(a, b, out, *self.scalars)
+        self.launcher(a, b, out, *scale_args(scales), *self.scalars)
 
 
 # A row-major B's program is a warp's 32 vectors of columns by four K rows a warp: past 16 warps
@@ -240,10 +266,10 @@ def _warps(cfg: GemvConfig, kmajor: bool) -> int:
     return cfg.num_warps if kmajor else min(cfg.num_warps, ROW_MAJOR_MAX_WARPS)
 
 
-def _constexprs(cfg: GemvConfig, kmajor: bool, K: int) -> dict[str, object]:
+def _constexprs(cfg: GemvConfig, kmajor: bool, K: int, scaling: int = 0) -> dict[str, object]:
     """The kernel's tile: the config's for the [N, K] weight; for a row-major B, one warp's
     16-byte vectors of columns (32 of them) by four K rows a warp. Where K fits one chunk the
-    kernel is specialized without its loop (ONE_CHUNK)."""
+    kernel is specialized without its loop (ONE_CHUNK). SCALING: `Scales.code`, 0 without."""
     if kmajor:
         tile = {"ROWS": cfg.ROWS, "BLOCK_K": cfg.BLOCK_K, "W_KMAJOR": True}
     else:
@@ -252,18 +278,24 @@ def _constexprs(cfg: GemvConfig, kmajor: bool, K: int) -> dict[str, object]:
             "BLOCK_K": 4 * _warps(cfg, False),
             "W_KMAJOR": False,
         }
-    return tile | {"ONE_CHUNK": tile["BLOCK_K"] >= K}
+    return tile | {"ONE_CHUNK": tile["BLOCK_K"] >= K, "SCALING": scaling}
 
 
 def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Scales | None = None) -> Launch:
-    """out = a @ b, one program per ROWS rows (columns) of the weight."""
-    if scales is not None or a.element_size() == 1:
-        raise ValueError(_FP8)
-    cfg = cfg or config_for(target.capability, a.shape[1])
+    """out = a @ b (times the fp8 `scales`), one program per ROWS rows (columns) of the weight."""
+    fp8 = a.element_size() == 1
     (M, K), N = a.shape, b.shape[1]
+    cfg = cfg or config_for(target.capability, K, fp8)
+    check_config_kind("gemv", cfg, scales)
     kmajor = is_kmajor(b_layout(b))
+    if fp8 and not kmajor:
+        raise ValueError(
+            "gemv's fp8 kernel reads the weight K-major: pass b as the transpose view of an [N, K] weight"
+        )
+    if fp8 and K > cfg.BLOCK_K:
+        raise ValueError(_fp8_too_deep(K) + f"; config {cfg.label} takes K <= {cfg.BLOCK_K}")
     stride_w = b.stride(1) if kmajor else b.stride(0)
-    constexprs = _constexprs(cfg, kmajor, K)
+    constexprs = _constexprs(cfg, kmajor, K, scaling_code(scales))
     grid = (triton.cdiv(N, constexprs["ROWS"]),)
     plan = GemvPlan(
         Launcher(gemv_kernel, grid, constexprs, _warps(cfg, kmajor)),
@@ -271,7 +303,7 @@ def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Sc
     )
 
     def fn():
-        plan.launch(a, b, out)
+        plan.launch(a, b, out, scales)
 
     fn.plan = plan
     chunks = triton.cdiv(K, constexprs["BLOCK_K"])
@@ -282,23 +314,28 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
     """Every candidate, both B layouts (the [N, K] weight both with K in one chunk and deeper), with
     the pointers and integers a launch on the llm weights specializes as multiples of 16
     (`divisible`), so the SASS shows the loads such a launch runs."""
-    if unsupported_reason(capability) or dtype not in ("float16", "bfloat16"):
+    if unsupported_reason(capability) or dtype not in ("float16", "bfloat16", FP8):
         return []
-    ty = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
+    fp8 = dtype == FP8
+    ty = {"float16": "*fp16", "bfloat16": "*bf16", FP8: "*fp8e4nv"}[dtype]
+    # fp8: one chunk, K-major, row-wise scales (the epilogue that loads the most); fp16/bf16: the
+    # loop on both layouts and one chunk on the weight, no scales.
+    shapes = [("t", 1, " one chunk")] if fp8 else [("row", 0, ""), ("t", 0, ""), ("t", 1, " one chunk")]
     specs = []
-    for cfg in candidates(capability).values():
-        for layout, K, suffix in (
-            ("row", 2 * cfg.BLOCK_K, ""),
-            ("t", 2 * cfg.BLOCK_K, ""),
-            ("t", 1, " one chunk"),
-        ):
-            constexprs = _constexprs(cfg, is_kmajor(layout), K)
-            signature = {"a_ptr": ty, "w_ptr": ty, "c_ptr": ty, "M": "i32", "N": "i32", "K": "i32"}
+    for cfg in candidates(capability, fp8).values():
+        for layout, one, suffix in shapes:
+            K = 1 if one else 2 * cfg.BLOCK_K
+            constexprs = _constexprs(cfg, is_kmajor(layout), K, 2 if fp8 else 0)
+            signature = {"a_ptr": ty, "w_ptr": ty, "c_ptr": "*bf16" if fp8 else ty}
+            scales = {"scale_a": "*fp32", "scale_b": "*fp32"} if fp8 else {}
+            if not fp8:
+                constexprs = {"scale_a": None, "scale_b": None} | constexprs
+            signature |= scales | {"M": "i32", "N": "i32", "K": "i32"}
             signature |= {"stride_am": "i32", "stride_w": "i32", "stride_cm": "i32"}
             specs.append(
                 CompileSpec(
                     "gemv",
-                    f"gemv_kernel {cfg.label} B={layout}{suffix}",
+                    f"gemv_kernel {cfg.label}{suffix} B={layout}" + (" scales=row" if fp8 else ""),
                     gemv_kernel,
                     signature | dict.fromkeys(constexprs, "constexpr"),
                     constexprs,
