@@ -80,20 +80,23 @@ def test_the_rule(M, capability, mode):
 
 
 @pytest.mark.parametrize(
-    ("M", "N", "dtype", "mode", "tokens"),
-    [(1, 57344, "fp8-row", "swapab", 16), (16, 28672, "fp8-row", "swapab", 16),
-     (17, 28672, "fp8-row", "swapab", 32), (64, 4096, "fp8-row", "swapab", 64),
-     (65, 4096, "fp8-row", "torch", None), (1, 57344, "fp8", "swapab", 16), (16, 4096, "fp8", "swapab", 16),
-     (17, 4096, "fp8", "torch", None), (2048, 8192, "fp8-row", "torch", None),
-     (2049, 8192, "fp8", "warpspec", None), (2049, 8192, "fp8-row", "warpspec", None)],
+    ("M", "N", "K", "dtype", "mode", "tokens"),
+    [(1, 57344, 28672, "fp8-row", "swapab", 16), (16, 28672, 4096, "fp8-row", "swapab", 16),
+     (17, 28672, 4096, "fp8-row", "swapab", 32), (64, 4096, 4096, "fp8-row", "swapab", 64),
+     (65, 4096, 4096, "fp8-row", "torch", None), (1, 57344, 28672, "fp8", "swapab", 16),
+     (16, 4096, 4096, "fp8", "swapab", 16), (17, 4096, 4096, "fp8", "torch", None),
+     (2048, 8192, 4096, "fp8-row", "torch", None), (2049, 8192, 4096, "fp8", "warpspec", None),
+     (2049, 8192, 4096, "fp8-row", "warpspec", None), (1, 4096, 16384, "fp8", "gemv", None),
+     (1, 57344, 8192, "fp8-row", "gemv", None), (2, 4096, 4096, "fp8-row", "swapab", 16)],
 )  # fmt: skip
-def test_the_fp8_rule(M, N, dtype, mode, tokens):
-    """fp8 has no table: the rule, the same on a GPU with a table; swapab runs its whole-K tile of
-    the narrowest token width that holds M, named by a label its fp8 candidates have, on the ring
-    two programs share where the weight has more 64-row tiles than the GPU has SMs (132 here)."""
-    c = choice.rule(M, (9, 0), dtype, N, 132)
+def test_the_fp8_rule(M, N, K, dtype, mode, tokens):
+    """fp8 has no table: the rule, the same on a GPU with a table. One token with K <= 16384 runs
+    gemv; otherwise swapab runs its whole-K tile of the narrowest token width that holds M, named
+    by a label its fp8 candidates have, on the ring two programs share where the weight has more
+    64-row tiles than the GPU has SMs (132 here)."""
+    c = choice.rule(M, (9, 0), dtype, N, 132, K)
     assert c.mode == mode
-    chosen = choice.choose(M, N, 4096, dtype, "t", (9, 0), "NVIDIA H100 80GB HBM3", 132)
+    chosen = choice.choose(M, N, K, dtype, "t", (9, 0), "NVIDIA H100 80GB HBM3", 132)
     assert (chosen.mode, chosen.config) == (c.mode, c.config)
     assert choice.rule(M, (8, 0), dtype, N, 132).mode == "torch"
     if tokens:
@@ -102,7 +105,7 @@ def test_the_fp8_rule(M, N, dtype, mode, tokens):
         rings = swapab.WHOLE_K_SHARED if 64 * 132 < N <= 4 * 64 * 132 else swapab.WHOLE_K
         assert 2 * rings[tokens][0] == cfg.BLOCK_K
         # With the SM count unknown: the one-program-per-SM ring.
-        unknown = swapab.candidates((9, 0), fp8=True)[choice.rule(M, (9, 0), dtype, N).config]
+        unknown = swapab.candidates((9, 0), fp8=True)[choice.rule(M, (9, 0), dtype, N, 0, K).config]
         assert 2 * swapab.WHOLE_K[tokens][0] == unknown.BLOCK_K
     else:
         assert c.config is None

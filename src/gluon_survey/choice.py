@@ -13,6 +13,7 @@ is the range of M nearer to one measured M than to any other (`explain` prints i
 tokens: `slab` (mma.sync's 16-row slabs of the weight, no K split); M <= 64: `swapab` (the tokens
 become the MMA's narrow N, K split to fill the SMs); M <= 256: `splitk`; larger: `warpspec` (its
 own choice by K). fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec` from M = 2049;
+at M = 1 with K <= 16384, `gemv` (the weight streamed in one chunk a row, CUDA-core FMAs);
 swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise scales at
 M <= 64 and with per-tensor scales at M <= 16, on its shared ring (two programs an SM) where the
 weight has more 64-row tiles than the GPU has SMs, but at most four times as many; cuBLAS fp8
@@ -46,6 +47,11 @@ FP8_WHOLE_K_M = {"fp8-row": 64, "fp8": 16}  # at most
 # (docs/perf-notes.md, entry 28): 1-5 % faster than the one-program-per-SM ring at 160 and 448
 # tiles (10240 x 8192, 28672 x 4096), 0.4-3.5 % slower at 896 (57344 x 8192).
 FP8_SHARED_WAVES = 4
+# fp8 at M = 1, kernel-only (docs/perf-notes.md, entry 36; results/experiments/h100-gemv/fp8):
+# gemv in one chunk ran 0.90-0.97x the whole-K tile's time on the seven weights with K <= 16384
+# in both scalings, 1.01-1.02x at 8192 x 28672 (a row of 28672 on 32 warps).
+FP8_GEMV_M = 1  # at most
+FP8_GEMV_MAX_K = 16384
 # fp16/bf16 at M = 1 and 16 over the llm weights, kernel-only: slab took 0.94-0.99x swapab's time
 # on 31 of the 32 pairs, 1.01x on the other (results/h100-slab); at M = 64 it lost to cuBLAS on
 # six of the eight weights.
@@ -72,13 +78,22 @@ def _tables() -> tuple[dict, ...]:
     return tuple(json.loads(p.read_text()) for p in sorted(TABLES.glob("*.json")))
 
 
-def rule(M: int, capability: tuple[int, int], dtype: str = "fp16", N: int = 0, sm_count: int = 0) -> Choice:
+def rule(
+    M: int, capability: tuple[int, int], dtype: str = "fp16", N: int = 0, sm_count: int = 0, K: int = 0
+) -> Choice:
     """The documented choice without a measured entry (module docstring); N and the GPU's SM count
-    pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring)."""
+    pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring); K whether fp8 gemv
+    takes a one-token product (0: unknown, it does not)."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M:
             return Choice(
                 "warpspec", None, f"rule: fp8 with M > {FP8_GLUON_FROM_M}: the warp-specialized rung"
+            )
+        if FP8_GEMV_M >= M and 0 < K <= FP8_GEMV_MAX_K:
+            return Choice(
+                "gemv",
+                None,
+                f"rule: fp8, M = 1 and K <= {FP8_GEMV_MAX_K}: gemv streams the weight in one chunk a row",
             )
         most = FP8_WHOLE_K_M.get(dtype, 0)
         if most >= M:
@@ -143,7 +158,7 @@ def choose(
                 f"{best['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS ({best['cublas_ms'] * 1e3:.1f} us)"
             )
             return Choice(best["mode"], best["config"], why)
-    choice = rule(M, capability, dtype, N, sm_count)
+    choice = rule(M, capability, dtype, N, sm_count, K)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
     return Choice(choice.mode, choice.config, f"{choice.why} (table {table['name']} has no entry near it)")
