@@ -48,7 +48,7 @@ FP8_WHOLE_K_M = {"fp8-row": 64, "fp8": 16}  # at most
 # tiles (10240 x 8192, 28672 x 4096), 0.4-3.5 % slower at 896 (57344 x 8192).
 FP8_SHARED_WAVES = 4
 # fp8 at M = 1, kernel-only (docs/perf-notes.md, entry 36; results/experiments/h100-gemv/fp8):
-# gemv in one chunk ran 0.90-0.97x the whole-K tile's time on the seven weights with K <= 16384
+# gemv in one chunk ran 0.89-0.97x the whole-K tile's time on the seven weights with K <= 16384
 # in both scalings, 1.01-1.02x at 8192 x 28672 (a row of 28672 on 32 warps).
 FP8_GEMV_M = 1  # at most
 FP8_GEMV_MAX_K = 16384
