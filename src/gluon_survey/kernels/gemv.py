@@ -107,15 +107,20 @@ ONE_CHUNK_LOADS = 2
 MAX_WARPS = 32
 
 
+def _one_chunk_per_warp(elem_bytes: int) -> int:
+    """The elements of K one warp takes in one chunk: 32 lanes, ONE_CHUNK_LOADS vectors each."""
+    return 32 * ONE_CHUNK_LOADS * VECTOR_BYTES // elem_bytes
+
+
 def one_chunk_max_k(elem_bytes: int = 2) -> int:
     """The deepest K one program takes in one chunk: 16384 in fp16/bf16, 32768 in fp8."""
-    return MAX_WARPS * 32 * ONE_CHUNK_LOADS * VECTOR_BYTES // elem_bytes
+    return MAX_WARPS * _one_chunk_per_warp(elem_bytes)
 
 
 def one_chunk(K: int, elem_bytes: int = 2) -> GemvConfig:
     """One weight row a program in a single chunk of K (rounded up to a power of two), two 16-byte
     loads a thread."""
-    per_warp = 32 * ONE_CHUNK_LOADS * VECTOR_BYTES // elem_bytes
+    per_warp = _one_chunk_per_warp(elem_bytes)
     block_k = max(per_warp, triton.next_power_of_2(K))
     return GemvConfig(ROWS=1, BLOCK_K=block_k, num_warps=block_k // per_warp, ELEM_BYTES=elem_bytes)
 
