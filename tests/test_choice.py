@@ -87,13 +87,16 @@ def test_the_rule(M, capability, mode):
      (16, 4096, 4096, "fp8", "swapab", 16), (17, 4096, 4096, "fp8", "torch", None),
      (2048, 8192, 4096, "fp8-row", "torch", None), (2049, 8192, 4096, "fp8", "warpspec", None),
      (2049, 8192, 4096, "fp8-row", "warpspec", None), (1, 4096, 16384, "fp8", "gemv", None),
-     (1, 57344, 8192, "fp8-row", "gemv", None), (2, 4096, 4096, "fp8-row", "swapab", 16)],
+     (1, 57344, 8192, "fp8-row", "gemv", None), (2, 4096, 4096, "fp8-row", "swapab", 16),
+     (64, 28672, 4096, "fp8-row", "swapab", 64), (33, 10240, 8192, "fp8-row", "swapab", 64),
+     (64, 57344, 8192, "fp8-row", "swapab", 64)],
 )  # fmt: skip
 def test_the_fp8_rule(M, N, K, dtype, mode, tokens):
     """fp8 has no table: the rule, the same on a GPU with a table. One token with K <= 16384 runs
     gemv; otherwise swapab runs its whole-K tile of the narrowest token width that holds M, named
     by a label its fp8 candidates have, on the ring two programs share where the weight has more
-    64-row tiles than the GPU has SMs (132 here)."""
+    64-row tiles than the GPU has SMs (132 here) but at most four times as many, or at 64 tokens
+    there on the 128-row tile."""
     c = choice.rule(M, (9, 0), dtype, N, 132, K)
     assert c.mode == mode
     chosen = choice.choose(M, N, K, dtype, "t", (9, 0), "NVIDIA H100 80GB HBM3", 132)
@@ -102,8 +105,12 @@ def test_the_fp8_rule(M, N, K, dtype, mode, tokens):
     if tokens:
         cfg = swapab.candidates((9, 0), fp8=True)[c.config]
         assert (1, tokens, 1) == (cfg.SPLIT_K, cfg.BLOCK_N, cfg.ELEM_BYTES)
-        rings = swapab.WHOLE_K_SHARED if 64 * 132 < N <= 4 * 64 * 132 else swapab.WHOLE_K
-        assert 2 * rings[tokens][0] == cfg.BLOCK_K
+        ring = "one"
+        if 64 * 132 < N <= 4 * 64 * 132:
+            ring = "tall" if tokens == 64 else "shared"
+        assert cfg == swapab.whole_k((9, 0), M, fp8=True, ring=ring)
+        assert (128 if ring == "tall" else 64) == cfg.BLOCK_M
+        assert 2 * swapab.RINGS[ring][1][tokens][0] == cfg.BLOCK_K
         # With the SM count unknown: the one-program-per-SM ring.
         unknown = swapab.candidates((9, 0), fp8=True)[choice.rule(M, (9, 0), dtype, N, 0, K).config]
         assert 2 * swapab.WHOLE_K[tokens][0] == unknown.BLOCK_K
@@ -118,7 +125,10 @@ def test_the_fp8_rule(M, N, K, dtype, mode, tokens):
 )  # fmt: skip
 def test_the_fp8_rule_shares_sms_between_one_and_four_waves_of_tiles(N, sm_count, shared):
     cfg = swapab.candidates((9, 0), fp8=True)[choice.rule(1, (9, 0), "fp8-row", N, sm_count).config]
-    assert cfg == swapab.whole_k((9, 0), 1, fp8=True, shared=shared)
+    assert cfg == swapab.whole_k((9, 0), 1, fp8=True, ring="shared" if shared else "one")
+    # at 64 tokens the same weights take the 128-row tile instead of the shared ring
+    cfg = swapab.candidates((9, 0), fp8=True)[choice.rule(64, (9, 0), "fp8-row", N, sm_count).config]
+    assert cfg == swapab.whole_k((9, 0), 64, fp8=True, ring="tall" if shared else "one")
 
 
 def test_the_committed_tables_name_real_candidates():
@@ -139,18 +149,23 @@ def test_the_committed_tables_name_real_candidates():
 
 def test_tune_narrows_candidates_by_m():
     tiles = {
-        M: [(c.BLOCK_N, c.SPLIT_K, c.BLOCK_K) for c in tune.candidates_for("swapab", M, (9, 0)).values()]
+        M: [
+            (c.BLOCK_M, c.BLOCK_N, c.SPLIT_K, c.BLOCK_K)
+            for c in tune.candidates_for("swapab", M, (9, 0)).values()
+        ]
         for M in (1, 16, 17, 64)
     }
     # the split tile (SPLIT_K chosen per shape: 0) and the whole-K ones (SPLIT_K 1) of each width:
-    # on one program's ring per SM, and on rings of half the K step that two programs share
+    # on one program's ring per SM, on rings of half the K step that two programs share, and at 64
+    # tokens the 128-row tile
     assert tiles == {
-        1: [(16, 0, 64), (16, 1, 256), (16, 1, 128)],
-        16: [(16, 0, 64), (16, 1, 256), (16, 1, 128)],
-        17: [(32, 0, 64), (32, 1, 256), (32, 1, 128)],
-        64: [(64, 0, 64), (64, 1, 128), (64, 1, 64)],
+        1: [(128, 16, 0, 64), (64, 16, 1, 256), (64, 16, 1, 128)],
+        16: [(128, 16, 0, 64), (64, 16, 1, 256), (64, 16, 1, 128)],
+        17: [(128, 32, 0, 64), (64, 32, 1, 256), (64, 32, 1, 128)],
+        64: [(128, 64, 0, 64), (64, 64, 1, 128), (64, 64, 1, 64), (128, 64, 1, 128)],
     }
-    for cfg in (swapab.whole_k((9, 0), M, shared=True) for M in (1, 17, 64)):
+    assert swapab.whole_k((9, 0), 64, ring="tall").blocks_per_sm() == 1
+    for cfg in (swapab.whole_k((9, 0), M, ring="shared") for M in (1, 17, 64)):
         assert (
             cfg.blocks_per_sm() == 2
             and dataclasses.replace(cfg, BLOCK_K=2 * cfg.BLOCK_K).blocks_per_sm() == 1

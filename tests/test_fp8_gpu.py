@@ -195,14 +195,17 @@ def test_fp8_slabs_scale_every_token_tile(rows, scaling):
         assert_close(out, a, b, sa, sb)
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["ring", "shared-ring"])
+WHOLE_K_TILES = [(ring, t) for ring, (_, widths) in swapab.RINGS.items() for t in sorted(widths)]
+
+
 @pytest.mark.parametrize("scaling", ["tensor", "row"])
-@pytest.mark.parametrize("tokens", sorted(swapab.WHOLE_K))
-def test_fp8_whole_k_swapab_tiles_scale_the_tile(tokens, scaling, shared):
-    """swapab's whole-K fp8 candidates (K steps of 128 to 512 bytes, no split), on both rings: M up
-    to the tile and one token past it, a ragged N, a K tail; the scales applied once to C's tile."""
-    cfg = swapab.whole_k(torch.cuda.get_device_capability(), tokens, fp8=True, shared=shared)
-    assert (1, tokens, 1) == (cfg.SPLIT_K, cfg.BLOCK_N, cfg.ELEM_BYTES)
+@pytest.mark.parametrize(("ring", "tokens"), WHOLE_K_TILES, ids=[f"{r}-{t}" for r, t in WHOLE_K_TILES])
+def test_fp8_whole_k_swapab_tiles_scale_the_tile(ring, tokens, scaling):
+    """swapab's whole-K fp8 candidates (K steps of 128 to 512 bytes, no split), on every ring (64-
+    and 128-row tiles): M up to the tile and one token past it, a ragged N, a K tail; the scales
+    applied once to C's tile."""
+    cfg = swapab.whole_k(torch.cuda.get_device_capability(), tokens, fp8=True, ring=ring)
+    assert (1, tokens, 1, swapab.RINGS[ring][0]) == (cfg.SPLIT_K, cfg.BLOCK_N, cfg.ELEM_BYTES, cfg.BLOCK_M)
     for M in (1, tokens + 1):
         a, b, sa, sb = fp8_inputs(M, 1000, 512 * 4 + 48, scaling, seed=M + tokens)
         out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")

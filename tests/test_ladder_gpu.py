@@ -216,20 +216,23 @@ def test_every_slab_and_token_tile_matches_reference(rows, b_layout):
         _assert_relaunches_match_reference(launch, out, a, b)
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["ring", "shared-ring"])
+WHOLE_K_TILES = [(ring, t) for ring, (_, widths) in swapab.RINGS.items() for t in sorted(widths)]
+
+
 @pytest.mark.parametrize("b_layout", ["row", "t"])
-@pytest.mark.parametrize("tokens", sorted(swapab.WHOLE_K))
-def test_whole_k_swapab_tiles_match_reference(tokens, b_layout, shared):
-    """swapab's whole-K candidates (one 64-row tile per program over all of K, no split), on both
-    rings: M up to the tile, one token past it (two token tiles), a ragged N and a K tail; the same
-    launch again on fresh tokens gives the new answer."""
-    cfg = swapab.whole_k((9, 0), tokens, shared=shared)
-    assert (1, tokens) == (cfg.SPLIT_K, cfg.BLOCK_N)
+@pytest.mark.parametrize(("ring", "tokens"), WHOLE_K_TILES, ids=[f"{r}-{t}" for r, t in WHOLE_K_TILES])
+def test_whole_k_swapab_tiles_match_reference(ring, tokens, b_layout):
+    """swapab's whole-K candidates (one 64- or 128-row tile per program over all of K, no split),
+    on every ring: M up to the tile, one token past it (two token tiles), a ragged N and a K tail;
+    the same launch again on fresh tokens gives the new answer."""
+    cfg = swapab.whole_k((9, 0), tokens, ring=ring)
+    assert (1, tokens, swapab.RINGS[ring][0]) == (cfg.SPLIT_K, cfg.BLOCK_N, cfg.BLOCK_M)
     for M in (1, tokens - 1, tokens + 1):
         a, b = _inputs(M, 1000, 2056, torch.bfloat16, b_layout, seed=M + tokens)
         out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")
         launch = swapab.prepare(a, b, out, api.target_of(a.device), cfg)
-        assert launch.config["split_k"] == 1 and launch.config["grid"] == 16 * -(-M // tokens)
+        assert launch.config["split_k"] == 1
+        assert launch.config["grid"] == -(-1000 // cfg.BLOCK_M) * -(-M // tokens)
         _assert_relaunches_match_reference(launch, out, a, b)
 
 

@@ -16,9 +16,10 @@ own choice by K). fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec`
 at M = 1 with K <= 16384, `gemv` (the weight streamed in one chunk a row, CUDA-core FMAs);
 swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise scales at
 M <= 64 and with per-tensor scales at M <= 16, on its shared ring (two programs an SM) where the
-weight has more 64-row tiles than the GPU has SMs, but at most four times as many; cuBLAS fp8
-otherwise (warpspec lost to it at M = 1024 on the H100, and the whole-K tile at M = 64 with
-per-tensor scales).
+weight has more 64-row tiles than the GPU has SMs, but at most four times as many (at 33-64
+tokens there a tile of 128 weight rows, one program an SM, instead); cuBLAS fp8 otherwise
+(warpspec lost to it at M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor
+scales).
 Other GPUs: cuBLAS (`torch`).
 """
 
@@ -45,7 +46,9 @@ FP8_WHOLE_K_M = {"fp8-row": 64, "fp8": 16}  # at most
 # ... and on its shared ring (two programs an SM, swapab.WHOLE_K_SHARED) where the weight has more
 # 64-row tiles than the GPU has SMs, up to this many waves of them. Kernel-only on the H100
 # (docs/perf-notes.md, entry 28): 1-5 % faster than the one-program-per-SM ring at 160 and 448
-# tiles (10240 x 8192, 28672 x 4096), 0.4-3.5 % slower at 896 (57344 x 8192).
+# tiles (10240 x 8192, 28672 x 4096), 0.4-3.5 % slower at 896 (57344 x 8192). At 64 tokens the
+# tile of 128 weight rows (swapab.WHOLE_K_TALL, half the token traffic) runs there instead: 1-4 %
+# faster than the shared ring with row-wise scales at M = 64 (entry 37).
 FP8_SHARED_WAVES = 4
 # fp8 at M = 1, kernel-only (docs/perf-notes.md, entry 36; results/experiments/h100-gemv/fp8):
 # gemv in one chunk ran 0.89-0.97x the whole-K tile's time on the seven weights with K <= 16384
@@ -97,17 +100,21 @@ def rule(
             )
         most = FP8_WHOLE_K_M.get(dtype, 0)
         if most >= M:
-            from .kernels.swapab import whole_k
+            from .kernels.swapab import WHOLE_K_TALL, whole_k
 
             tile = whole_k(capability, M, fp8=True)
             tiles = -(-N // tile.BLOCK_M)  # the whole-K tile's programs
-            shared = sm_count > 0 and sm_count < tiles <= FP8_SHARED_WAVES * sm_count
-            ring = f", two programs an SM ({tiles} tiles on {sm_count} SMs)" if shared else ""
+            ring, why = "one", ""
+            if sm_count > 0 and sm_count < tiles <= FP8_SHARED_WAVES * sm_count:
+                if tile.BLOCK_N in WHOLE_K_TALL:
+                    ring, why = "tall", f", 128 weight rows a tile ({tiles} 64-row tiles on {sm_count} SMs)"
+                else:
+                    ring, why = "shared", f", two programs an SM ({tiles} tiles on {sm_count} SMs)"
             return Choice(
                 "swapab",
-                (whole_k(capability, M, fp8=True, shared=True) if shared else tile).label,
+                whole_k(capability, M, fp8=True, ring=ring).label,
                 f"rule: {dtype}, M <= {most}: swap-AB's whole-K tile streams the weight faster than "
-                f"cuBLAS fp8{ring}",
+                f"cuBLAS fp8{why}",
             )
         return Choice("torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
     if capability[0] not in (9, 10):

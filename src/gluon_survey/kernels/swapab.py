@@ -32,8 +32,10 @@ from .splitk import SplitKConfig, check_operands, fp8_of, launch, split_reduce, 
 __all__ = [
     "CONFIGS",
     "FP8_CONFIGS",
+    "RINGS",
     "WHOLE_K",
     "WHOLE_K_SHARED",
+    "WHOLE_K_TALL",
     "SwapABConfig",
     "candidates",
     "compile_specs",
@@ -159,11 +161,20 @@ WHOLE_K = {16: (256, 4), 32: (256, 4), 64: (128, 6)}
 # at 10240 x 8192 (160 tiles) and 28672 x 4096 (448) 1-5 % faster than the WHOLE_K rings, at
 # 4096 x 14336 (64 tiles) 4-17 % slower.
 WHOLE_K_SHARED = {t: (k // 2, stages) for t, (k, stages) in WHOLE_K.items()}
+# At 64 tokens a 64-row tile reads as many token bytes (from L2) as weight bytes (from HBM); a tile
+# of 128 weight rows (the wgmma's 64 rows twice) halves that and the programs, on a ring of 192 KB,
+# one program an SM. fp8 with row-wise scales on the H100, kernel-only at M = 64
+# (results/experiments/h100-tall-tile): 1-4 % faster than the shared ring at 10240 x 8192 and
+# 28672 x 4096, within 0.4 % of the package's ring at 57344 x 8192, 3-31 % slower where it
+# leaves fewer programs than SMs.
+WHOLE_K_TALL = {64: (128, 4)}
+# name -> (weight rows a tile, {token width: (BLOCK_K in 16-bit elements, STAGES)})
+RINGS = {"one": (64, WHOLE_K), "shared": (64, WHOLE_K_SHARED), "tall": (128, WHOLE_K_TALL)}
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, SwapABConfig]:
     """The configs `gluon-survey tune` may pick, by label: the tile at each width of TOKENS, and the
-    whole-K tiles (WHOLE_K, WHOLE_K_SHARED) at 16, 32 and 64 tokens."""
+    whole-K tiles (RINGS) at 16, 32 and 64 tokens."""
     base = config_for(capability, 0, fp8)
     # 128 tokens: a 128x128 fp32 accumulator on 4 warps would spill (inspect), so 8 warps and 3 stages.
     tiles = [
@@ -172,22 +183,23 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Swap
     ]
     scale = 2 if fp8 else 1  # fp8: K steps twice as wide, the same bytes a stage (`fp8_of`)
     tiles += [
-        replace(base, BLOCK_M=64, BLOCK_N=t, BLOCK_K=k * scale, STAGES=stages, SPLIT_K=1)
-        for rings in (WHOLE_K, WHOLE_K_SHARED)
-        for t, (k, stages) in rings.items()
+        replace(base, BLOCK_M=rows, BLOCK_N=t, BLOCK_K=k * scale, STAGES=stages, SPLIT_K=1)
+        for rows, ring in RINGS.values()
+        for t, (k, stages) in ring.items()
     ]
     return {c.label: c for c in tiles}
 
 
-def whole_k(capability: tuple[int, int], M: int, fp8: bool = False, shared: bool = False) -> SwapABConfig:
-    """The whole-K candidate whose token tile is the narrowest that holds M (the widest beyond), on
-    the WHOLE_K ring, or (`shared`) the WHOLE_K_SHARED one."""
-    width = next((t for t in sorted(WHOLE_K) if t >= M), max(WHOLE_K))
-    k = (WHOLE_K_SHARED if shared else WHOLE_K)[width][0] * (2 if fp8 else 1)
+def whole_k(capability: tuple[int, int], M: int, fp8: bool = False, ring: str = "one") -> SwapABConfig:
+    """The whole-K candidate on `ring` (a key of RINGS) whose token tile is the narrowest of that
+    ring's that holds M (the widest beyond)."""
+    rows, widths = RINGS[ring]
+    width = next((t for t in sorted(widths) if t >= M), max(widths))
+    k = widths[width][0] * (2 if fp8 else 1)
     return next(
         c
         for c in candidates(capability, fp8).values()
-        if c.SPLIT_K == 1 and (width, k) == (c.BLOCK_N, c.BLOCK_K)
+        if c.SPLIT_K == 1 and (rows, width, k) == (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K)
     )
 
 
