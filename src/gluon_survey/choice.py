@@ -47,7 +47,7 @@ FP8_WHOLE_K_M = {"fp8-row": 64, "fp8": 16}  # at most
 # 64-row tiles than the GPU has SMs, up to this many waves of them. Kernel-only on the H100
 # (docs/perf-notes.md, entry 28): 1-5 % faster than the one-program-per-SM ring at 160 and 448
 # tiles (10240 x 8192, 28672 x 4096), 0.4-3.5 % slower at 896 (57344 x 8192). At 64 tokens the
-# tile of 128 weight rows (swapab.WHOLE_K_TALL, half the token traffic) runs there instead: 1-4 %
+# tile of 128 weight rows (swapab.WHOLE_K_TALL, one program an SM) runs there instead: 1-4 %
 # faster than the shared ring with row-wise scales at M = 64 (entry 37).
 FP8_SHARED_WAVES = 4
 # fp8 at M = 1, kernel-only (docs/perf-notes.md, entry 36; results/experiments/h100-gemv/fp8):

@@ -161,12 +161,13 @@ WHOLE_K = {16: (256, 4), 32: (256, 4), 64: (128, 6)}
 # at 10240 x 8192 (160 tiles) and 28672 x 4096 (448) 1-5 % faster than the WHOLE_K rings, at
 # 4096 x 14336 (64 tiles) 4-17 % slower.
 WHOLE_K_SHARED = {t: (k // 2, stages) for t, (k, stages) in WHOLE_K.items()}
-# At 64 tokens a 64-row tile reads as many token bytes (from L2) as weight bytes (from HBM); a tile
-# of 128 weight rows (the wgmma's 64 rows twice) halves that and the programs, on a ring of 192 KB,
-# one program an SM. fp8 with row-wise scales on the H100, kernel-only at M = 64
-# (results/experiments/h100-tall-tile): 1-4 % faster than the shared ring at 10240 x 8192 and
-# 28672 x 4096, within 0.4 % of the package's ring at 57344 x 8192, 3-31 % slower where it
-# leaves fewer programs than SMs.
+# A tile of 128 weight rows (the wgmma's 64 rows twice) at 64 tokens, on a ring of 192 KB, one
+# program an SM: half the programs, and half the token bytes each 64-row tile reads from L2. fp8
+# with row-wise scales on the H100, kernel-only at M = 64 (results/experiments/h100-tall-tile;
+# docs/perf-notes.md, entry 37): 1-4 % faster than the shared ring at 10240 x 8192 and 28672 x
+# 4096, where the 64-row tiles overflow the SMs; within 0.4 % of the package's ring at 57344 x
+# 8192; 3-31 % slower where it leaves fewer programs than SMs, 8192 x 8192 included (the halved
+# token bytes alone bought nothing).
 WHOLE_K_TALL = {64: (128, 4)}
 # name -> (weight rows a tile, {token width: (BLOCK_K in 16-bit elements, STAGES)})
 RINGS = {"one": (64, WHOLE_K), "shared": (64, WHOLE_K_SHARED), "tall": (128, WHOLE_K_TALL)}
