@@ -21,7 +21,6 @@ Not part of the package: an experiment, run on the GPU with
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, flush_buffers, kernel_times, operands, spread, write_csv
+from kernel_time import call_of, flush_buffers, kernel_times, operands, probe_parser, spread, write_csv
 
 from gluon_survey.driver.shapes import Shape
 
@@ -118,10 +117,7 @@ def gemv_call(a, w, scale, rows: int, block_bytes: int, warps: int, prefetch: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--output", required=True)
-    args = p.parse_args(argv)
+    args = probe_parser(__doc__).parse_args(argv)
     flush, sink = flush_buffers()
     rows = []
     for dtype in ("bf16", "fp8"):

@@ -128,14 +128,21 @@ def spread(times: list[float]) -> tuple[float, float, float]:
     return statistics.median(times), q[0], q[-1]
 
 
+def probe_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every timing script here takes (--reps, --output), described by the first line
+    of its docstring `doc`."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--output", required=True)
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = probe_parser(__doc__)
     p.add_argument("--shapes", required=True, help="CSV of M,N,K")
     p.add_argument("--modes", default="torch,swapab,splitk")
     p.add_argument("--dtype", default="bf16", choices=DTYPES)
     p.add_argument("--scaling", default="tensor", choices=("tensor", "row"), help="fp8 scales")
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--output", required=True)
     args = p.parse_args(argv)
     flush, sink = flush_buffers()
     rows = []

@@ -17,7 +17,6 @@ Not part of the package: an experiment, run on the GPU with
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import flush_buffers, kernel_times, spread, stream_read, write_csv
+from kernel_time import flush_buffers, kernel_times, probe_parser, spread, stream_read, write_csv
 
 RUNG0_GBPS = 3015.0  # results/h100-memcpy, the best of the copy ladder
 # Bytes of A, W and C at M = 1 for the decode weights' (N, K), 2-byte and 1-byte weights.
@@ -73,10 +72,7 @@ def variants(src: torch.Tensor, sms: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--output", required=True)
-    args = p.parse_args(argv)
+    args = probe_parser(__doc__).parse_args(argv)
     flush, sink = flush_buffers()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []

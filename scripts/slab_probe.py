@@ -23,7 +23,6 @@ Not part of the package: an experiment, run on the GPU with
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, flush_buffers, kernel_times, operands, spread, write_csv
+from kernel_time import call_of, flush_buffers, kernel_times, operands, probe_parser, spread, write_csv
 
 from gluon_survey.api import target_of
 from gluon_survey.compat import cta_barrier, tma_load
@@ -237,10 +236,7 @@ def summary(clk: torch.Tensor) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--output", required=True)
-    args = p.parse_args(argv)
+    args = probe_parser(__doc__).parse_args(argv)
     flush, sink = flush_buffers()
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     rows, clock_rows = [], []

@@ -28,7 +28,6 @@ Not part of the package: an experiment, run on the GPU with
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -40,7 +39,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, flush_buffers, kernel_times, operands, spread, write_csv
+from kernel_time import call_of, flush_buffers, kernel_times, operands, probe_parser, spread, write_csv
 from slab_probe import _now, stream_call
 
 from gluon_survey.api import target_of
@@ -206,10 +205,7 @@ def summary(clk: torch.Tensor) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--output", required=True)
-    args = p.parse_args(argv)
+    args = probe_parser(__doc__).parse_args(argv)
     flush, sink = flush_buffers()
     rows, clock_rows = [], []
     for M, N, K, dtype in SHAPES:
