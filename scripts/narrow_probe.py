@@ -1,0 +1,191 @@
+"""swapab's whole-K tile with fewer weight rows than the wgmma's 64, for more programs (perf-notes 39).
+
+A 4096-wide weight is 64 whole-K tiles of 64 rows: 64 programs on the H100's 132 SMs, so half
+the SMs pull the whole weight. The wgmma cannot be shorter than 64 rows, but the tile it reads
+need not be full: the weight is viewed as [N / ROWS, ROWS, K] and each K step TMA-loads a
+[1, 64, BLOCK_K] box of it, whose rows past ROWS are outside the view, so the TMA fetches
+nothing for them and fills them with zeros in shared memory. The MMA multiplies 64 rows (the
+zero ones are free beside the stream) and the epilogue stores the first ROWS. At ROWS = 32 a
+4096-wide weight is 128 programs; at 48 a 6144-wide one is. Kernel-only (CUPTI, cold L2:
+scripts/kernel_time.py's clock), against the package's whole-K tile, `auto`, a plain-Triton
+read of the same bytes and (16-bit) the rings alone with 64- and 32-row boxes.
+
+Not part of the package: an experiment, run on the GPU with
+
+    PYTHONPATH=src python3 scripts/narrow_probe.py --output $OUT/narrow-probe.csv
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kernel_time import call_of, flush_buffers, kernel_times, operands, probe_parser, spread, write_csv
+from slab_probe import stream_call
+
+from gluon_survey.api import target_of
+from gluon_survey.compat import tma_load
+from gluon_survey.driver.shapes import Shape
+from gluon_survey.kernels import swapab
+from gluon_survey.kernels.arch import select_mma
+from gluon_survey.kernels.common import Ring, gl_dtype, init_barriers, invalidate_barriers, smem_layout
+
+MMA_ROWS = 64  # the wgmma's M
+# (M, N, K, dtype): the 16-bit misses at M = 16 and 64, and fp8's (per-tensor scale) 4096 x 14336
+SHAPES = [
+    (16, 4096, 4096, "bf16"),
+    (64, 4096, 4096, "bf16"),
+    (16, 6144, 4096, "bf16"),
+    (64, 6144, 4096, "bf16"),
+    (16, 4096, 14336, "fp8"),
+    (64, 4096, 14336, "fp8"),
+]
+# token tile -> rings (K step in bytes, stages) to try; a stage holds 64 weight rows whatever ROWS
+RINGS = {16: [(512, 4), (512, 5), (256, 8)], 64: [(256, 6), (128, 12)]}
+
+
+@gluon.jit
+def narrow_kernel(
+    x_desc, w_desc, c_ptr, M, N, scale,
+    MMA: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
+):  # fmt: skip
+    """C[t, w] for the ROWS weight rows of program // (M's token tiles) and one token tile, all of
+    K, through a ring of STAGES stages (pipelined.ring_mma's loop); w_desc views the weight as
+    [N / ROWS, ROWS, K] with [1, 64, BLOCK_K] boxes."""
+    BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_W: gl.constexpr = w_desc.block_type.shape[1]
+    pid = gl.program_id(0)
+    num_pid_t = gl.cdiv(M, BLOCK_T)
+    group = pid // num_pid_t
+    off_t = (pid % num_pid_t) * BLOCK_T
+    k_steps = gl.cdiv(x_desc.shape[1], BLOCK_K)
+
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    init_barriers(ready, STAGES)
+    nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
+    for s in gl.static_range(STAGES - 1):
+        mbarrier.expect(ready.index(s), nbytes, s < k_steps)
+        tma_load(x_desc, [off_t, s * BLOCK_K], ready.index(s), x_bufs.index(s), s < k_steps)
+        tma_load(w_desc, [group, 0, s * BLOCK_K], ready.index(s), w_bufs.index(s), s < k_steps)
+    mma = MMA.initialize(x_desc.dtype, BLOCK_W, BLOCK_T, gl.num_warps())
+    for k in range(k_steps):
+        ring = Ring(k, STAGES)
+        ring.wait_filled(ready)
+        slot = ring.slot()
+        w_tile = w_bufs.index(slot).reshape([BLOCK_W, BLOCK_K])
+        w_op, x_op = swapab.swapped_operands(x_bufs.index(slot), w_tile, True)
+        mma = mma.issue(w_op, x_op)
+        mma = mma.wait(1)
+        nxt = k + STAGES - 1
+        refill = Ring(nxt, STAGES).slot()
+        mbarrier.expect(ready.index(refill), nbytes, nxt < k_steps)
+        tma_load(x_desc, [off_t, nxt * BLOCK_K], ready.index(refill), x_bufs.index(refill), nxt < k_steps)
+        tma_load(w_desc, [group, 0, nxt * BLOCK_K], ready.index(refill), w_bufs.index(refill), nxt < k_steps)
+    acc, mma = mma.take_result()
+    invalidate_barriers(ready, STAGES)
+    if SCALED:
+        acc = acc * gl.load(scale)
+    # C[t, w] from the [64, BLOCK_T] accumulator's first ROWS rows, straight from registers
+    layout: gl.constexpr = acc.type.layout
+    local = gl.arange(0, BLOCK_W, layout=gl.SliceLayout(1, layout))
+    rows = group * ROWS + local
+    cols = off_t + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
+    ptrs = c_ptr + gl.expand_dims(cols, 0) * N + gl.expand_dims(rows, 1)
+    mask = gl.expand_dims(cols < M, 0) & gl.expand_dims((local < ROWS) & (rows < N), 1)
+    gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def narrow_call(a, b, scale, rows: int, ring: tuple[int, int]):
+    """The probe over a @ b (b the transpose view of an [N, K] weight, N a multiple of `rows`)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    target = target_of(a.device)
+    M, K = a.shape
+    N = b.shape[1]
+    w = b.t()
+    step_bytes, stages = ring
+    block_k = step_bytes // a.element_size()
+    cfg = swapab.whole_k(target.capability, M, a.element_size() == 1)
+    x_block = [cfg.BLOCK_N, block_k]
+    w_block = [1, MMA_ROWS, block_k]
+    x_desc = TensorDescriptor.from_tensor(a, x_block, smem_layout(x_block, gl_dtype(a)))
+    w_desc = TensorDescriptor(
+        w, [N // rows, rows, K], [rows * K, K, 1], w_block, smem_layout(w_block, gl_dtype(w))
+    )
+    out = torch.full(
+        (M, N), float("nan"), device=a.device, dtype=torch.bfloat16 if scale is not None else a.dtype
+    )
+    grid = (N // rows * triton.cdiv(M, cfg.BLOCK_N),)
+    flags = {
+        "MMA": select_mma(target.capability),
+        "ROWS": rows,
+        "STAGES": stages,
+        "SCALED": scale is not None,
+    }
+    scale_arg = scale if scale is not None else out
+
+    def fn():
+        narrow_kernel[grid](x_desc, w_desc, out, M, N, scale_arg, **flags, num_warps=cfg.num_warps)
+        return out
+
+    return fn
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = probe_parser(__doc__).parse_args(argv)
+    flush, sink = flush_buffers()
+    rows_out = []
+    for M, N, K, dtype in SHAPES:
+        a, b, scales = operands(Shape(M, N, K), dtype, "tensor")
+        fp8 = dtype == "fp8"
+        scale = (scales["scale_a"] * scales["scale_b"]).float().reshape(1) if fp8 else None
+        moved = a.numel() * a.element_size() + b.numel() * b.element_size() + M * N * 2
+        default = swapab.whole_k((9, 0), M, fp8)
+        package_ring = (default.BLOCK_K * a.element_size(), default.STAGES)
+        variants = {
+            "read": call_of("read", a, b, {}, moved)[0],
+            "auto": call_of("auto", a, b, scales, None)[0],
+            f"whole-K 64 rows {package_ring}": call_of(
+                f"swapab@BLOCK_M=64:BLOCK_N={default.BLOCK_N}:BLOCK_K={default.BLOCK_K}"
+                f":STAGES={default.STAGES}:SPLIT_K=1",
+                a, b, scales, None,
+            )[0],
+        }  # fmt: skip
+        for rows in (32, 48):
+            if N % rows or N // rows > torch.cuda.get_device_properties(0).multi_processor_count:
+                continue
+            for ring in RINGS[default.BLOCK_N]:
+                variants[f"narrow {rows} rows {ring}"] = narrow_call(a, b, scale, rows, ring)
+        if not fp8:  # the rings alone (no consumer), 64- and 32-row boxes, one program per box
+            step, stages = package_ring
+            variants[f"ring alone 64 rows {package_ring}"] = stream_call(b.t(), 64, step // 2, stages, 0)
+            variants[f"ring alone 32 rows {package_ring}"] = stream_call(b.t(), 32, step // 2, stages, 0)
+        ref = (a.float() @ b.float()) * (scale.item() if fp8 else 1.0)
+        for name, fn in variants.items():
+            if name.startswith("narrow"):
+                got = fn().float()
+                err = ((got - ref).abs().max() / ref.abs().max()).item()
+                if not err <= 2e-2:  # NaN (an unwritten column) fails too
+                    raise RuntimeError(f"{name} at {M}x{N}x{K} {dtype}: relative error {err:.3g}")
+            med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
+            row = {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, "us_median": round(med, 2),
+                   "us_p20": round(p20, 2), "us_p80": round(p80, 2),
+                   "gbps": round(moved / med / 1e3, 1)}  # fmt: skip
+            rows_out.append(row)
+            print(",".join(str(v) for v in row.values()), flush=True)
+    write_csv(args.output, rows_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
