@@ -13,6 +13,7 @@ read of the same bytes and (16-bit) the rings alone with 64- and 32-row boxes.
 Not part of the package: an experiment, run on the GPU with
 
     PYTHONPATH=src python3 scripts/narrow_probe.py --output $OUT/narrow-probe.csv
+    PYTHONPATH=src python3 scripts/narrow_probe.py --parts --output $OUT/narrow-parts.csv
 """
 
 from __future__ import annotations
@@ -49,16 +50,21 @@ SHAPES = [
 ]
 # token tile -> rings (K step in bytes, stages) to try; a stage holds 64 weight rows whatever ROWS
 RINGS = {16: [(512, 4), (512, 5), (256, 8)], 64: [(256, 6), (128, 12)]}
+# --parts: the tile whole, without its token loads, without its MMAs, without both (TOKENS, MULTIPLY)
+PARTS = {"full": (True, True), "no-tokens": (False, True), "no-mma": (True, False), "neither": (False, False)}
 
 
 @gluon.jit
 def narrow_kernel(
     x_desc, w_desc, c_ptr, M, N, scale,
     MMA: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
+    TOKENS: gl.constexpr = True, MULTIPLY: gl.constexpr = True,
 ):  # fmt: skip
     """C[t, w] for the ROWS weight rows of program // (M's token tiles) and one token tile, all of
     K, through a ring of STAGES stages (pipelined.ring_mma's loop); w_desc views the weight as
-    [N / ROWS, ROWS, K] with [1, 64, BLOCK_K] boxes."""
+    [N / ROWS, ROWS, K] with [1, 64, BLOCK_K] boxes. Parts off, for the second run: TOKENS = False
+    loads no token box (the MMA reads whatever the stage holds), MULTIPLY = False issues no MMA
+    (C is stored as zeros)."""
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_W: gl.constexpr = w_desc.block_type.shape[1]
@@ -72,10 +78,11 @@ def narrow_kernel(
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
-    nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
+    nbytes: gl.constexpr = x_desc.block_type.nbytes * TOKENS + w_desc.block_type.nbytes
     for s in gl.static_range(STAGES - 1):
         mbarrier.expect(ready.index(s), nbytes, s < k_steps)
-        tma_load(x_desc, [off_t, s * BLOCK_K], ready.index(s), x_bufs.index(s), s < k_steps)
+        if TOKENS:
+            tma_load(x_desc, [off_t, s * BLOCK_K], ready.index(s), x_bufs.index(s), s < k_steps)
         tma_load(w_desc, [group, 0, s * BLOCK_K], ready.index(s), w_bufs.index(s), s < k_steps)
     mma = MMA.initialize(x_desc.dtype, BLOCK_W, BLOCK_T, gl.num_warps())
     for k in range(k_steps):
@@ -84,12 +91,14 @@ def narrow_kernel(
         slot = ring.slot()
         w_tile = w_bufs.index(slot).reshape([BLOCK_W, BLOCK_K])
         w_op, x_op = swapab.swapped_operands(x_bufs.index(slot), w_tile, True)
-        mma = mma.issue(w_op, x_op)
-        mma = mma.wait(1)
+        if MULTIPLY:
+            mma = mma.issue(w_op, x_op)
+            mma = mma.wait(1)
         nxt = k + STAGES - 1
         refill = Ring(nxt, STAGES).slot()
         mbarrier.expect(ready.index(refill), nbytes, nxt < k_steps)
-        tma_load(x_desc, [off_t, nxt * BLOCK_K], ready.index(refill), x_bufs.index(refill), nxt < k_steps)
+        if TOKENS:
+            tma_load(x_desc, [off_t, nxt * BLOCK_K], ready.index(refill), x_bufs.index(refill), nxt < k_steps)
         tma_load(w_desc, [group, 0, nxt * BLOCK_K], ready.index(refill), w_bufs.index(refill), nxt < k_steps)
     acc, mma = mma.take_result()
     invalidate_barriers(ready, STAGES)
@@ -105,7 +114,7 @@ def narrow_kernel(
     gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-def narrow_call(a, b, scale, rows: int, ring: tuple[int, int]):
+def narrow_call(a, b, scale, rows: int, ring: tuple[int, int], tokens: bool = True, multiply: bool = True):
     """The probe over a @ b (b the transpose view of an [N, K] weight, N a multiple of `rows`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -131,6 +140,8 @@ def narrow_call(a, b, scale, rows: int, ring: tuple[int, int]):
         "ROWS": rows,
         "STAGES": stages,
         "SCALED": scale is not None,
+        "TOKENS": tokens,
+        "MULTIPLY": multiply,
     }
     scale_arg = scale if scale is not None else out
 
@@ -142,37 +153,45 @@ def narrow_call(a, b, scale, rows: int, ring: tuple[int, int]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = probe_parser(__doc__).parse_args(argv)
+    parser = probe_parser(__doc__)
+    parser.add_argument("--parts", action="store_true", help="M = 16 only: the tile with parts of it off")
+    args = parser.parse_args(argv)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     flush, sink = flush_buffers()
     rows_out = []
     for M, N, K, dtype in SHAPES:
+        if args.parts and M != 16:
+            continue
         a, b, scales = operands(Shape(M, N, K), dtype, "tensor")
         fp8 = dtype == "fp8"
         scale = (scales["scale_a"] * scales["scale_b"]).float().reshape(1) if fp8 else None
         moved = a.numel() * a.element_size() + b.numel() * b.element_size() + M * N * 2
         default = swapab.whole_k((9, 0), M, fp8)
         package_ring = (default.BLOCK_K * a.element_size(), default.STAGES)
-        variants = {
-            "read": call_of("read", a, b, {}, moved)[0],
-            "auto": call_of("auto", a, b, scales, None)[0],
-            f"whole-K 64 rows {package_ring}": call_of(
+        variants = {"read": call_of("read", a, b, {}, moved)[0]}
+        narrow = [r for r in (32, 48) if N % r == 0 and N // r <= sms]
+        if args.parts:  # the tile (64 rows, and the narrow one) with its parts off, the package's ring
+            for rows in [64, *narrow]:
+                for part, (tokens, multiply) in PARTS.items():
+                    fn = narrow_call(a, b, scale, rows, package_ring, tokens, multiply)
+                    variants[f"narrow {rows} rows {package_ring} {part}"] = fn
+        else:
+            variants["auto"] = call_of("auto", a, b, scales, None)[0]
+            variants[f"whole-K 64 rows {package_ring}"] = call_of(
                 f"swapab@BLOCK_M=64:BLOCK_N={default.BLOCK_N}:BLOCK_K={default.BLOCK_K}"
                 f":STAGES={default.STAGES}:SPLIT_K=1",
                 a, b, scales, None,
-            )[0],
-        }  # fmt: skip
-        for rows in (32, 48):
-            if N % rows or N // rows > torch.cuda.get_device_properties(0).multi_processor_count:
-                continue
-            for ring in RINGS[default.BLOCK_N]:
-                variants[f"narrow {rows} rows {ring}"] = narrow_call(a, b, scale, rows, ring)
+            )[0]  # fmt: skip
+            for rows in narrow:
+                for ring in RINGS[default.BLOCK_N]:
+                    variants[f"narrow {rows} rows {ring}"] = narrow_call(a, b, scale, rows, ring)
         if not fp8:  # the rings alone (no consumer), 64- and 32-row boxes, one program per box
             step, stages = package_ring
             variants[f"ring alone 64 rows {package_ring}"] = stream_call(b.t(), 64, step // 2, stages, 0)
             variants[f"ring alone 32 rows {package_ring}"] = stream_call(b.t(), 32, step // 2, stages, 0)
         ref = (a.float() @ b.float()) * (scale.item() if fp8 else 1.0)
         for name, fn in variants.items():
-            if name.startswith("narrow"):
+            if name.startswith("narrow") and not name.endswith(("no-tokens", "no-mma", "neither")):
                 got = fn().float()
                 err = ((got - ref).abs().max() / ref.abs().max()).item()
                 if not err <= 2e-2:  # NaN (an unwritten column) fails too
