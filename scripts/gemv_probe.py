@@ -30,7 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, flush_buffers, kernel_times, operands, probe_parser, spread, write_csv
+from kernel_time import call_of, check_close, flush_buffers, operands, probe_parser, record, timed, write_csv
 
 from gluon_survey.driver.shapes import Shape
 
@@ -139,16 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             ref = (a.float() @ w.float().t()) * (scale.item() if fp8 else 1.0)
             for name, fn in variants.items():
                 if name.startswith("gemv"):
-                    got = fn().float()
-                    err = ((got - ref).abs().max() / ref.abs().max()).item()
-                    if not err <= 1e-2:  # NaN (an unwritten row) fails too
-                        raise RuntimeError(f"{name} at 1x{N}x{K} {dtype}: relative error {err:.3g}")
-                med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
-                row = {"M": 1, "N": N, "K": K, "dtype": dtype, "variant": name, "us_median": round(med, 2),
-                       "us_p20": round(p20, 2), "us_p80": round(p80, 2),
-                       "gbps": round(moved / med / 1e3, 1)}  # fmt: skip
-                rows.append(row)
-                print(",".join(str(v) for v in row.values()), flush=True)
+                    check_close(f"{name} at 1x{N}x{K} {dtype}", fn(), ref, 1e-2)
+                med, times = timed(fn, args.reps, flush, sink)
+                row = {"M": 1, "N": N, "K": K, "dtype": dtype, "variant": name, **times}
+                record(rows, row | {"gbps": round(moved / med / 1e3, 1)})
     write_csv(args.output, rows)
     return 0
 

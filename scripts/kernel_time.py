@@ -128,6 +128,26 @@ def spread(times: list[float]) -> tuple[float, float, float]:
     return statistics.median(times), q[0], q[-1]
 
 
+def timed(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> tuple[float, dict[str, float]]:
+    """`kernel_times`' calls of `fn`: the median (µs) and a result row's timing columns, us_median,
+    us_p20 and us_p80, to two decimals."""
+    med, p20, p80 = spread(kernel_times(fn, reps, flush, sink))
+    return med, {"us_median": round(med, 2), "us_p20": round(p20, 2), "us_p80": round(p80, 2)}
+
+
+def record(rows: list[dict], row: dict) -> None:
+    """Keep a result row and print it as a CSV line (the scripts' progress)."""
+    rows.append(row)
+    print(",".join(str(v) for v in row.values()), flush=True)
+
+
+def check_close(label: str, got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    """Raise unless max |got - ref| <= tol * max |ref|; a NaN (an unwritten tile) fails too."""
+    err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
+    if not err <= tol:
+        raise RuntimeError(f"{label}: relative error {err:.3g}")
+
+
 def probe_parser(doc: str) -> argparse.ArgumentParser:
     """The options every timing script here takes (--reps, --output), described by the first line
     of its docstring `doc`."""
@@ -151,15 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         moved = a.numel() * a.element_size() + b.numel() * b.element_size() + shape.M * shape.N * 2
         for mode in ["copy", "read", *args.modes.split(",")]:
             fn, copy_bytes = call_of(mode, a, b, scales, moved)
-            med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
+            med, times = timed(fn, args.reps, flush, sink)
             nbytes = copy_bytes or moved
             row = {
                 "M": shape.M, "N": shape.N, "K": shape.K, "dtype": args.dtype, "scaling": args.scaling,
-                "mode": mode, "us_median": round(med, 2), "us_p20": round(p20, 2), "us_p80": round(p80, 2),
-                "bytes": nbytes, "gbps": round(nbytes / med / 1e3, 1),
+                "mode": mode, **times, "bytes": nbytes, "gbps": round(nbytes / med / 1e3, 1),
             }  # fmt: skip
-            rows.append(row)
-            print(",".join(str(v) for v in row.values()), flush=True)
+            record(rows, row)
     write_csv(args.output, rows)
     return 0
 

@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, flush_buffers, kernel_times, operands, probe_parser, spread, write_csv
+from kernel_time import call_of, check_close, flush_buffers, operands, probe_parser, record, timed, write_csv
 from slab_probe import stream_call
 
 from gluon_survey.api import target_of
@@ -192,16 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         ref = (a.float() @ b.float()) * (scale.item() if fp8 else 1.0)
         for name, fn in variants.items():
             if name.startswith("narrow") and not name.endswith(("no-tokens", "no-mma", "neither")):
-                got = fn().float()
-                err = ((got - ref).abs().max() / ref.abs().max()).item()
-                if not err <= 2e-2:  # NaN (an unwritten column) fails too
-                    raise RuntimeError(f"{name} at {M}x{N}x{K} {dtype}: relative error {err:.3g}")
-            med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
-            row = {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, "us_median": round(med, 2),
-                   "us_p20": round(p20, 2), "us_p80": round(p80, 2),
-                   "gbps": round(moved / med / 1e3, 1)}  # fmt: skip
-            rows_out.append(row)
-            print(",".join(str(v) for v in row.values()), flush=True)
+                check_close(f"{name} at {M}x{N}x{K} {dtype}", fn(), ref, 2e-2)
+            med, times = timed(fn, args.reps, flush, sink)
+            row = {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, **times}
+            record(rows_out, row | {"gbps": round(moved / med / 1e3, 1)})
     write_csv(args.output, rows_out)
     return 0
 

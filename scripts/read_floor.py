@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import flush_buffers, kernel_times, probe_parser, spread, stream_read, write_csv
+from kernel_time import flush_buffers, probe_parser, record, stream_read, timed, write_csv
 
 RUNG0_GBPS = 3015.0  # results/h100-memcpy, the best of the copy ladder
 # Bytes of A, W and C at M = 1 for the decode weights' (N, K), 2-byte and 1-byte weights.
@@ -81,14 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = (N * K + K) * elem + N * 2
             src = torch.randn(nbytes // 2, device="cuda", dtype=torch.float16)
             for name, fn in variants(src, sms).items():
-                med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
-                row = {"N": N, "K": K, "elem_bytes": elem, "bytes": nbytes, "variant": name,
-                       "us_median": round(med, 2), "us_p20": round(p20, 2), "us_p80": round(p80, 2),
+                med, times = timed(fn, args.reps, flush, sink)
+                row = {"N": N, "K": K, "elem_bytes": elem, "bytes": nbytes, "variant": name, **times,
                        "gbps": round(nbytes / med / 1e3, 1),
                        "of_rung0": round(nbytes / med / 1e3 / RUNG0_GBPS, 3),
                        "us_at_0.90": round(nbytes / (0.9 * RUNG0_GBPS) / 1e3, 2)}  # fmt: skip
-                rows.append(row)
-                print(",".join(str(v) for v in row.values()), flush=True)
+                record(rows, row)
     write_csv(args.output, rows)
     return 0
 

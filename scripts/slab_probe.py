@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, flush_buffers, kernel_times, operands, probe_parser, spread, write_csv
+from kernel_time import call_of, check_close, flush_buffers, operands, probe_parser, record, timed, write_csv
 
 from gluon_survey.api import target_of
 from gluon_survey.compat import cta_barrier, tma_load
@@ -258,15 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = a.float() @ w.float().t()
         for name, fn in variants.items():
             if name.startswith("probe") and "mma1" in name:
-                got = fn().float()
-                err = ((got - ref).abs().max() / ref.abs().max()).item()
-                if err > 1e-2:
-                    raise RuntimeError(f"{name} at {M}x{N}x{K}: relative error {err:.3g}")
-            med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
-            row = {"M": M, "N": N, "K": K, "variant": name, "us_median": round(med, 2),
-                   "us_p20": round(p20, 2), "us_p80": round(p80, 2)}  # fmt: skip
-            rows.append(row)
-            print(",".join(str(v) for v in row.values()), flush=True)
+                check_close(f"{name} at {M}x{N}x{K}", fn(), ref, 1e-2)
+            record(rows, {"M": M, "N": N, "K": K, "variant": name, **timed(fn, args.reps, flush, sink)[1]})
         for r in (32, 64):
             for mma in (1, 0):
                 clk = torch.zeros(triton.cdiv(N, r) * 5, device="cuda", dtype=torch.int64)

@@ -39,7 +39,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import call_of, flush_buffers, kernel_times, operands, probe_parser, spread, write_csv
+from kernel_time import call_of, check_close, flush_buffers, operands, probe_parser, record, timed, write_csv
 from slab_probe import _now, stream_call
 
 from gluon_survey.api import target_of
@@ -235,15 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         ref = (a.float() @ b.float()) * (scale.item() if fp8 else 1.0)
         for name, fn in variants.items():
             if name.startswith("probe") and not name.endswith("none"):
-                got = fn().float()
-                err = ((got - ref).abs().max() / ref.abs().max()).item()
-                if not err <= 2e-2:  # NaN (an unwritten tile) fails too
-                    raise RuntimeError(f"{name} at {M}x{N}x{K} {dtype}: relative error {err:.3g}")
-            med, p20, p80 = spread(kernel_times(fn, args.reps, flush, sink))
-            row = {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, "us_median": round(med, 2),
-                   "us_p20": round(p20, 2), "us_p80": round(p80, 2)}  # fmt: skip
-            rows.append(row)
-            print(",".join(str(v) for v in row.values()), flush=True)
+                check_close(f"{name} at {M}x{N}x{K} {dtype}", fn(), ref, 2e-2)
+            times = timed(fn, args.reps, flush, sink)[1]
+            record(rows, {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, **times})
         for epi, name in EPILOGUES.items():
             programs = triton.cdiv(N, 64) * triton.cdiv(M, default.BLOCK_N)
             clk = torch.zeros(programs * 4, device="cuda", dtype=torch.int64)
