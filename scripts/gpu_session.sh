@@ -14,7 +14,7 @@
 #               swapab,slab and slab's 16- and 64-row slabs)           -> decode-<dtype>.csv
 #     probe     where a slab program's time goes (scripts/slab_probe.py)  -> slab-probe*.csv/.log
 #     wholek    where swapab's whole-K tile's time goes (scripts/wholek_probe.py) -> wholek-probe*.csv/.log
-#     narrow    swapab's whole-K tile on 32/48 weight rows (scripts/narrow_probe.py) -> narrow-probe.csv/.log
+#     narrow    swapab's whole-K tile on 32/48 weight rows (scripts/narrow_probe.py NARROW_ARGS) -> narrow-probe.csv/.log
 #     readfloor the fastest read of a decode weight's bytes (scripts/read_floor.py) -> read-floor.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
@@ -67,7 +67,7 @@ if step wholek; then
   python3 scripts/wholek_probe.py --output "$OUT/wholek-probe.csv" 2>&1 | tee "$OUT/wholek-probe.log" | tail -30
 fi
 if step narrow; then
-  python3 scripts/narrow_probe.py --output "$OUT/narrow-probe.csv" 2>&1 | tee "$OUT/narrow-probe.log" | tail -40
+  python3 scripts/narrow_probe.py ${NARROW_ARGS:-} --output "$OUT/narrow-probe.csv" 2>&1 | tee "$OUT/narrow-probe.log" | tail -40
 fi
 if step readfloor; then
   python3 scripts/read_floor.py --output "$OUT/read-floor.csv" 2>&1 | tee "$OUT/read-floor.log" | tail -5

@@ -14,6 +14,12 @@ Not part of the package: an experiment, run on the GPU with
 
     PYTHONPATH=src python3 scripts/narrow_probe.py --output $OUT/narrow-probe.csv
     PYTHONPATH=src python3 scripts/narrow_probe.py --parts --output $OUT/narrow-parts.csv
+    PYTHONPATH=src python3 scripts/narrow_probe.py --prefetch --output $OUT/prefetch.csv
+
+--prefetch (perf-notes 40): the 64-row tile and its ring alone, each program first asking L2 for
+its whole weight slice (PREFETCH 1: one `cp.async.bulk.prefetch.L2` per K step of each row, 2:
+one `prefetch.global.L2` per 128-byte line), in the order the ring will consume it, so that HBM
+streams the whole weight from the first microsecond instead of at the ring's depth.
 """
 
 from __future__ import annotations
@@ -50,21 +56,53 @@ SHAPES = [
 ]
 # token tile -> rings (K step in bytes, stages) to try; a stage holds 64 weight rows whatever ROWS
 RINGS = {16: [(512, 4), (512, 5), (256, 8)], 64: [(256, 6), (128, 12)]}
+# --prefetch: what each program asks L2 for at its start (PREFETCH): nothing, a bulk prefetch per
+# (row, K step), a line prefetch per 128 bytes
+PREFETCHES = {"none": 0, "bulk": 1, "lines": 2}
+LINE = 128
 # --parts: the tile whole, without its token loads, without its MMAs, without both (TOKENS, MULTIPLY)
 PARTS = {"full": (True, True), "no-tokens": (False, True), "no-mma": (True, False), "neither": (False, False)}
 
 
 @gluon.jit
+def prefetch_l2(w_bytes, first_row, row_bytes, ROWS: gl.constexpr, PIECE: gl.constexpr,
+                PIECES: gl.constexpr, KIND: gl.constexpr):  # fmt: skip
+    """Ask L2 for rows [first_row, first_row + ROWS) of the weight (row_bytes each, contiguous) in
+    the ring's order: piece q is bytes [c PIECE, (c + 1) PIECE) of row q % ROWS, c = q // ROWS, and
+    thread t issues pieces t, t + threads, ... so the program's requests go out K step by K step.
+    KIND 1: cp.async.bulk.prefetch.L2 (the TMA unit), 2: prefetch.global.L2 (PIECE = one line)."""
+    threads: gl.constexpr = 32 * gl.num_warps()
+    per_thread: gl.constexpr = PIECES // threads
+    layout: gl.constexpr = gl.BlockedLayout([per_thread, 1], [1, 32], [1, gl.num_warps()], [0, 1])
+    j = gl.arange(0, per_thread, layout=gl.SliceLayout(1, layout))
+    t = gl.arange(0, threads, layout=gl.SliceLayout(0, layout))
+    q = gl.expand_dims(j, 1) * threads + gl.expand_dims(t, 0)
+    start = (q // ROWS) * PIECE
+    offset = (first_row + q % ROWS).to(gl.int64) * row_bytes + start
+    valid = (start < row_bytes).to(gl.int32)
+    ptrs = w_bytes + offset
+    if KIND == 1:
+        asm: gl.constexpr = "@p cp.async.bulk.prefetch.L2.global [$1], $3; mov.b32 $0, 0; }"
+    else:
+        asm: gl.constexpr = "@p prefetch.global.L2 [$1]; mov.b32 $0, $3; }"
+    guard: gl.constexpr = "{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+    size = gl.full(q.shape, PIECE, gl.int32, layout)
+    args = [ptrs, valid, size]
+    return gl.inline_asm_elementwise(guard + asm, "=r,l,r,r", args, dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def narrow_kernel(
-    x_desc, w_desc, c_ptr, M, N, scale,
+    x_desc, w_desc, c_ptr, M, N, scale, w_bytes,
     MMA: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
     TOKENS: gl.constexpr = True, MULTIPLY: gl.constexpr = True,
+    PREFETCH: gl.constexpr = 0, PIECE: gl.constexpr = 0, PIECES: gl.constexpr = 0,
 ):  # fmt: skip
     """C[t, w] for the ROWS weight rows of program // (M's token tiles) and one token tile, all of
     K, through a ring of STAGES stages (pipelined.ring_mma's loop); w_desc views the weight as
     [N / ROWS, ROWS, K] with [1, 64, BLOCK_K] boxes. Parts off, for the second run: TOKENS = False
     loads no token box (the MMA reads whatever the stage holds), MULTIPLY = False issues no MMA
-    (C is stored as zeros)."""
+    (C is stored as zeros). PREFETCH 1 or 2: `prefetch_l2` of the program's ROWS rows first."""
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_W: gl.constexpr = w_desc.block_type.shape[1]
@@ -73,6 +111,9 @@ def narrow_kernel(
     group = pid // num_pid_t
     off_t = (pid % num_pid_t) * BLOCK_T
     k_steps = gl.cdiv(x_desc.shape[1], BLOCK_K)
+    if PREFETCH:
+        prefetch_l2(w_bytes, group * ROWS, x_desc.shape[1] * w_desc.dtype.primitive_bitwidth // 8,
+                    ROWS, PIECE, PIECES, PREFETCH)  # fmt: skip
 
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
@@ -114,7 +155,10 @@ def narrow_kernel(
     gl.store(ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-def narrow_call(a, b, scale, rows: int, ring: tuple[int, int], tokens: bool = True, multiply: bool = True):
+def narrow_call(
+    a, b, scale, rows: int, ring: tuple[int, int], tokens: bool = True, multiply: bool = True,
+    prefetch: int = 0,
+):  # fmt: skip
     """The probe over a @ b (b the transpose view of an [N, K] weight, N a multiple of `rows`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -142,11 +186,18 @@ def narrow_call(a, b, scale, rows: int, ring: tuple[int, int], tokens: bool = Tr
         "SCALED": scale is not None,
         "TOKENS": tokens,
         "MULTIPLY": multiply,
+        "PREFETCH": prefetch,
     }
+    if prefetch:  # pieces a program asks for, rounded up to a power of two a thread (an arange)
+        piece = step_bytes if prefetch == 1 else LINE
+        threads = 32 * cfg.num_warps
+        per_thread = triton.cdiv(rows * triton.cdiv(K * a.element_size(), piece), threads)
+        flags |= {"PIECE": piece, "PIECES": threads * triton.next_power_of_2(per_thread)}
+    w_bytes = w.view(torch.uint8)
     scale_arg = scale if scale is not None else out
 
     def fn():
-        narrow_kernel[grid](x_desc, w_desc, out, M, N, scale_arg, **flags, num_warps=cfg.num_warps)
+        narrow_kernel[grid](x_desc, w_desc, out, M, N, scale_arg, w_bytes, **flags, num_warps=cfg.num_warps)
         return out
 
     return fn
@@ -155,6 +206,9 @@ def narrow_call(a, b, scale, rows: int, ring: tuple[int, int], tokens: bool = Tr
 def main(argv: list[str] | None = None) -> int:
     parser = probe_parser(__doc__)
     parser.add_argument("--parts", action="store_true", help="M = 16 only: the tile with parts of it off")
+    parser.add_argument(
+        "--prefetch", action="store_true", help="the 64-row tile and its ring, L2 prefetch or not"
+    )
     args = parser.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     flush, sink = flush_buffers()
@@ -170,7 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         package_ring = (default.BLOCK_K * a.element_size(), default.STAGES)
         variants = {"read": call_of("read", a, b, {}, moved)[0]}
         narrow = [r for r in (32, 48) if N % r == 0 and N // r <= sms]
-        if args.parts:  # the tile (64 rows, and the narrow one) with its parts off, the package's ring
+        if args.prefetch:  # the 64-row tile and its ring alone, each with and without the prefetch
+            variants["auto"] = call_of("auto", a, b, scales, None)[0]
+            for name, kind in PREFETCHES.items():
+                variants[f"tile prefetch {name}"] = narrow_call(a, b, scale, 64, package_ring, prefetch=kind)
+                ring_alone = narrow_call(a, b, scale, 64, package_ring, False, False, kind)
+                variants[f"ring alone prefetch {name}"] = ring_alone
+        elif args.parts:  # the tile (64 rows, and the narrow one) with its parts off, the package's ring
             for rows in [64, *narrow]:
                 for part, (tokens, multiply) in PARTS.items():
                     fn = narrow_call(a, b, scale, rows, package_ring, tokens, multiply)
@@ -185,13 +245,13 @@ def main(argv: list[str] | None = None) -> int:
             for rows in narrow:
                 for ring in RINGS[default.BLOCK_N]:
                     variants[f"narrow {rows} rows {ring}"] = narrow_call(a, b, scale, rows, ring)
-        if not fp8:  # the rings alone (no consumer), 64- and 32-row boxes, one program per box
+        if not fp8 and not args.prefetch:  # the rings alone (no consumer), 64- and 32-row boxes
             step, stages = package_ring
             variants[f"ring alone 64 rows {package_ring}"] = stream_call(b.t(), 64, step // 2, stages, 0)
             variants[f"ring alone 32 rows {package_ring}"] = stream_call(b.t(), 32, step // 2, stages, 0)
         ref = (a.float() @ b.float()) * (scale.item() if fp8 else 1.0)
         for name, fn in variants.items():
-            if name.startswith("narrow") and not name.endswith(("no-tokens", "no-mma", "neither")):
+            if name.startswith(("narrow", "tile")) and not name.endswith(("no-tokens", "no-mma", "neither")):
                 check_close(f"{name} at {M}x{N}x{K} {dtype}", fn(), ref, 2e-2)
             med, times = timed(fn, args.reps, flush, sink)
             row = {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, **times}
