@@ -15,6 +15,11 @@ Not part of the package: an experiment, run on the GPU with
     PYTHONPATH=src python3 scripts/narrow_probe.py --output $OUT/narrow-probe.csv
     PYTHONPATH=src python3 scripts/narrow_probe.py --parts --output $OUT/narrow-parts.csv
     PYTHONPATH=src python3 scripts/narrow_probe.py --prefetch --output $OUT/prefetch.csv
+    PYTHONPATH=src python3 scripts/narrow_probe.py --chains --output $OUT/chains.csv
+
+--chains (perf-notes 41): the tile with each K step's MMAs split over two accumulators (CHAINS
+2: the first and second half of the step, two dependent chains half as long), against one, and
+without MMAs (the ceiling of any consumer on this ring).
 
 --prefetch (perf-notes 40): the 64-row tile and its ring alone, each program first asking L2 for
 its whole weight slice (PREFETCH 1: one `cp.async.bulk.prefetch.L2` per K step of each row, 2:
@@ -96,7 +101,7 @@ def narrow_kernel(
     x_desc, w_desc, c_ptr, M, N, scale, w_bytes,
     MMA: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
     TOKENS: gl.constexpr = True, MULTIPLY: gl.constexpr = True,
-    PREFETCH: gl.constexpr = 0, PIECE: gl.constexpr = 0, PIECES: gl.constexpr = 0,
+    PREFETCH: gl.constexpr = 0, PIECE: gl.constexpr = 0, PIECES: gl.constexpr = 0, CHAINS: gl.constexpr = 1,
 ):  # fmt: skip
     """C[t, w] for the ROWS weight rows of program // (M's token tiles) and one token tile, all of
     K, through a ring of STAGES stages (pipelined.ring_mma's loop); w_desc views the weight as
@@ -126,15 +131,27 @@ def narrow_kernel(
             tma_load(x_desc, [off_t, s * BLOCK_K], ready.index(s), x_bufs.index(s), s < k_steps)
         tma_load(w_desc, [group, 0, s * BLOCK_K], ready.index(s), w_bufs.index(s), s < k_steps)
     mma = MMA.initialize(x_desc.dtype, BLOCK_W, BLOCK_T, gl.num_warps())
+    mma2 = MMA.initialize(x_desc.dtype, BLOCK_W, BLOCK_T, gl.num_warps())
     for k in range(k_steps):
         ring = Ring(k, STAGES)
         ring.wait_filled(ready)
         slot = ring.slot()
         w_tile = w_bufs.index(slot).reshape([BLOCK_W, BLOCK_K])
-        w_op, x_op = swapab.swapped_operands(x_bufs.index(slot), w_tile, True)
-        if MULTIPLY:
+        if CHAINS == 1:
+            w_op, x_op = swapab.swapped_operands(x_bufs.index(slot), w_tile, True)
+            if MULTIPLY:
+                mma = mma.issue(w_op, x_op)
+                mma = mma.wait(1)
+        else:  # the step's two halves of K on two accumulators: two chains half as long
+            HALF: gl.constexpr = BLOCK_K // 2
+            x_tile = x_bufs.index(slot)
+            w_op, x_op = swapab.swapped_operands(x_tile.slice(0, HALF, 1), w_tile.slice(0, HALF, 1), True)
             mma = mma.issue(w_op, x_op)
-            mma = mma.wait(1)
+            x_half = x_tile.slice(HALF, HALF, 1)
+            w_op, x_op = swapab.swapped_operands(x_half, w_tile.slice(HALF, HALF, 1), True)
+            mma2 = mma2.issue(w_op, x_op)
+            mma = mma.wait(2)
+            mma2 = mma2.wait(2)
         nxt = k + STAGES - 1
         refill = Ring(nxt, STAGES).slot()
         mbarrier.expect(ready.index(refill), nbytes, nxt < k_steps)
@@ -142,6 +159,9 @@ def narrow_kernel(
             tma_load(x_desc, [off_t, nxt * BLOCK_K], ready.index(refill), x_bufs.index(refill), nxt < k_steps)
         tma_load(w_desc, [group, 0, nxt * BLOCK_K], ready.index(refill), w_bufs.index(refill), nxt < k_steps)
     acc, mma = mma.take_result()
+    if CHAINS == 2:
+        acc2, mma2 = mma2.take_result()
+        acc = acc + acc2
     invalidate_barriers(ready, STAGES)
     if SCALED:
         acc = acc * gl.load(scale)
@@ -157,7 +177,7 @@ def narrow_kernel(
 
 def narrow_call(
     a, b, scale, rows: int, ring: tuple[int, int], tokens: bool = True, multiply: bool = True,
-    prefetch: int = 0,
+    prefetch: int = 0, chains: int = 1,
 ):  # fmt: skip
     """The probe over a @ b (b the transpose view of an [N, K] weight, N a multiple of `rows`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -187,6 +207,7 @@ def narrow_call(
         "TOKENS": tokens,
         "MULTIPLY": multiply,
         "PREFETCH": prefetch,
+        "CHAINS": chains,
     }
     if prefetch:  # pieces a program asks for, rounded up to a power of two a thread (an arange)
         piece = step_bytes if prefetch == 1 else LINE
@@ -209,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prefetch", action="store_true", help="the 64-row tile and its ring, L2 prefetch or not"
     )
+    parser.add_argument(
+        "--chains", action="store_true", help="the tile (64 and narrow rows) on one or two accumulators"
+    )
     args = parser.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     flush, sink = flush_buffers()
@@ -224,7 +248,15 @@ def main(argv: list[str] | None = None) -> int:
         package_ring = (default.BLOCK_K * a.element_size(), default.STAGES)
         variants = {"read": call_of("read", a, b, {}, moved)[0]}
         narrow = [r for r in (32, 48) if N % r == 0 and N // r <= sms]
-        if args.prefetch:  # the 64-row tile and its ring alone, each with and without the prefetch
+        if args.chains:  # the tile on one and on two accumulator chains, and without its MMAs
+            variants["auto"] = call_of("auto", a, b, scales, None)[0]
+            for rows in [64, *narrow]:
+                for chains in (1, 2):
+                    fn = narrow_call(a, b, scale, rows, package_ring, chains=chains)
+                    variants[f"tile {rows} rows {chains} chains"] = fn
+                no_mma = narrow_call(a, b, scale, rows, package_ring, True, False)
+                variants[f"tile {rows} rows no-mma"] = no_mma
+        elif args.prefetch:  # the 64-row tile and its ring alone, each with and without the prefetch
             variants["auto"] = call_of("auto", a, b, scales, None)[0]
             for name, kind in PREFETCHES.items():
                 variants[f"tile prefetch {name}"] = narrow_call(a, b, scale, 64, package_ring, prefetch=kind)
@@ -245,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             for rows in narrow:
                 for ring in RINGS[default.BLOCK_N]:
                     variants[f"narrow {rows} rows {ring}"] = narrow_call(a, b, scale, rows, ring)
-        if not fp8 and not args.prefetch:  # the rings alone (no consumer), 64- and 32-row boxes
+        if not (fp8 or args.prefetch or args.chains):  # the rings alone (no consumer), 64- and 32-row boxes
             step, stages = package_ring
             variants[f"ring alone 64 rows {package_ring}"] = stream_call(b.t(), 64, step // 2, stages, 0)
             variants[f"ring alone 32 rows {package_ring}"] = stream_call(b.t(), 32, step // 2, stages, 0)
