@@ -1,4 +1,4 @@
-"""swapab's whole-K tile with fewer weight rows than the wgmma's 64, for more programs (perf-notes 39).
+"""swapab's whole-K tile with fewer weight rows than the wgmma's 64, for more programs (perf-notes 39-41).
 
 A 4096-wide weight is 64 whole-K tiles of 64 rows: 64 programs on the H100's 132 SMs, so half
 the SMs pull the whole weight. The wgmma cannot be shorter than 64 rows, but the tile it reads
@@ -17,14 +17,14 @@ Not part of the package: an experiment, run on the GPU with
     PYTHONPATH=src python3 scripts/narrow_probe.py --prefetch --output $OUT/prefetch.csv
     PYTHONPATH=src python3 scripts/narrow_probe.py --chains --output $OUT/chains.csv
 
---chains (perf-notes 41): the tile with each K step's MMAs split over two accumulators (CHAINS
-2: the first and second half of the step, two dependent chains half as long), against one, and
-without MMAs (the ceiling of any consumer on this ring).
-
 --prefetch (perf-notes 40): the 64-row tile and its ring alone, each program first asking L2 for
 its whole weight slice (PREFETCH 1: one `cp.async.bulk.prefetch.L2` per K step of each row, 2:
 one `prefetch.global.L2` per 128-byte line), in the order the ring will consume it, so that HBM
 streams the whole weight from the first microsecond instead of at the ring's depth.
+
+--chains (perf-notes 41): the tile with each K step's MMAs split over two accumulators (CHAINS
+2: the first and second half of the step, two dependent chains half as long), against one, and
+without MMAs (the ceiling of any consumer on this ring).
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def narrow_kernel(
     K, through a ring of STAGES stages (pipelined.ring_mma's loop); w_desc views the weight as
     [N / ROWS, ROWS, K] with [1, 64, BLOCK_K] boxes. Parts off, for the second run: TOKENS = False
     loads no token box (the MMA reads whatever the stage holds), MULTIPLY = False issues no MMA
-    (C is stored as zeros). PREFETCH 1 or 2: `prefetch_l2` of the program's ROWS rows first."""
+    (C is stored as zeros). PREFETCH 1 or 2: `prefetch_l2` of the program's ROWS rows first. CHAINS 2:
+    each K step's MMAs on two accumulators, a half of the step each, summed at the end."""
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_W: gl.constexpr = w_desc.block_type.shape[1]
