@@ -138,14 +138,13 @@ def narrow_kernel(
         ring.wait_filled(ready)
         slot = ring.slot()
         w_tile = w_bufs.index(slot).reshape([BLOCK_W, BLOCK_K])
-        if CHAINS == 1:
-            w_op, x_op = swapab.swapped_operands(x_bufs.index(slot), w_tile, True)
-            if MULTIPLY:
-                mma = mma.issue(w_op, x_op)
-                mma = mma.wait(1)
-        else:  # the step's two halves of K on two accumulators: two chains half as long
+        x_tile = x_bufs.index(slot)
+        if MULTIPLY and CHAINS == 1:
+            w_op, x_op = swapab.swapped_operands(x_tile, w_tile, True)
+            mma = mma.issue(w_op, x_op)
+            mma = mma.wait(1)
+        elif MULTIPLY:  # the step's two halves of K on two accumulators: two chains half as long
             HALF: gl.constexpr = BLOCK_K // 2
-            x_tile = x_bufs.index(slot)
             w_op, x_op = swapab.swapped_operands(x_tile.slice(0, HALF, 1), w_tile.slice(0, HALF, 1), True)
             mma = mma.issue(w_op, x_op)
             x_half = x_tile.slice(HALF, HALF, 1)
@@ -249,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         package_ring = (default.BLOCK_K * a.element_size(), default.STAGES)
         variants = {"read": call_of("read", a, b, {}, moved)[0]}
         narrow = [r for r in (32, 48) if N % r == 0 and N // r <= sms]
-        if args.chains:  # the tile on one and on two accumulator chains, and without its MMAs
+        if not args.parts:
             variants["auto"] = call_of("auto", a, b, scales, None)[0]
+        if args.chains:  # the tile on one and on two accumulator chains, and without its MMAs
             for rows in [64, *narrow]:
                 for chains in (1, 2):
                     fn = narrow_call(a, b, scale, rows, package_ring, chains=chains)
@@ -258,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
                 no_mma = narrow_call(a, b, scale, rows, package_ring, True, False)
                 variants[f"tile {rows} rows no-mma"] = no_mma
         elif args.prefetch:  # the 64-row tile and its ring alone, each with and without the prefetch
-            variants["auto"] = call_of("auto", a, b, scales, None)[0]
             for name, kind in PREFETCHES.items():
                 variants[f"tile prefetch {name}"] = narrow_call(a, b, scale, 64, package_ring, prefetch=kind)
                 ring_alone = narrow_call(a, b, scale, 64, package_ring, False, False, kind)
@@ -269,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
                     fn = narrow_call(a, b, scale, rows, package_ring, tokens, multiply)
                     variants[f"narrow {rows} rows {package_ring} {part}"] = fn
         else:
-            variants["auto"] = call_of("auto", a, b, scales, None)[0]
             variants[f"whole-K 64 rows {package_ring}"] = call_of(
                 f"swapab@BLOCK_M=64:BLOCK_N={default.BLOCK_N}:BLOCK_K={default.BLOCK_K}"
                 f":STAGES={default.STAGES}:SPLIT_K=1",
