@@ -1,4 +1,4 @@
-"""swapab's whole-K tile with fewer weight rows than the wgmma's 64, for more programs (perf-notes 39-41).
+"""swapab's whole-K tile with fewer weight rows than the wgmma's 64, for more programs (perf-notes 39-42).
 
 A 4096-wide weight is 64 whole-K tiles of 64 rows: 64 programs on the H100's 132 SMs, so half
 the SMs pull the whole weight. The wgmma cannot be shorter than 64 rows, but the tile it reads
@@ -16,6 +16,7 @@ Not part of the package: an experiment, run on the GPU with
     PYTHONPATH=src python3 scripts/narrow_probe.py --parts --output $OUT/narrow-parts.csv
     PYTHONPATH=src python3 scripts/narrow_probe.py --prefetch --output $OUT/prefetch.csv
     PYTHONPATH=src python3 scripts/narrow_probe.py --chains --output $OUT/chains.csv
+    PYTHONPATH=src python3 scripts/narrow_probe.py --sub --output $OUT/sub.csv
 
 --prefetch (perf-notes 40): the 64-row tile and its ring alone, each program first asking L2 for
 its whole weight slice (PREFETCH 1: one `cp.async.bulk.prefetch.L2` per K step of each row, 2:
@@ -25,6 +26,11 @@ streams the whole weight from the first microsecond instead of at the ring's dep
 --chains (perf-notes 41): the tile with each K step's MMAs split over two accumulators (CHAINS
 2: the first and second half of the step, two dependent chains half as long), against one, and
 without MMAs (the ceiling of any consumer on this ring).
+
+--sub (perf-notes 42): the tile with each stage's K cut into SUB boxes, each on its own barrier,
+so that a box's MMAs go out as soon as it lands and only the last box's trail the last byte;
+against SUB 1, a ring of FINE times as many stages FINE times narrower (each box refilled on its
+own), and without MMAs; at 16 tokens also the 64-row tile on one stage more (entry 38's ring).
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ RINGS = {16: [(512, 4), (512, 5), (256, 8)], 64: [(256, 6), (128, 12)]}
 PREFETCHES = {"none": 0, "bulk": 1, "lines": 2}
 LINE = 128
 # --parts: the tile whole, without its token loads, without its MMAs, without both (TOKENS, MULTIPLY)
+# --sub: boxes a stage's K is cut into, each with its own barrier (SUB); against a ring of FINE
+# times as many stages, FINE times narrower (the same bytes, each box refilled on its own)
+SUBS = (1, 2, 4)
+FINE = 4
 PARTS = {"full": (True, True), "no-tokens": (False, True), "no-mma": (True, False), "neither": (False, False)}
 
 
@@ -97,18 +107,37 @@ def prefetch_l2(w_bytes, first_row, row_bytes, ROWS: gl.constexpr, PIECE: gl.con
 
 
 @gluon.jit
+def load_stage(x_desc, w_desc, ready, x_bufs, w_bufs, slot, step, off_t, group, pred,
+               TOKENS: gl.constexpr, SUB: gl.constexpr):  # fmt: skip
+    """K step `step` into stage `slot`: SUB boxes of BLOCK_K (token box and weight box), box j to
+    buffer and barrier slot * SUB + j."""
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    nbytes: gl.constexpr = x_desc.block_type.nbytes * TOKENS + w_desc.block_type.nbytes
+    for j in gl.static_range(SUB):
+        box = slot * SUB + j
+        k = (step * SUB + j) * BLOCK_K
+        mbarrier.expect(ready.index(box), nbytes, pred)
+        if TOKENS:
+            tma_load(x_desc, [off_t, k], ready.index(box), x_bufs.index(box), pred)
+        tma_load(w_desc, [group, 0, k], ready.index(box), w_bufs.index(box), pred)
+
+
+@gluon.jit
 def narrow_kernel(
     x_desc, w_desc, c_ptr, M, N, scale, w_bytes,
     MMA: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, SCALED: gl.constexpr,
     TOKENS: gl.constexpr = True, MULTIPLY: gl.constexpr = True,
     PREFETCH: gl.constexpr = 0, PIECE: gl.constexpr = 0, PIECES: gl.constexpr = 0, CHAINS: gl.constexpr = 1,
+    SUB: gl.constexpr = 1,
 ):  # fmt: skip
     """C[t, w] for the ROWS weight rows of program // (M's token tiles) and one token tile, all of
     K, through a ring of STAGES stages (pipelined.ring_mma's loop); w_desc views the weight as
     [N / ROWS, ROWS, K] with [1, 64, BLOCK_K] boxes. Parts off, for the second run: TOKENS = False
     loads no token box (the MMA reads whatever the stage holds), MULTIPLY = False issues no MMA
     (C is stored as zeros). PREFETCH 1 or 2: `prefetch_l2` of the program's ROWS rows first. CHAINS 2:
-    each K step's MMAs on two accumulators, a half of the step each, summed at the end."""
+    each box's MMAs on two accumulators, a half of the box each, summed at the end. SUB: a stage
+    is SUB boxes of BLOCK_K (the descriptors' box), each on its own barrier and multiplied as soon
+    as it lands; the ring refills a stage's SUB boxes together once its MMAs have retired."""
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_W: gl.constexpr = w_desc.block_type.shape[1]
@@ -116,53 +145,52 @@ def narrow_kernel(
     num_pid_t = gl.cdiv(M, BLOCK_T)
     group = pid // num_pid_t
     off_t = (pid % num_pid_t) * BLOCK_T
-    k_steps = gl.cdiv(x_desc.shape[1], BLOCK_K)
     if PREFETCH:
         prefetch_l2(w_bytes, group * ROWS, x_desc.shape[1] * w_desc.dtype.primitive_bitwidth // 8,
                     ROWS, PIECE, PIECES, PREFETCH)  # fmt: skip
 
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    init_barriers(ready, STAGES)
-    nbytes: gl.constexpr = x_desc.block_type.nbytes * TOKENS + w_desc.block_type.nbytes
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * SUB] + x_desc.block_type.shape, x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES * SUB] + w_desc.block_type.shape, w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES * SUB, 1], mbarrier.MBarrierLayout())
+    init_barriers(ready, STAGES * SUB)
+    STEP_K: gl.constexpr = BLOCK_K * SUB  # a stage's K: SUB boxes of BLOCK_K, each on its own barrier
+    k_steps = gl.cdiv(x_desc.shape[1], STEP_K)
     for s in gl.static_range(STAGES - 1):
-        mbarrier.expect(ready.index(s), nbytes, s < k_steps)
-        if TOKENS:
-            tma_load(x_desc, [off_t, s * BLOCK_K], ready.index(s), x_bufs.index(s), s < k_steps)
-        tma_load(w_desc, [group, 0, s * BLOCK_K], ready.index(s), w_bufs.index(s), s < k_steps)
+        load_stage(x_desc, w_desc, ready, x_bufs, w_bufs, s, s, off_t, group, s < k_steps, TOKENS, SUB)
     mma = MMA.initialize(x_desc.dtype, BLOCK_W, BLOCK_T, gl.num_warps())
     mma2 = MMA.initialize(x_desc.dtype, BLOCK_W, BLOCK_T, gl.num_warps())
     for k in range(k_steps):
         ring = Ring(k, STAGES)
-        ring.wait_filled(ready)
         slot = ring.slot()
-        w_tile = w_bufs.index(slot).reshape([BLOCK_W, BLOCK_K])
-        x_tile = x_bufs.index(slot)
-        if MULTIPLY and CHAINS == 1:
-            w_op, x_op = swapab.swapped_operands(x_tile, w_tile, True)
-            mma = mma.issue(w_op, x_op)
-            mma = mma.wait(1)
-        elif MULTIPLY:  # the step's two halves of K on two accumulators: two chains half as long
-            HALF: gl.constexpr = BLOCK_K // 2
-            w_op, x_op = swapab.swapped_operands(x_tile.slice(0, HALF, 1), w_tile.slice(0, HALF, 1), True)
-            mma = mma.issue(w_op, x_op)
-            x_half = x_tile.slice(HALF, HALF, 1)
-            w_op, x_op = swapab.swapped_operands(x_half, w_tile.slice(HALF, HALF, 1), True)
-            mma2 = mma2.issue(w_op, x_op)
-            mma = mma.wait(2)
-            mma2 = mma2.wait(2)
+        for j in gl.static_range(SUB):  # each box's MMAs go out as soon as that box has landed
+            box = slot * SUB + j
+            mbarrier.wait(ready.index(box), ring.phase())
+            w_tile = w_bufs.index(box).reshape([BLOCK_W, BLOCK_K])
+            x_tile = x_bufs.index(box)
+            if MULTIPLY and CHAINS == 1:
+                w_op, x_op = swapab.swapped_operands(x_tile, w_tile, True)
+                mma = mma.issue(w_op, x_op)
+            elif MULTIPLY:  # the box's two halves of K on two accumulators: two chains half as long
+                HALF: gl.constexpr = BLOCK_K // 2
+                w_op, x_op = swapab.swapped_operands(x_tile.slice(0, HALF, 1), w_tile.slice(0, HALF, 1), True)
+                mma = mma.issue(w_op, x_op)
+                x_half = x_tile.slice(HALF, HALF, 1)
+                w_op, x_op = swapab.swapped_operands(x_half, w_tile.slice(HALF, HALF, 1), True)
+                mma2 = mma2.issue(w_op, x_op)
+        if MULTIPLY:  # retire the previous stage's MMAs, whose stage is the one refilled next
+            mma = mma.wait(SUB * CHAINS)
+            if CHAINS == 2:
+                mma2 = mma2.wait(SUB * CHAINS)
         nxt = k + STAGES - 1
         refill = Ring(nxt, STAGES).slot()
-        mbarrier.expect(ready.index(refill), nbytes, nxt < k_steps)
-        if TOKENS:
-            tma_load(x_desc, [off_t, nxt * BLOCK_K], ready.index(refill), x_bufs.index(refill), nxt < k_steps)
-        tma_load(w_desc, [group, 0, nxt * BLOCK_K], ready.index(refill), w_bufs.index(refill), nxt < k_steps)
+        load_stage(
+            x_desc, w_desc, ready, x_bufs, w_bufs, refill, nxt, off_t, group, nxt < k_steps, TOKENS, SUB
+        )
     acc, mma = mma.take_result()
     if CHAINS == 2:
         acc2, mma2 = mma2.take_result()
         acc = acc + acc2
-    invalidate_barriers(ready, STAGES)
+    invalidate_barriers(ready, STAGES * SUB)
     if SCALED:
         acc = acc * gl.load(scale)
     # C[t, w] from the [64, BLOCK_T] accumulator's first ROWS rows, straight from registers
@@ -177,7 +205,7 @@ def narrow_kernel(
 
 def narrow_call(
     a, b, scale, rows: int, ring: tuple[int, int], tokens: bool = True, multiply: bool = True,
-    prefetch: int = 0, chains: int = 1,
+    prefetch: int = 0, chains: int = 1, sub: int = 1,
 ):  # fmt: skip
     """The probe over a @ b (b the transpose view of an [N, K] weight, N a multiple of `rows`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -187,7 +215,7 @@ def narrow_call(
     N = b.shape[1]
     w = b.t()
     step_bytes, stages = ring
-    block_k = step_bytes // a.element_size()
+    block_k = step_bytes // a.element_size() // sub  # a box's K: the stage's K over SUB
     cfg = swapab.whole_k(target.capability, M, a.element_size() == 1)
     x_block = [cfg.BLOCK_N, block_k]
     w_block = [1, MMA_ROWS, block_k]
@@ -208,6 +236,7 @@ def narrow_call(
         "MULTIPLY": multiply,
         "PREFETCH": prefetch,
         "CHAINS": chains,
+        "SUB": sub,
     }
     if prefetch:  # pieces a program asks for, rounded up to a power of two a thread (an arange)
         piece = step_bytes if prefetch == 1 else LINE
@@ -233,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--chains", action="store_true", help="the tile (64 and narrow rows) on one or two accumulators"
     )
+    parser.add_argument(
+        "--sub", action="store_true", help="the tile with each stage's boxes on 1, 2 or 4 barriers"
+    )
     args = parser.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     flush, sink = flush_buffers()
@@ -250,7 +282,21 @@ def main(argv: list[str] | None = None) -> int:
         narrow = [r for r in (32, 48) if N % r == 0 and N // r <= sms]
         if not args.parts:
             variants["auto"] = call_of("auto", a, b, scales, None)[0]
-        if args.chains:  # the tile on one and on two accumulator chains, and without its MMAs
+        if args.sub:  # a stage's K in SUB boxes on their own barriers; the same bytes as SUB stages
+            for rows in [64, *narrow]:
+                for sub in SUBS:
+                    tile = narrow_call(a, b, scale, rows, package_ring, sub=sub)
+                    variants[f"tile {rows} rows sub {sub}"] = tile
+                fine = (package_ring[0] // FINE, package_ring[1] * FINE)
+                variants[f"tile {rows} rows ring {fine}"] = narrow_call(a, b, scale, rows, fine)
+                no_mma = narrow_call(a, b, scale, rows, package_ring, True, False)
+                variants[f"tile {rows} rows no-mma"] = no_mma
+            if default.BLOCK_N == 16:  # the deeper ring of entry 38 (a 16-token stage fits five times)
+                deeper = (package_ring[0], package_ring[1] + 1)
+                for sub in (1, SUBS[-1]):
+                    tile = narrow_call(a, b, scale, 64, deeper, sub=sub)
+                    variants[f"tile 64 rows ring {deeper} sub {sub}"] = tile
+        elif args.chains:  # the tile on one and on two accumulator chains, and without its MMAs
             for rows in [64, *narrow]:
                 for chains in (1, 2):
                     fn = narrow_call(a, b, scale, rows, package_ring, chains=chains)
@@ -276,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             for rows in narrow:
                 for ring in RINGS[default.BLOCK_N]:
                     variants[f"narrow {rows} rows {ring}"] = narrow_call(a, b, scale, rows, ring)
-        if not (fp8 or args.prefetch or args.chains):  # the rings alone (no consumer), 64- and 32-row boxes
+        alone = not (fp8 or args.prefetch or args.chains or args.sub)
+        if alone:  # the rings alone (no consumer), 64- and 32-row boxes
             step, stages = package_ring
             variants[f"ring alone 64 rows {package_ring}"] = stream_call(b.t(), 64, step // 2, stages, 0)
             variants[f"ring alone 32 rows {package_ring}"] = stream_call(b.t(), 32, step // 2, stages, 0)
