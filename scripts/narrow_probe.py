@@ -17,6 +17,7 @@ Not part of the package: an experiment, run on the GPU with
     PYTHONPATH=src python3 scripts/narrow_probe.py --prefetch --output $OUT/prefetch.csv
     PYTHONPATH=src python3 scripts/narrow_probe.py --chains --output $OUT/chains.csv
     PYTHONPATH=src python3 scripts/narrow_probe.py --sub --output $OUT/sub.csv
+    PYTHONPATH=src python3 scripts/narrow_probe.py --tail --output $OUT/tail.csv
 
 --prefetch (perf-notes 40): the 64-row tile and its ring alone, each program first asking L2 for
 its whole weight slice (PREFETCH 1: one `cp.async.bulk.prefetch.L2` per K step of each row, 2:
@@ -31,6 +32,9 @@ without MMAs (the ceiling of any consumer on this ring).
 so that a box's MMAs go out as soon as it lands and only the last box's trail the last byte;
 against SUB 1, a ring of FINE times as many stages FINE times narrower (each box refilled on its
 own), and without MMAs; at 16 tokens also the 64-row tile on one stage more (entry 38's ring).
+
+--tail (perf-notes 43): the tile with its MMAs on every stage, on all but the last, on the last
+only and on none: what the MMAs that follow the last byte cost, against what the others do.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ RINGS = {16: [(512, 4), (512, 5), (256, 8)], 64: [(256, 6), (128, 12)]}
 PREFETCHES = {"none": 0, "bulk": 1, "lines": 2}
 LINE = 128
 # --parts: the tile whole, without its token loads, without its MMAs, without both (TOKENS, MULTIPLY)
+# --tail: which stages' MMAs the tile issues (MULTIPLY): all, all but the last, the last only, none
+TAILS = {"full": 1, "all-but-last": 2, "last-only": 3, "no-mma": 0}
 # --sub: boxes a stage's K is cut into, each with its own barrier (SUB); against a ring of FINE
 # times as many stages, FINE times narrower (the same bytes, each box refilled on its own)
 SUBS = (1, 2, 4)
@@ -134,7 +140,8 @@ def narrow_kernel(
     K, through a ring of STAGES stages (pipelined.ring_mma's loop); w_desc views the weight as
     [N / ROWS, ROWS, K] with [1, 64, BLOCK_K] boxes. Parts off, for the second run: TOKENS = False
     loads no token box (the MMA reads whatever the stage holds), MULTIPLY = False issues no MMA
-    (C is stored as zeros). PREFETCH 1 or 2: `prefetch_l2` of the program's ROWS rows first. CHAINS 2:
+    (C is stored as zeros); MULTIPLY 2 or 3 issues every stage's MMAs but the last's, or only the
+    last's (C is then wrong). PREFETCH 1 or 2: `prefetch_l2` of the program's ROWS rows first. CHAINS 2:
     each box's MMAs on two accumulators, a half of the box each, summed at the end. SUB: a stage
     is SUB boxes of BLOCK_K (the descriptors' box), each on its own barrier and multiplied as soon
     as it lands; the ring refills a stage's SUB boxes together once its MMAs have retired."""
@@ -167,9 +174,13 @@ def narrow_kernel(
             mbarrier.wait(ready.index(box), ring.phase())
             w_tile = w_bufs.index(box).reshape([BLOCK_W, BLOCK_K])
             x_tile = x_bufs.index(box)
-            if MULTIPLY and CHAINS == 1:
+            if MULTIPLY == 1 and CHAINS == 1:
                 w_op, x_op = swapab.swapped_operands(x_tile, w_tile, True)
                 mma = mma.issue(w_op, x_op)
+            elif MULTIPLY >= 2:  # the tail probe: every stage's MMAs but the last's (2), or only its (3)
+                if (k == k_steps - 1) == (MULTIPLY == 3):
+                    w_op, x_op = swapab.swapped_operands(x_tile, w_tile, True)
+                    mma = mma.issue(w_op, x_op)
             elif MULTIPLY:  # the box's two halves of K on two accumulators: two chains half as long
                 HALF: gl.constexpr = BLOCK_K // 2
                 w_op, x_op = swapab.swapped_operands(x_tile.slice(0, HALF, 1), w_tile.slice(0, HALF, 1), True)
@@ -204,7 +215,7 @@ def narrow_kernel(
 
 
 def narrow_call(
-    a, b, scale, rows: int, ring: tuple[int, int], tokens: bool = True, multiply: bool = True,
+    a, b, scale, rows: int, ring: tuple[int, int], tokens: bool = True, multiply: int = 1,
     prefetch: int = 0, chains: int = 1, sub: int = 1,
 ):  # fmt: skip
     """The probe over a @ b (b the transpose view of an [N, K] weight, N a multiple of `rows`)."""
@@ -263,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         "--chains", action="store_true", help="the tile (64 and narrow rows) on one or two accumulators"
     )
     parser.add_argument(
+        "--tail",
+        action="store_true",
+        help="the tile with MMAs on all, all but the last, the last or no stage",
+    )
+    parser.add_argument(
         "--sub", action="store_true", help="the tile with each stage's boxes on 1, 2 or 4 barriers"
     )
     args = parser.parse_args(argv)
@@ -282,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         narrow = [r for r in (32, 48) if N % r == 0 and N // r <= sms]
         if not args.parts:
             variants["auto"] = call_of("auto", a, b, scales, None)[0]
-        if args.sub:  # a stage's K in SUB boxes on their own barriers; the same bytes as SUB stages
+        if args.tail:  # what the last stage's MMAs cost: the tile with and without them, and them alone
+            for rows in [64, *narrow]:
+                for name, multiply in TAILS.items():
+                    fn = narrow_call(a, b, scale, rows, package_ring, True, multiply)
+                    variants[f"tile {rows} rows {name}"] = fn
+        elif args.sub:  # a stage's K in SUB boxes on their own barriers; the same bytes as SUB stages
             for rows in [64, *narrow]:
                 for sub in SUBS:
                     tile = narrow_call(a, b, scale, rows, package_ring, sub=sub)
@@ -322,14 +343,16 @@ def main(argv: list[str] | None = None) -> int:
             for rows in narrow:
                 for ring in RINGS[default.BLOCK_N]:
                     variants[f"narrow {rows} rows {ring}"] = narrow_call(a, b, scale, rows, ring)
-        alone = not (fp8 or args.prefetch or args.chains or args.sub)
+        alone = not (fp8 or args.prefetch or args.chains or args.sub or args.tail)
         if alone:  # the rings alone (no consumer), 64- and 32-row boxes
             step, stages = package_ring
             variants[f"ring alone 64 rows {package_ring}"] = stream_call(b.t(), 64, step // 2, stages, 0)
             variants[f"ring alone 32 rows {package_ring}"] = stream_call(b.t(), 32, step // 2, stages, 0)
         ref = (a.float() @ b.float()) * (scale.item() if fp8 else 1.0)
         for name, fn in variants.items():
-            if name.startswith(("narrow", "tile")) and not name.endswith(("no-tokens", "no-mma", "neither")):
+            if name.startswith(("narrow", "tile")) and not name.endswith(
+                ("no-tokens", "no-mma", "neither", "but-last", "last-only")
+            ):
                 check_close(f"{name} at {M}x{N}x{K} {dtype}", fn(), ref, 2e-2)
             med, times = timed(fn, args.reps, flush, sink)
             row = {"M": M, "N": N, "K": K, "dtype": dtype, "variant": name, **times}
