@@ -1,4 +1,4 @@
-"""swapab's whole-K tile with fewer weight rows than the wgmma's 64, for more programs (perf-notes 39-42).
+"""swapab's whole-K tile with fewer weight rows than the wgmma's 64, for more programs (perf-notes 39-43).
 
 A 4096-wide weight is 64 whole-K tiles of 64 rows: 64 programs on the H100's 132 SMs, so half
 the SMs pull the whole weight. The wgmma cannot be shorter than 64 rows, but the tile it reads
@@ -75,13 +75,13 @@ RINGS = {16: [(512, 4), (512, 5), (256, 8)], 64: [(256, 6), (128, 12)]}
 # (row, K step), a line prefetch per 128 bytes
 PREFETCHES = {"none": 0, "bulk": 1, "lines": 2}
 LINE = 128
-# --parts: the tile whole, without its token loads, without its MMAs, without both (TOKENS, MULTIPLY)
-# --tail: which stages' MMAs the tile issues (MULTIPLY): all, all but the last, the last only, none
-TAILS = {"full": 1, "all-but-last": 2, "last-only": 3, "no-mma": 0}
 # --sub: boxes a stage's K is cut into, each with its own barrier (SUB); against a ring of FINE
 # times as many stages, FINE times narrower (the same bytes, each box refilled on its own)
 SUBS = (1, 2, 4)
 FINE = 4
+# --tail: which stages' MMAs the tile issues (MULTIPLY): all, all but the last, the last only, none
+TAILS = {"full": 1, "all-but-last": 2, "last-only": 3, "no-mma": 0}
+# --parts: the tile whole, without its token loads, without its MMAs, without both (TOKENS, MULTIPLY)
 PARTS = {"full": (True, True), "no-tokens": (False, True), "no-mma": (True, False), "neither": (False, False)}
 
 
@@ -148,6 +148,8 @@ def narrow_kernel(
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_W: gl.constexpr = w_desc.block_type.shape[1]
+    # the waits below retire SUB * CHAINS groups a stage: the tail probe issues one chain only
+    gl.static_assert(MULTIPLY < 2 or CHAINS == 1, "MULTIPLY 2 and 3 are for one chain")
     pid = gl.program_id(0)
     num_pid_t = gl.cdiv(M, BLOCK_T)
     group = pid // num_pid_t
