@@ -268,19 +268,20 @@ def narrow_call(
 
 def main(argv: list[str] | None = None) -> int:
     parser = probe_parser(__doc__)
-    parser.add_argument("--parts", action="store_true", help="M = 16 only: the tile with parts of it off")
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()  # one probe a call; two are refused, not half-run
+    mode.add_argument("--parts", action="store_true", help="M = 16 only: the tile with parts of it off")
+    mode.add_argument(
         "--prefetch", action="store_true", help="the 64-row tile and its ring, L2 prefetch or not"
     )
-    parser.add_argument(
+    mode.add_argument(
         "--chains", action="store_true", help="the tile (64 and narrow rows) on one or two accumulators"
     )
-    parser.add_argument(
+    mode.add_argument(
         "--tail",
         action="store_true",
         help="the tile with MMAs on all, all but the last, the last or no stage",
     )
-    parser.add_argument(
+    mode.add_argument(
         "--sub", action="store_true", help="the tile with each stage's boxes on 1, 2 or 4 barriers"
     )
     args = parser.parse_args(argv)
