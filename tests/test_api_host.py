@@ -88,8 +88,8 @@ def _operands(M: int, N: int, K: int, layout: str = "t", dtype=torch.bfloat16):
 
 @pytest.mark.parametrize("kernel", ["Blocked", "Pipelined", "persistent", "warpspec", None])
 def test_a_repeated_call_reuses_its_plan_on_the_new_tensors(host, kernel):
-    first = _operands(300, 520, 264)
-    second = _operands(300, 520, 264)
+    first = _operands(3000, 520, 264)  # kernel=None: the rule's warpspec (cuBLAS up to M = 2048)
+    second = _operands(3000, 520, 264)
     assert api.matmul(*first[:2], kernel=kernel, out=first[2]) is first[2]
     assert api.matmul(*second[:2], kernel=kernel, out=second[2]) is second[2]
     assert len(host.builds) == 1, "the second call of the same key built a plan again"

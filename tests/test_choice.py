@@ -66,17 +66,22 @@ def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
         c = choice.choose(*args, (9, 0), H100)
         assert c == choice.Choice("slab", None, c.why) and "has no entry near it" in c.why
     c = choice.choose(32, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
-    assert c.mode == "swapab" and "no table for NVIDIA H200" in c.why
+    assert c.mode == "torch" and "no table for NVIDIA H200" in c.why
+    assert choice.choose(1, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "gemv"
 
 
 @pytest.mark.parametrize(
     ("M", "capability", "mode"),
-    [(1, (9, 0), "slab"), (16, (10, 0), "slab"), (17, (9, 0), "swapab"), (64, (9, 0), "swapab"),
-     (65, (10, 0), "splitk"), (256, (9, 0), "splitk"),
-     (257, (9, 0), "warpspec"), (16, (8, 0), "torch"), (16, (12, 0), "torch")],
+    [(1, (9, 0), "gemv"), (1, (10, 0), "gemv"), (2, (9, 0), "slab"), (16, (10, 0), "slab"),
+     (17, (9, 0), "torch"), (64, (9, 0), "torch"), (256, (10, 0), "torch"), (2048, (9, 0), "torch"),
+     (2049, (9, 0), "warpspec"), (8192, (10, 0), "warpspec"), (1, (8, 0), "torch"),
+     (16, (8, 0), "torch"), (16, (12, 0), "torch")],
 )  # fmt: skip
 def test_the_rule(M, capability, mode):
-    assert choice.rule(M, capability).mode == mode
+    """fp16/bf16 without a table entry: gemv for one token, slab to 16, cuBLAS to 2048, warpspec."""
+    for dtype in ("fp16", "bf16"):
+        c = choice.rule(M, capability, dtype)
+        assert (c.mode, c.config) == (mode, None)
 
 
 @pytest.mark.parametrize(

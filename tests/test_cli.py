@@ -28,7 +28,13 @@ def test_help_works_without_a_gpu(no_cuda, capsys):
         "usage: gluon-survey [MODES] [options] | "
         "gluon-survey {list,compare,report,inspect,memcpy,overhead,tune}"
     )
-    for text in ("--dtype", "--shapes llm|FILE.csv", "--b-layout", "--peak-tflops", "compare OLD NEW"):
+    for text in (
+        "--dtype",
+        "--shapes llm|holdout|FILE.csv",
+        "--b-layout",
+        "--peak-tflops",
+        "compare OLD NEW",
+    ):
         assert text in out
     for sub in ("list", "compare", "report", "inspect", "memcpy", "overhead", "tune"):
         assert main([sub, "--help"]) == 0

@@ -1,6 +1,6 @@
 import pytest
 
-from gluon_survey.driver.shapes import Shape, grid, llm_shapes, parse_dim, read_csv, resolve
+from gluon_survey.driver.shapes import Shape, grid, holdout_shapes, llm_shapes, parse_dim, read_csv, resolve
 
 
 @pytest.mark.parametrize(
@@ -61,6 +61,18 @@ def test_llm_shapes_are_llama3_8b_and_70b_linear_layers():
     assert llm_shapes() == expected
 
 
+def test_holdout_shapes_share_no_weight_with_llm():
+    nk = [  # (N, K) of Llama-3.2-1B, -3B, Qwen2.5-7B, -14B from their config.json, by hand
+        (3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192),
+        (5120, 3072), (3072, 3072), (16384, 3072), (3072, 8192),
+        (4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944),
+        (7168, 5120), (5120, 5120), (27648, 5120), (5120, 13824),
+    ]  # fmt: skip
+    assert holdout_shapes() == [Shape(m, n, k) for n, k in nk for m in (1, 16, 64, 256, 4096)]
+    assert not {(s.N, s.K) for s in holdout_shapes()} & {(s.N, s.K) for s in llm_shapes()}
+    assert resolve("holdout", None, None, None) == holdout_shapes()
+
+
 def test_read_csv_header_comments_and_blank_lines(tmp_path):
     path = tmp_path / "shapes.csv"
     path.write_text("# my shapes\nM,N,K\n\n1, 4096, 4096  # decode\n128,8192,8192\n")
@@ -104,7 +116,7 @@ def test_resolve(tmp_path):
     assert resolve(str(path), None, None, None) == [Shape(1, 2, 3)]
     with pytest.raises(ValueError, match="either --shapes or --m/--n/--k"):
         resolve("llm", "64", None, None)
-    with pytest.raises(ValueError, match="expected 'llm' or a CSV file"):
+    with pytest.raises(ValueError, match="expected 'llm', 'holdout' or a CSV file"):
         resolve("square", None, None, None)
 
 

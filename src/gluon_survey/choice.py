@@ -9,17 +9,20 @@ time of every candidate and of cuBLAS. A query matches the entries of the same N
 layout, and takes the one whose M is nearest in log scale, if within a factor of 4: an M bucket
 is the range of M nearer to one measured M than to any other (`explain` prints it).
 
-**The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, M <= 16
-tokens: `slab` (mma.sync's 16-row slabs of the weight, no K split); M <= 64: `swapab` (the tokens
-become the MMA's narrow N, K split to fill the SMs); M <= 256: `splitk`; larger: `warpspec` (its
-own choice by K). fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec` from M = 2049;
-at M = 1 with K <= 16384, `gemv` (the weight streamed in one chunk a row, CUDA-core FMAs);
-swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise scales at
-M <= 64 and with per-tensor scales at M <= 16, on its shared ring (two programs an SM) where the
-weight has more 64-row tiles than the GPU has SMs, but at most four times as many (at 33-64
-tokens there a tile of 128 weight rows, one program an SM, instead); cuBLAS fp8 otherwise
-(warpspec lost to it at M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor
-scales).
+**The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, one token:
+`gemv` (the weight streamed a row a program, CUDA-core FMAs); M <= 16: `slab` (mma.sync's 16-row
+slabs of the weight, no K split); M <= 2048: cuBLAS (`torch`); larger: `warpspec` (its own choice
+by K). Each threshold is what the H100 table says across its weights (the constants below give
+the counts); the `holdout` preset measures the rule on weights the table was not tuned on.
+
+fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec` from M = 2049; at M = 1 with
+K <= 16384, `gemv` (the weight streamed in one chunk a row, CUDA-core FMAs); swapab's whole-K
+tile (one 64-row tile per program over all of K) with row-wise scales at M <= 64 and with
+per-tensor scales at M <= 16, on its shared ring (two programs an SM) where the weight has more
+64-row tiles than the GPU has SMs, but at most four times as many (at 33-64 tokens there a tile
+of 128 weight rows, one program an SM, instead); cuBLAS fp8 otherwise (warpspec lost to it at
+M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor scales).
+
 Other GPUs: cuBLAS (`torch`).
 """
 
@@ -55,10 +58,22 @@ FP8_SHARED_WAVES = 4
 # in both scalings, 1.01-1.02x at 8192 x 28672 (a row of 28672 on 32 warps).
 FP8_GEMV_M = 1  # at most
 FP8_GEMV_MAX_K = 16384
-# fp16/bf16 at M = 1 and 16 over the llm weights, kernel-only: slab took 0.94-0.99x swapab's time
-# on 31 of the 32 pairs, 1.01x on the other (results/h100-slab); at M = 64 it lost to cuBLAS on
-# six of the eight weights.
+# fp16/bf16: where the H100 table (tables/h100.json: the llm preset's 8 weights, GPU time a call,
+# every candidate against cuBLAS) puts each M, per dtype:
+# - M = 1: gemv on all 8 weights, 1.07-1.22x cuBLAS (the one-chunk row where K <= 16384).
+GEMV_M = 1  # at most
+# - M = 4 and 16: slab or swapab's whole-K tile on 6 of the 8 (1.03-1.11x); cuBLAS on 8192 x
+#   8192 and 28672 x 4096, where slab measured 0.99-1.03x, inside the table's 3 % margin. Kernel-
+#   only, slab took 0.94-0.99x swapab's time on 31 of 32 pairs at M = 1 and 16 (results/h100-slab).
 SLAB_M = 16  # at most
+# - M = 64: cuBLAS on 5 of the 8; the Gluon modes' own configs 0.60-1.02x (split swapab, which
+#   the rule ran before, 0.80-1.02x in bf16), the whole-K tile 0.94-1.06x. M = 128: cuBLAS on
+#   7-8 of 8 (splitk, the rule before, 0.83-1.00x in bf16). M = 1024: cuBLAS on 4-7 of 8
+#   (warpspec's cooperative tile 0.88-1.12x in bf16).
+# - M = 8192: a Gluon rung on 4-5 of 8, warpspec's cooperative tile 0.92-1.11x in bf16.
+# So between one slab and the prefill sizes the rule runs cuBLAS, and warpspec above, the same
+# threshold as fp8's.
+CUBLAS_UP_TO_M = 2048  # at most
 
 
 @dataclass(frozen=True)
@@ -119,13 +134,17 @@ def rule(
         return Choice("torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
     if capability[0] not in (9, 10):
         return Choice("torch", None, f"rule: no Gluon rung runs on sm_{capability[0]}{capability[1]}")
+    if M <= GEMV_M:
+        return Choice("gemv", None, "rule: one token: gemv streams the weight a row a program")
     if M <= SLAB_M:
         return Choice("slab", None, f"rule: M <= {SLAB_M}, mma.sync's 16-row slabs stream the weight unsplit")
-    if M <= 64:
-        return Choice("swapab", None, "rule: M <= 64, the tokens fit the MMA's narrow side")
-    if M <= 256:
-        return Choice("splitk", None, "rule: 64 < M <= 256, few output tiles: split K")
-    return Choice("warpspec", None, "rule: M > 256, enough tiles for the warp-specialized rung")
+    if M <= CUBLAS_UP_TO_M:
+        return Choice(
+            "torch",
+            None,
+            f"rule: {SLAB_M} < M <= {CUBLAS_UP_TO_M}: cuBLAS, the H100 table's choice on most of its entries there",
+        )
+    return Choice("warpspec", None, f"rule: M > {CUBLAS_UP_TO_M}, enough tiles for the warp-specialized rung")
 
 
 def _bucket(M: int, measured: list[int]) -> tuple[int, int]:

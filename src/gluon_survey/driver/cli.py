@@ -95,8 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
         )
     what.add_argument(
         "--shapes",
-        metavar="llm|FILE.csv",
-        help="'llm': the linear layers of Llama-3-8B/70B at 1..8192 tokens; or a CSV of M,N,K rows",
+        metavar="llm|holdout|FILE.csv",
+        help="'llm': the linear layers of Llama-3-8B/70B at 1..8192 tokens; 'holdout': those of "
+        "Llama-3.2-1B/3B and Qwen2.5-7B/14B at 1..4096 tokens (weights the H100 table has no entry "
+        "for); or a CSV of M,N,K rows",
     )
     what.add_argument(
         "--b-layout",

@@ -156,6 +156,62 @@ def llm_shapes() -> list[Shape]:
     return [Shape(m, n, k) for model in LLAMA3 for n, k in model.linear_nk() for m in LLM_TOKENS]
 
 
+# Models whose linear layers the H100 choice table (gluon_survey/tables/h100.json, tuned on the
+# `llm` preset) has no entry for: `matmul`'s default meets them through its rule, so the
+# `holdout` preset measures how that rule does on weights nobody tuned it for. From each model's
+# config.json on Hugging Face (meta-llama/Llama-3.2-1B and -3B, Qwen/Qwen2.5-7B and -14B).
+HOLDOUT = (
+    _Llama(
+        "Llama-3.2-1B",
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+    ),
+    _Llama(
+        "Llama-3.2-3B",
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+    ),
+    _Llama(
+        "Qwen2.5-7B", hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4
+    ),
+    _Llama(
+        "Qwen2.5-14B",
+        hidden_size=5120,
+        intermediate_size=13824,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+    ),
+)
+# Tokens per GEMM in the holdout preset: decode (1, 16, 64), a mid-sized batch and a prefill
+# chunk, chosen to fall on both sides of the rule's M thresholds rather than on the table's M.
+HOLDOUT_TOKENS = (1, 16, 64, 256, 4096)
+
+
+def holdout_shapes() -> list[Shape]:
+    """The linear-layer GEMMs of Llama-3.2-1B/3B and Qwen2.5-7B/14B at M = 1, 16, 64, 256, 4096.
+
+    ============  ===================  ==================  ====================  ==================
+    model         qkv                  o                   gate_up               down
+    ============  ===================  ==================  ====================  ==================
+    Llama-3.2-1B  N=3072  K=2048       N=2048  K=2048      N=16384 K=2048        N=2048  K=8192
+    Llama-3.2-3B  N=5120  K=3072       N=3072  K=3072      N=16384 K=3072        N=3072  K=8192
+    Qwen2.5-7B    N=4608  K=3584       N=3584  K=3584      N=37888 K=3584        N=3584  K=18944
+    Qwen2.5-14B   N=7168  K=5120       N=5120  K=5120      N=27648 K=5120        N=5120  K=13824
+    ============  ===================  ==================  ====================  ==================
+
+    Fused projections as in `llm_shapes`; Llama-3.2-1B has head_dim 64, the others 128.
+    """
+    return [Shape(m, n, k) for model in HOLDOUT for n, k in model.linear_nk() for m in HOLDOUT_TOKENS]
+
+
+PRESETS = {"llm": llm_shapes, "holdout": holdout_shapes}
+
+
 def read_csv(path: str | Path) -> list[Shape]:
     """Shapes from a CSV file of M,N,K rows; an optional header row; `#` starts a comment."""
     path = Path(path)
@@ -182,13 +238,14 @@ def read_csv(path: str | Path) -> list[Shape]:
 
 
 def resolve(shapes: str | None, m: str | None, n: str | None, k: str | None) -> list[Shape]:
-    """The shapes a command line asks for: `--shapes llm|FILE.csv`, or the `--m/--n/--k` grid."""
+    """The shapes a command line asks for: `--shapes llm|holdout|FILE.csv`, or the `--m/--n/--k`
+    grid."""
     if shapes is None:
         return grid(m or DEFAULT_M, n or DEFAULT_N, k or DEFAULT_K)
     if m or n or k:
         raise ValueError("use either --shapes or --m/--n/--k, not both")
-    if shapes == "llm":
-        return llm_shapes()
+    if shapes in PRESETS:
+        return PRESETS[shapes]()
     if shapes.lower().endswith(".csv") or Path(shapes).exists():
         return read_csv(shapes)
-    raise ValueError(f"--shapes: expected 'llm' or a CSV file of M,N,K rows, got {shapes!r}")
+    raise ValueError(f"--shapes: expected 'llm', 'holdout' or a CSV file of M,N,K rows, got {shapes!r}")

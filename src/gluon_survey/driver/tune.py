@@ -156,7 +156,9 @@ def merge(table: dict, update: dict) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="llm", metavar="llm|FILE.csv", help="shapes (default: llm)")
+    parser.add_argument(
+        "--shapes", default="llm", metavar="llm|holdout|FILE.csv", help="shapes (default: llm)"
+    )
     parser.add_argument(
         "--dtype", default="fp16,bf16", help="comma list of fp16, bf16 (default: %(default)s)"
     )
