@@ -68,6 +68,7 @@ def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
     c = choice.choose(32, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
     assert c.mode == "torch" and "no table for NVIDIA H200" in c.why
     assert choice.choose(1, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "gemv"
+    assert choice.choose(1, 4096, 4096, "bf16", "row", (9, 0), H100).mode == "slab"  # gemv is K-major only
 
 
 @pytest.mark.parametrize(
@@ -78,10 +79,13 @@ def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
      (16, (8, 0), "torch"), (16, (12, 0), "torch")],
 )  # fmt: skip
 def test_the_rule(M, capability, mode):
-    """fp16/bf16 without a table entry: gemv for one token, slab to 16, cuBLAS to 2048, warpspec."""
+    """fp16/bf16 without a table entry: gemv for one token (of a K-major weight: a row-major one
+    takes slab), slab to 16, cuBLAS to 2048, warpspec."""
     for dtype in ("fp16", "bf16"):
         c = choice.rule(M, capability, dtype)
         assert (c.mode, c.config) == (mode, None)
+        row = choice.rule(M, capability, dtype, layout="row")
+        assert row.mode == ("slab" if mode == "gemv" else mode)
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,12 @@ time of every candidate and of cuBLAS. A query matches the entries of the same N
 layout, and takes the one whose M is nearest in log scale, if within a factor of 4: an M bucket
 is the range of M nearer to one measured M than to any other (`explain` prints it).
 
-**The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, one token:
-`gemv` (the weight streamed a row a program, CUDA-core FMAs); M <= 16: `slab` (mma.sync's 16-row
-slabs of the weight, no K split); M <= 2048: cuBLAS (`torch`); larger: `warpspec` (its own choice
-by K). Each threshold is what the H100 table says across its weights (the constants below give
-the counts); the `holdout` preset measures the rule on weights the table was not tuned on.
+**The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, one token
+and a K-major weight (`w.t()`): `gemv` (the weight streamed a row a program, CUDA-core FMAs);
+M <= 16: `slab` (mma.sync's 16-row slabs of the weight, no K split); M <= 2048: cuBLAS
+(`torch`); larger: `warpspec` (its own choice by K). Each threshold is what the H100 table says
+across its weights (the constants below give the counts); the `holdout` preset measures the rule
+on weights the table was not tuned on (results/h100-holdout, docs/perf-notes.md entry 44).
 
 fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec` from M = 2049; at M = 1 with
 K <= 16384, `gemv` (the weight streamed in one chunk a row, CUDA-core FMAs); swapab's whole-K
@@ -60,7 +61,10 @@ FP8_GEMV_M = 1  # at most
 FP8_GEMV_MAX_K = 16384
 # fp16/bf16: where the H100 table (tables/h100.json: the llm preset's 8 weights, GPU time a call,
 # every candidate against cuBLAS) puts each M, per dtype:
-# - M = 1: gemv on all 8 weights, 1.07-1.22x cuBLAS (the one-chunk row where K <= 16384).
+# - M = 1: gemv on all 8 weights, 1.07-1.22x cuBLAS (the one-chunk row where K <= 16384). With
+#   a row-major B (a [K, N] weight, never in the table) gemv's column programs walk K four rows
+#   a warp at a time: 0.09-0.95x cuBLAS at M = 1 on the holdout weights, slab 0.87-1.15x
+#   (results/h100-holdout-row-m1). So only a K-major weight takes gemv.
 GEMV_M = 1  # at most
 # - M = 4 and 16: slab or swapab's whole-K tile on 6 of the 8 (1.03-1.11x); cuBLAS on 8192 x
 #   8192 and 28672 x 4096, where slab measured 0.99-1.03x, inside the table's 3 % margin. Kernel-
@@ -97,11 +101,17 @@ def _tables() -> tuple[dict, ...]:
 
 
 def rule(
-    M: int, capability: tuple[int, int], dtype: str = "fp16", N: int = 0, sm_count: int = 0, K: int = 0
+    M: int,
+    capability: tuple[int, int],
+    dtype: str = "fp16",
+    N: int = 0,
+    sm_count: int = 0,
+    K: int = 0,
+    layout: str = "t",
 ) -> Choice:
     """The documented choice without a measured entry (module docstring); N and the GPU's SM count
     pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring); K whether fp8 gemv
-    takes a one-token product (0: unknown, it does not)."""
+    takes a one-token product (0: unknown, it does not); the B layout whether a 16-bit one does."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M:
             return Choice(
@@ -134,15 +144,15 @@ def rule(
         return Choice("torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
     if capability[0] not in (9, 10):
         return Choice("torch", None, f"rule: no Gluon rung runs on sm_{capability[0]}{capability[1]}")
-    if M <= GEMV_M:
-        return Choice("gemv", None, "rule: one token: gemv streams the weight a row a program")
+    if M <= GEMV_M and layout == "t":
+        return Choice("gemv", None, "rule: one token, a K-major weight: gemv streams it a row a program")
     if M <= SLAB_M:
         return Choice("slab", None, f"rule: M <= {SLAB_M}, mma.sync's 16-row slabs stream the weight unsplit")
     if M <= CUBLAS_UP_TO_M:
         return Choice(
             "torch",
             None,
-            f"rule: {SLAB_M} < M <= {CUBLAS_UP_TO_M}: cuBLAS, the H100 table's choice on most of its entries there",
+            f"rule: {SLAB_M} < M <= {CUBLAS_UP_TO_M}: cuBLAS, the H100 table's choice on most entries there",
         )
     return Choice("warpspec", None, f"rule: M > {CUBLAS_UP_TO_M}, enough tiles for the warp-specialized rung")
 
@@ -184,7 +194,7 @@ def choose(
                 f"{best['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS ({best['cublas_ms'] * 1e3:.1f} us)"
             )
             return Choice(best["mode"], best["config"], why)
-    choice = rule(M, capability, dtype, N, sm_count, K)
+    choice = rule(M, capability, dtype, N, sm_count, K, layout)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
     return Choice(choice.mode, choice.config, f"{choice.why} (table {table['name']} has no entry near it)")
