@@ -170,6 +170,29 @@ def test_plot_writes_a_png(sample, tmp_path):
     assert not (tmp_path / "none.png").exists()
 
 
+def test_a_shapes_run_plots_x_cublas_against_m(tmp_path, monkeypatch):
+    """`--shapes` runs: a panel per (dtype, layout, mode) but cuBLAS, x cuBLAS per weight against
+    M, the geomean over the weights at each M."""
+    rows = [
+        row(mode, M=m, N=n, K=k, ms=ms)
+        for n, k in ((4096, 4096), (4096, 14336))
+        for m in (1, 16, 128)
+        for mode, ms in (("torch", 0.2), ("auto", 0.1), ("swapab", 0.4))  # under the dense peak
+    ]
+    shapes = results(rows)
+    shapes.header["settings"] = {**shapes.settings, "shapes": "--shapes llm"}
+    drawn = []
+    monkeypatch.setattr(report, "geomean", lambda values: drawn.append(list(values)) or 1.0)
+    path = tmp_path / "by-m.png"
+    assert report.plot(shapes, path) == 2  # auto and swapab, fp16, row
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn == [[2.0, 2.0]] * 3 + [[0.5, 0.5]] * 3  # two weights at each M, per panel
+    only_cublas = results([row("torch", M=1, ms=0.02)])
+    only_cublas.header["settings"] = shapes.settings
+    assert report.plot(only_cublas, tmp_path / "none.png") == 0
+    assert not (tmp_path / "none.png").exists()
+
+
 def test_paired_rounds_are_preferred_and_named_in_the_legend(sample):
     paired = results(
         [

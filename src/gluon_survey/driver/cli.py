@@ -179,7 +179,8 @@ def _add_output_options(parser: argparse.ArgumentParser | argparse._ArgumentGrou
         "--plot",
         type=Path,
         metavar="FILE.png",
-        help=f"also plot TFLOP/s vs K per mode into FILE ({_plot_suffixes(PLOT_SUFFIXES)})",
+        help="also plot into FILE: TFLOP/s vs K per mode for a --m/--n/--k grid, x cuBLAS vs M per "
+        f"weight for --shapes ({_plot_suffixes(PLOT_SUFFIXES)})",
     )
 
 

@@ -438,9 +438,10 @@ def render(results: Results, fmt: str, output: str | Path | None = None) -> None
 
 
 def plot(results: Results, path: str | Path) -> int:
-    """TFLOP/s vs K per mode, one panel per (dtype, layout, M, N): log2 K axis, a p20-p80 band,
-    cuBLAS dashed, the dense peak as a dotted line. Returns the number of panels (0: nothing
-    measured, no file written)."""
+    """A grid (`--m/--n/--k`, the seed's K sweep): TFLOP/s vs K per mode, one panel per (dtype,
+    layout, M, N): log2 K axis, a p20-p80 band, cuBLAS dashed, the dense peak as a dotted line.
+    A list of shapes (`--shapes llm|holdout|FILE.csv`): x cuBLAS vs M (`plot_by_m`). Returns the
+    number of panels (0: nothing measured, no file written)."""
     from matplotlib.figure import Figure
 
     measured = [r for r in results.rows if r.measured]
@@ -449,6 +450,8 @@ def plot(results: Results, path: str | Path) -> int:
         groups.setdefault((r.dtype, r.b_layout, r.M, r.N), []).append(r)
     if not groups:
         return 0
+    if str(results.settings.get("shapes", "")).startswith("--shapes"):
+        return plot_by_m(results, path)
     ncols = min(len(groups), 3)
     nrows = math.ceil(len(groups) / ncols)
     fig = Figure(figsize=(6 * ncols, 4.5 * nrows), layout="constrained")
@@ -478,6 +481,57 @@ def plot(results: Results, path: str | Path) -> int:
     fig.suptitle(f"{env.get('name') or 'no GPU'} - torch {env.get('torch')}, triton {env.get('triton')}")
     fig.savefig(path, dpi=120)
     return len(groups)
+
+
+def plot_by_m(results: Results, path: str | Path) -> int:
+    """x cuBLAS vs M, one panel per (dtype, layout, mode) other than cuBLAS: a thin line per
+    weight (N x K), the geomean over the weights measured at each M thick and black, the band of a
+    weight's paired rounds where it has them, cuBLAS at 1.0 dotted. Returns the number of panels
+    (0: no row has an x cuBLAS, no file written)."""
+    from matplotlib.figure import Figure
+
+    rows = [r for r in attach_x_cublas(results.rows) if r.x_cublas is not None and r.mode != BASELINE]
+    panels: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        panels.setdefault((r.dtype, r.b_layout, r.mode), []).append(r)
+    if not panels:
+        return 0
+    ncols = min(len(panels), 2)
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(8 * ncols, 5.5 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).flat
+    for ((dtype, layout, mode), group), ax in zip(panels.items(), axes, strict=False):
+        weights: dict[tuple[int, int], list[Row]] = {}
+        for r in group:
+            weights.setdefault((r.N, r.K), []).append(r)
+        for i, ((n, k), of_weight) in enumerate(weights.items()):
+            pts = sorted(of_weight, key=lambda r: r.M)
+            ms = [r.M for r in pts]
+            (line,) = ax.plot(ms, [r.x_cublas for r in pts], marker="o", markersize=3, linewidth=1,
+                              alpha=0.8, label=f"{n}x{k}", color=f"C{i % 10}",
+                              linestyle="-" if i < 10 else "--")  # fmt: skip
+            if all(r.x_rounds for r in pts):
+                low = [min(r.x_rounds) for r in pts]  # type: ignore[arg-type]
+                high = [max(r.x_rounds) for r in pts]  # type: ignore[arg-type]
+                ax.fill_between(ms, low, high, color=line.get_color(), alpha=0.08, linewidth=0)
+        by_m: dict[int, list[float]] = {}
+        for r in group:
+            by_m.setdefault(r.M, []).append(r.x_cublas)  # type: ignore[arg-type]
+        ms = sorted(by_m)
+        ax.plot(ms, [geomean(by_m[m]) for m in ms], color="black", linewidth=2.5, marker="s", label="geomean")
+        ax.axhline(1.0, color="gray", linestyle=":", label="cuBLAS")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("x cuBLAS")
+        ax.set_title(f"{mode} {dtype} B={layout}: N x K per line")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small", ncols=2)
+    for ax in axes:
+        ax.set_visible(False)
+    env = results.env
+    fig.suptitle(f"{env.get('name') or 'no GPU'} - torch {env.get('torch')}, triton {env.get('triton')}")
+    fig.savefig(path, dpi=110)
+    return len(panels)
 
 
 # ------------------------------------------------------------------------------------------------
