@@ -100,7 +100,8 @@ def grid(m: str = DEFAULT_M, n: str = DEFAULT_N, k: str = DEFAULT_K) -> list[Sha
 
 @dataclass(frozen=True)
 class _Llama:
-    """The fields of a model's config.json that fix its linear layers' GEMM shapes."""
+    """The fields of a Llama-style decoder's config.json (Qwen2 is one) that fix its linear
+    layers' GEMM shapes."""
 
     name: str
     hidden_size: int
