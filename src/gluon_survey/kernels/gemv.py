@@ -27,13 +27,15 @@ than `auto` (then the whole-K tile or cuBLAS) on all eight decode weights.
 
 Where it does not apply: several tokens multiply the FMAs (16 tokens at 4096 x 4096 would keep the
 CUDA cores busy for ~8 of the ~12 µs), so M > 1 runs the same loop once per token, correct but
-re-reading the weight from L2 each time; `matmul(kernel=None)` runs gemv only where `tune`
-measured it fastest. fp8 operands (e4m3, with their scales) run in one chunk only: with the loop
-the prefetch spilled in fp8 and ran 1.3-2x slower (entry 30); in one chunk (32-36 registers,
+re-reading the weight from L2 each time; `matmul(kernel=None)` runs gemv at one token only
+(the table's choice on every llm weight; the rule elsewhere, entry 44). fp8 operands (e4m3,
+with their scales) run in one chunk only: with the loop the prefetch spilled in fp8 and ran
+1.3-2x slower (entry 30); in one chunk (32-36 registers,
 two 16-byte loads a thread, K <= 32768) gemv took 0.89-0.97x the whole-K tile's time at M = 1 on
 the weights with K <= 16384, so the fp8 rule runs it there (entry 36). A row-major B ([K, N],
-unit stride along N) is streamed along N instead: a program takes BLOCK_N columns and walks K, a
-layout no table picks.
+unit stride along N) is streamed along N instead: a program takes BLOCK_N columns and walks K
+four rows a warp at a time, one round trip a step: 0.09-0.95x cuBLAS at M = 1 on the holdout
+weights (0.09 at K = 18944; results/h100-holdout-row-m1), so the rule runs slab there.
 """
 
 from __future__ import annotations
