@@ -62,9 +62,9 @@ FP8_GEMV_MAX_K = 16384
 # fp16/bf16: where the H100 table (tables/h100.json: the llm preset's 8 weights, GPU time a call,
 # every candidate against cuBLAS) puts each M, per dtype:
 # - M = 1: gemv on all 8 weights, 1.07-1.22x cuBLAS (the one-chunk row where K <= 16384). With
-#   a row-major B (a [K, N] weight, never in the table) gemv's column programs walk K four rows
-#   a warp at a time: 0.09-0.95x cuBLAS at M = 1 on the holdout weights, slab 0.87-1.15x
-#   (results/h100-holdout-row-m1). So only a K-major weight takes gemv.
+#   a row-major B (a [K, N] weight, never in the table) gemv measured 0.09-0.95x cuBLAS at M = 1
+#   on the holdout weights, slab 0.87-1.15x (results/h100-holdout-row-m1). So only a K-major
+#   weight takes gemv.
 GEMV_M = 1  # at most
 # - M = 4 and 16: slab or swapab's whole-K tile on 6 of the 8 (1.03-1.11x); cuBLAS on 8192 x
 #   8192 and 28672 x 4096, where slab measured 0.99-1.03x, inside the table's 3 % margin. Kernel-

@@ -34,8 +34,9 @@ with their scales) run in one chunk only: with the loop the prefetch spilled in 
 two 16-byte loads a thread, K <= 32768) gemv took 0.89-0.97x the whole-K tile's time at M = 1 on
 the weights with K <= 16384, so the fp8 rule runs it there (entry 36). A row-major B ([K, N],
 unit stride along N) is streamed along N instead: a program takes BLOCK_N columns and walks K
-four rows a warp at a time, one round trip a step: 0.09-0.95x cuBLAS at M = 1 on the holdout
-weights (0.09 at K = 18944; results/h100-holdout-row-m1), so the rule runs slab there.
+four rows a warp at a time. It measured 0.09-0.95x cuBLAS at M = 1 on the holdout weights (0.09
+at K = 18944, where that walk is longest; why, not measured: results/h100-holdout-row-m1), so
+the rule runs slab there.
 """
 
 from __future__ import annotations
