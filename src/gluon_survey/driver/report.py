@@ -437,25 +437,41 @@ def render(results: Results, fmt: str, output: str | Path | None = None) -> None
 # Plot
 
 
+def _panels(count: int, most_cols: int, width: float, height: float) -> tuple[Any, Any]:
+    """A figure of `count` panels, at most `most_cols` a row, each width x height inches; its axes
+    as an iterator (what `_save` hides of them is what the caller did not draw on)."""
+    from matplotlib.figure import Figure
+
+    ncols = min(count, most_cols)
+    nrows = math.ceil(count / ncols)
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    return fig, fig.subplots(nrows, ncols, squeeze=False).flat
+
+
+def _save(fig: Any, axes: Any, results: Results, path: str | Path, dpi: int) -> None:
+    """Hide the panels left over in the last row, title the figure with the run's GPU and
+    software, write it."""
+    for ax in axes:
+        ax.set_visible(False)
+    env = results.env
+    fig.suptitle(f"{env.get('name') or 'no GPU'} - torch {env.get('torch')}, triton {env.get('triton')}")
+    fig.savefig(path, dpi=dpi)
+
+
 def plot(results: Results, path: str | Path) -> int:
     """A grid (`--m/--n/--k`, the seed's K sweep): TFLOP/s vs K per mode, one panel per (dtype,
     layout, M, N): log2 K axis, a p20-p80 band, cuBLAS dashed, the dense peak as a dotted line.
     A list of shapes (`--shapes llm|holdout|FILE.csv`): x cuBLAS vs M (`plot_by_m`). Returns the
     number of panels (0: nothing measured, no file written)."""
-    from matplotlib.figure import Figure
-
-    measured = [r for r in results.rows if r.measured]
-    groups: dict[tuple[str, str, int, int], list[Row]] = {}
-    for r in measured:
-        groups.setdefault((r.dtype, r.b_layout, r.M, r.N), []).append(r)
-    if not groups:
-        return 0
     if str(results.settings.get("shapes", "")).startswith("--shapes"):
         return plot_by_m(results, path)
-    ncols = min(len(groups), 3)
-    nrows = math.ceil(len(groups) / ncols)
-    fig = Figure(figsize=(6 * ncols, 4.5 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).flat
+    groups: dict[tuple[str, str, int, int], list[Row]] = {}
+    for r in results.rows:
+        if r.measured:
+            groups.setdefault((r.dtype, r.b_layout, r.M, r.N), []).append(r)
+    if not groups:
+        return 0
+    fig, axes = _panels(len(groups), 3, 6, 4.5)
     peak_of = peaks(results)
     for ((dtype, layout, m, n), group), ax in zip(groups.items(), axes, strict=False):
         for mode in dict.fromkeys(r.mode for r in group):
@@ -475,11 +491,7 @@ def plot(results: Results, path: str | Path) -> int:
         ax.set_title(f"M={m} N={n} {dtype} B={layout}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    for ax in axes:  # the panels left over in the last row
-        ax.set_visible(False)
-    env = results.env
-    fig.suptitle(f"{env.get('name') or 'no GPU'} - torch {env.get('torch')}, triton {env.get('triton')}")
-    fig.savefig(path, dpi=120)
+    _save(fig, axes, results, path, dpi=120)
     return len(groups)
 
 
@@ -488,18 +500,13 @@ def plot_by_m(results: Results, path: str | Path) -> int:
     weight (N x K), the geomean over the weights measured at each M thick and black, the band of a
     weight's paired rounds where it has them, cuBLAS at 1.0 dotted. Returns the number of panels
     (0: no row has an x cuBLAS, no file written)."""
-    from matplotlib.figure import Figure
-
     rows = [r for r in attach_x_cublas(results.rows) if r.x_cublas is not None and r.mode != BASELINE]
     panels: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
         panels.setdefault((r.dtype, r.b_layout, r.mode), []).append(r)
     if not panels:
         return 0
-    ncols = min(len(panels), 2)
-    nrows = math.ceil(len(panels) / ncols)
-    fig = Figure(figsize=(8 * ncols, 5.5 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).flat
+    fig, axes = _panels(len(panels), 2, 8, 5.5)
     for ((dtype, layout, mode), group), ax in zip(panels.items(), axes, strict=False):
         weights: dict[tuple[int, int], list[Row]] = {}
         for r in group:
@@ -526,11 +533,7 @@ def plot_by_m(results: Results, path: str | Path) -> int:
         ax.set_title(f"{mode} {dtype} B={layout}: N x K per line")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small", ncols=2)
-    for ax in axes:
-        ax.set_visible(False)
-    env = results.env
-    fig.suptitle(f"{env.get('name') or 'no GPU'} - torch {env.get('torch')}, triton {env.get('triton')}")
-    fig.savefig(path, dpi=110)
+    _save(fig, axes, results, path, dpi=110)
     return len(panels)
 
 

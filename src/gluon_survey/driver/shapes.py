@@ -154,7 +154,12 @@ def llm_shapes() -> list[Shape]:
     intermediate_size, down K = intermediate_size; hidden_size 4096 / 8192, intermediate_size
     14336 / 28672, 32 / 64 query heads and 8 key-value heads, from each model's config.json.
     """
-    return [Shape(m, n, k) for model in LLAMA3 for n, k in model.linear_nk() for m in LLM_TOKENS]
+    return _linear_shapes(LLAMA3, LLM_TOKENS)
+
+
+def _linear_shapes(models: tuple[_Llama, ...], tokens: tuple[int, ...]) -> list[Shape]:
+    """Each model's linear layers (`_Llama.linear_nk`) at each token count, M varying fastest."""
+    return [Shape(m, n, k) for model in models for n, k in model.linear_nk() for m in tokens]
 
 
 # Models whose linear layers the H100 choice table (gluon_survey/tables/h100.json, tuned on the
@@ -207,7 +212,7 @@ def holdout_shapes() -> list[Shape]:
 
     Fused projections as in `llm_shapes`; Llama-3.2-1B has head_dim 64, the others 128.
     """
-    return [Shape(m, n, k) for model in HOLDOUT for n, k in model.linear_nk() for m in HOLDOUT_TOKENS]
+    return _linear_shapes(HOLDOUT, HOLDOUT_TOKENS)
 
 
 PRESETS = {"llm": llm_shapes, "holdout": holdout_shapes}
