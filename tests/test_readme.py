@@ -25,3 +25,19 @@ def test_embedding_replaces_the_block_with_the_report(tmp_path):
     assert "stale numbers" not in out and out.startswith("intro\n") and out.endswith("outro\n")
     assert "#### fp16, B row" in out and "| 8192x8192x512 |" in out
     assert embed_reports(out, tmp_path) == out
+
+
+def test_readme_names_every_mode_of_the_registry():
+    """The CLI's MODES list and the ladder table say what `gluon-survey list` says: a rung added to
+    the registry without a line in the README fails here."""
+    import re
+
+    from gluon_survey import registry
+
+    text = (ROOT / "README.md").read_text()
+    listed = re.search(r"MODES is a comma-separated, case-insensitive list of `([^`]+)`", text)
+    assert listed, "the README's MODES sentence is gone"
+    assert [m.strip() for m in listed[1].split(",")] == registry.names()
+    ladder = text[text.index("## The ladder") : text.index("## Results: H100")]
+    rows = re.findall(r"^\| `([^`]+)` \|", ladder, flags=re.M)
+    assert rows == [m.name for m in registry.MODES if m.kind in ("gluon", "choice")]
