@@ -57,7 +57,7 @@ def steps_for(M: int, N: int, K: int, dtype: torch.dtype) -> dict[str, object]:
         "matmul()": lambda: api.matmul(a, b),
     }
     rung_plan = getattr(bare, "plan", None)
-    if rung_plan is not None:  # a TMA rung: its descriptors and Triton's work on them
+    if hasattr(rung_plan, "templates"):  # a TMA rung: its descriptors and Triton's work on them
         from triton.backends.nvidia.driver import make_tensordesc_arg
 
         ta, tb, tc = rung_plan.templates
