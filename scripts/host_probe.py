@@ -19,14 +19,18 @@ Not part of the package: an experiment, run on the GPU with
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from gluon_survey import api
 from gluon_survey.kernels import common
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kernel_time import write_csv
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -36,7 +40,8 @@ def per_call_us(fn, calls: int) -> float:
     return (time.perf_counter_ns() - t0) / calls / 1e3
 
 
-def steps_for(M: int, N: int, K: int, dtype: torch.dtype) -> dict[str, object]:
+def steps_for(M: int, N: int, K: int, dtype: torch.dtype) -> tuple[str, dict[str, object]]:
+    """What `auto` runs here (`explain`'s line), and the steps to time, by name."""
     a = torch.randn(M, K, device="cuda", dtype=dtype)
     w = torch.randn(N, K, device="cuda", dtype=dtype)
     b = w.t()
@@ -72,7 +77,7 @@ def steps_for(M: int, N: int, K: int, dtype: torch.dtype) -> dict[str, object]:
         steps["make_tensordesc_arg x 3"] = lambda: [
             make_tensordesc_arg(d, m) for d, m in zip(descs, meta, strict=True)
         ]
-    return steps
+    return api.explain(a, b).splitlines()[1], steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,11 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     for M, N, K in [(16, 4096, 4096), (1, 4096, 4096)]:
-        steps = steps_for(M, N, K, torch.bfloat16)
-        mode = api.explain(
-            torch.empty(M, K, device="cuda", dtype=torch.bfloat16),
-            torch.empty(N, K, device="cuda", dtype=torch.bfloat16).t(),
-        ).splitlines()[1]
+        mode, steps = steps_for(M, N, K, torch.bfloat16)
         samples: dict[str, list[float]] = {name: [] for name in steps}
         for _ in range(args.repeats):
             for name, fn in steps.items():
@@ -110,10 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{M:>3} {N} {K}  {name:28s} {row['us_median']:7.2f}  ({row['us_p20']}-{row['us_p80']})")
     if args.output:
-        with open(args.output, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.output, rows)
     return 0
 
 
