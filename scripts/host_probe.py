@@ -5,7 +5,9 @@
 each step of the per-call path on its own, on the GPU machine's host, in the order a call takes
 them: the plan key, the cache lookup, the output's allocation, the three TMA descriptors rebased
 on the call's tensors, Triton's per-descriptor work in its launcher (`make_tensordesc_arg`: the
-host-side encode of each CUtensorMap) and the launch, next to the totals.
+host-side encode of each CUtensorMap) and the launch, next to the totals. Since entry 48 a plan
+keeps the encoded descriptors per address and skips the last two where it can; the row "a new
+each call" times `matmul()` where it cannot, for A.
 
 Each step runs `--calls` times in a row, timed with `time.perf_counter_ns`, in `--repeats` rounds
 that take turns; reported: the median of the rounds' µs per call. Steps that launch a kernel run
@@ -61,6 +63,12 @@ def steps_for(M: int, N: int, K: int, dtype: torch.dtype) -> tuple[str, dict[str
         "matmul(out=)": lambda: api.matmul(a, b, out=out),
         "matmul()": lambda: api.matmul(a, b),
     }
+    # The same with `a` at a new address on every call: more buffers than a plan keeps encoded
+    # descriptors for (common.ENCODED_PER_SLOT), so each call encodes A's (a model whose
+    # activations never come back to an address; the caching allocator usually brings them back).
+    many = [torch.randn(M, K, device="cuda", dtype=dtype) for _ in range(2 * common.ENCODED_PER_SLOT + 1)]
+    turn = iter(range(1 << 62))
+    steps["matmul(), a new each call"] = lambda: api.matmul(many[next(turn) % len(many)], b)
     rung_plan = getattr(bare, "plan", None)
     if hasattr(rung_plan, "templates"):  # a TMA rung: its descriptors and Triton's work on them
         from triton.backends.nvidia.driver import make_tensordesc_arg

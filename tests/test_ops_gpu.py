@@ -9,11 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+from triton import knobs
 
 import gluon_survey
 from bad_inputs import BAD_INPUTS
 from gluon_survey import api, ops, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
+from gluon_survey.kernels import common
 
 pytestmark = pytest.mark.gpu
 
@@ -121,6 +124,64 @@ def test_a_misaligned_view_of_a_cached_shape_gets_its_own_plan():
         out = _nan(128, 256)
         api.matmul(a, b, kernel="Pipelined", out=out)
         _assert_product(out, a, b, "aligned" if a is aligned else "misaligned")
+
+
+TMA_RUNGS = [r for r in RUNGS if r != "gemv"]  # the rungs whose plans launch TMA descriptors
+
+
+def _rung_plan(kernel, a, b, out):
+    """The `kernels.common.Plan` that `matmul(a, b, kernel=kernel, out=out)` launches."""
+    call = api._PLANS[api._plan_key(kernel, a, b, out)]
+    return call.plan.run.__self__
+
+
+@pytest.mark.parametrize("kernel", TMA_RUNGS)
+def test_descriptors_encoded_per_address_stay_right_past_the_cache(kernel):
+    """On triton 3.6 a plan keeps each operand's encoded descriptor per base address
+    (`common.Plan.encoded`): many live buffers (more than it keeps: the cache starts over), rows
+    of one buffer at different offsets, and addresses reused by other data all get their product."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    M, N, K = 72, 264, 200
+    b = _randn(N, K, generator=g).t()
+    count = common.ENCODED_PER_SLOT + 6
+    rows = _randn(M + count * 8, K, generator=g)
+    inputs = [rows[8 * i : 8 * i + M] for i in range(count)]  # 16-byte-aligned bases, one stride
+    outs = [_nan(M, N) for _ in range(count)]
+    for _ in range(2):
+        for a, out in zip(inputs, outs, strict=True):
+            out.fill_(float("nan"))
+            assert api.matmul(a, b, kernel=kernel, out=out) is out
+            _assert_product(out, a, b, f"{kernel} at offset {a.data_ptr() - rows.data_ptr()}")
+    plan = _rung_plan(kernel, inputs[0], b, outs[0])
+    if triton.__version__.startswith("3.6."):
+        assert plan.launcher.raw is not None, "triton 3.6 launches through the encoded path"
+    assert all(len(cache) <= common.ENCODED_PER_SLOT for cache in plan.encoded)
+    for _ in range(3):  # results freed and allocated again: addresses reused by new data
+        a = _randn(M, K, generator=g)
+        _assert_product(api.matmul(a, b, kernel=kernel), a, b, f"{kernel} allocated")
+
+
+@pytest.mark.parametrize("bare", [False, True], ids=["matmul", "bare"])
+def test_a_launch_hook_sees_every_launch(bare):
+    """With a launch hook set (a profiler's), launches take Triton's own path, which calls it."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a, b = _operands(64, 256, 128, torch.float16, "t", g)
+    out = _nan(64, 256)
+    launch = (
+        api.prepare("warpspec", a, b, out).fn
+        if bare
+        else lambda: api.matmul(a, b, kernel="warpspec", out=out)
+    )
+    launch()  # compiled, and the fast path set up
+    seen = []
+    knobs.runtime.launch_enter_hook = lambda metadata: seen.append(metadata)
+    try:
+        out.fill_(float("nan"))
+        launch()
+    finally:
+        knobs.runtime.launch_enter_hook = None
+    assert len(seen) == 1
+    _assert_product(out, a, b, "hooked")
 
 
 # --------------------------------------------------------------------------------------------------

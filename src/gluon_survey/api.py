@@ -336,6 +336,7 @@ class MatmulPlan:
     copy_b: bool = False
     copy_out: bool = False  # out is computed into an aligned buffer and copied back
     scaling: str | None = None
+    in_place: bool = False  # `run` writes `out` (and returns nothing, or `out` itself)
     # A 1x1 tensor of the output's dtype on its device, expanded to (M, N): `torch.empty_like` of it
     # is a contiguous (M, N) output, allocated without parsing a shape, dtype and device per call
     # (about half of `torch.empty`'s Python cost, measured on the CPU).
@@ -364,8 +365,43 @@ class MatmulPlan:
             out.copy_(result)
         return out
 
+    def caller(self) -> Callable[..., torch.Tensor]:
+        """What `matmul` calls for this plan's key, with the same arguments as the plan: for a launch
+        that writes `out` in place on the call's own tensors (`in_place`; every provider's but
+        torch.compile's), a function that does only that per call; otherwise the plan itself.
+        `caller().plan` is the plan."""
+        if self.run is None or not self.in_place or self.copy_a or self.copy_b or self.copy_out:
+            call = functools.partial(MatmulPlan.__call__, self)
+        else:
+            call = _launch_in_place(self.run, self.like, self.scaling)
+        call.plan = self
+        return call
 
-_PLANS: dict[tuple, MatmulPlan] = {}
+
+def _launch_in_place(run: Callable[..., object], like: torch.Tensor, scaling: str | None):
+    """`MatmulPlan.__call__` for a plan whose launch needs no copies and writes `out` itself,
+    without reading the plan's fields on every call (this is the whole per-call path)."""
+    empty_like = torch.empty_like
+    if scaling is None:
+
+        def call(a, b, out=None, scale_a=None, scale_b=None):
+            if out is None:
+                out = empty_like(like)
+            run(a, b, out, None)
+            return out
+
+    else:
+
+        def call(a, b, out=None, scale_a=None, scale_b=None):
+            if out is None:
+                out = empty_like(like)
+            run(a, b, out, _flat_scales(scale_a, scale_b, scaling))
+            return out
+
+    return call
+
+
+_PLANS: dict[tuple, Callable[..., torch.Tensor]] = {}  # plan key -> `MatmulPlan.caller()`
 _MAX_PLANS = 1024  # past this many keys the cache starts again from empty (simple and thread-safe)
 
 
@@ -439,11 +475,10 @@ def _build_plan(
     scales = None if scaling is None else _flat_scales(scale_a, scale_b, scaling)
     reusable = getattr(_provider_prepare(provider, a2, b2, c2, target, scales).fn, "plan", None)
     if reusable is not None:
-        run = reusable.launch
-    else:
+        return plan(reusable.launch, copy_a, copy_b, copy_out, scaling, in_place=True)
 
-        def run(a2, b2, c2, scales):
-            return _provider_prepare(provider, a2, b2, c2, target, scales).fn()
+    def run(a2, b2, c2, scales):
+        return _provider_prepare(provider, a2, b2, c2, target, scales).fn()
 
     return plan(run, copy_a, copy_b, copy_out, scaling)
 
@@ -481,13 +516,13 @@ def matmul(
     except Exception:
         _check_operands(a, b, out, scale_a, scale_b, out_dtype)  # not tensors: say which and why
         raise
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _build_plan(kernel, a, b, out, scale_a, scale_b, out_dtype)
+    call = _PLANS.get(key)
+    if call is None:
+        call = _build_plan(kernel, a, b, out, scale_a, scale_b, out_dtype).caller()
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        _PLANS[key] = plan
-    return plan(a, b, out, scale_a, scale_b)
+        _PLANS[key] = call
+    return call(a, b, out, scale_a, scale_b)
 
 
 def explain(

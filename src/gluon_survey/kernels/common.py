@@ -15,7 +15,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.runtime.driver import driver
 
-from ..compat import aggregate, tma_load, tma_store
+from ..compat import RawLaunch, aggregate, raw_launch, tma_load, tma_store
 from ..launch import B_LAYOUTS, CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 
 GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16, "float8_e4m3fn": gl.float8e4nv}
@@ -580,21 +580,35 @@ class Launcher:
     A `@gluon.jit` launch binds every argument, recomputes its specialization key and looks up the
     compiled kernel on every call: tens of microseconds of Python, longer than a decode-step GEMM.
     The first call goes that way and keeps the `CompiledKernel` it returns; later calls hand the
-    same arguments to its launcher directly. Only for arguments that specialize alike (the plans
-    that own a Launcher are keyed on shapes, strides, dtypes and 16-byte alignment), and while no
-    launch hook is set (a profiler's hooks get the full path)."""
+    same arguments to its launcher directly, or on triton 3.6 to the C launcher under it
+    (`compat.raw_launch`: `raw`, None elsewhere), which also takes tensor descriptors already
+    encoded (`launch_encoded`). Only for arguments that specialize alike (the plans that own a
+    Launcher are keyed on shapes, strides, dtypes and 16-byte alignment), and while no launch hook
+    is set (a profiler's hooks get the full path)."""
 
     def __init__(self, kernel, grid: tuple[int, ...], constexprs: dict[str, object], num_warps: int):
         self.kernel, self.grid, self.constexprs, self.num_warps = kernel, grid, constexprs, num_warps
         self.grid3 = (*grid, 1, 1)[:3]
+        self.values = tuple(constexprs.values())  # positionally, after the arguments
         self.compiled = None
+        self.raw: RawLaunch | None = None
 
     def __call__(self, *args) -> None:
         compiled = self.compiled
         if compiled is None or _hooked():
             self.compiled = self.kernel[self.grid](*args, **self.constexprs, num_warps=self.num_warps)
+            if self.compiled is not None and self.raw is None:
+                self._current_stream = _stream_getter()
+                raw = raw_launch(self.compiled)
+                # `launch_encoded` takes the descriptors first, as every kernel with a Plan does
+                if raw is not None and raw.descriptors == tuple(range(len(raw.descriptors))):
+                    self.raw = raw
             return
         g0, g1, g2 = self.grid3
+        raw = self.raw
+        if raw is not None and not raw.descriptors:
+            raw.launch(g0, g1, g2, self._current_stream(), *raw.head, *args, *self.values)
+            return
         stream = driver.active.get_current_stream(driver.active.get_current_device())
         compiled.run(
             g0,
@@ -610,16 +624,28 @@ class Launcher:
             *self.values,
         )
 
-    @property
-    def values(self) -> tuple[object, ...]:
-        """The constexprs as the compiled launcher takes them: positionally, after the arguments."""
-        return tuple(self.constexprs.values())
+    def launch_encoded(self, *args) -> None:
+        """The launch with every tensor descriptor given as `raw.encode` expands it; only once `raw`
+        is set, and with no launch hook."""
+        g0, g1, g2 = self.grid3
+        raw = self.raw
+        raw.launch(g0, g1, g2, self._current_stream(), *raw.head, *args, *self.values)
+
+
+def _stream_getter() -> Callable[[], int]:
+    """The current CUDA stream of the current device, as Triton's launch asks for it, with the
+    driver's two functions looked up once rather than through its lazy proxy on every call."""
+    stream, device = driver.active.get_current_stream, driver.active.get_current_device
+    return lambda: stream(device())
 
 
 def _hooked() -> bool:
     """Whether a launch hook (a profiler's) is registered: its calls need Triton's own launch."""
     hooks = knobs.runtime.launch_enter_hook
     return hooks is not None and bool(getattr(hooks, "calls", True))
+
+
+ENCODED_PER_SLOT = 64  # addresses a Plan keeps encoded descriptors for, per operand (then it starts over)
 
 
 @dataclass(frozen=True)
@@ -629,42 +655,69 @@ class Plan:
     shared layout set and checked once; no base, so the plan keeps no tensor alive), and the
     arguments that follow them (`extra`: a split-K workspace).
 
-    `launch(a, b, out)` copies the templates with the new tensors as bases (`_rebased`) and
-    launches through the plan's `Launcher`; nothing is chosen or checked again. So it is only for
-    tensors of the problem the plan was made for: the same shapes, strides, dtype and B layout, and
-    16-byte-aligned bases (TMA's rule). `gluon_survey.api` keys its plan cache on exactly these.
-    The B descriptor describes the [N, K] weight behind a "t" view; its base is `b` itself, because
-    a descriptor reads only its base's address and dtype, which a view and its transpose share."""
+    `launch(a, b, out)` launches on these tensors; nothing is chosen or checked again. So it is
+    only for tensors of the problem the plan was made for: the same shapes, strides, dtype and B
+    layout, and 16-byte-aligned bases (TMA's rule). `gluon_survey.api` keys its plan cache on
+    exactly these. Where the launcher takes encoded descriptors (`Launcher.raw`), each operand's
+    encoded CUtensorMap is kept per base address (`encoded`: address -> encoding, at most
+    `ENCODED_PER_SLOT` each, holding integers and no tensor), so a call with an operand at an
+    address seen before encodes nothing; a weight is always such an operand. Elsewhere each call
+    copies the templates with the new tensors as bases (`_rebased`) and Triton encodes them. The
+    B descriptor describes the [N, K] weight behind a "t" view; its base is `b` itself, because a
+    descriptor reads only its base's address and dtype, which a view and its transpose share."""
 
     launcher: Launcher
     templates: tuple[object, object, object]  # A, B, C descriptors without a base
     cfg: GemmConfig
     extra: tuple[object, ...] = ()
     scaled: bool = False  # the kernel takes (scale_a, scale_b) after the descriptors (`scale_args`)
+    encoded: tuple[dict, dict, dict] = field(default_factory=lambda: ({}, {}, {}), compare=False, repr=False)
 
     def descriptors(self, a, b, out) -> tuple[object, object, object]:
         ta, tb, tc = self.templates
         return _rebased(ta, a), _rebased(tb, b), _rebased(tc, out)
 
+    def _encode(self, i: int, t) -> tuple:
+        """Descriptor i's encoding for tensor t, kept for t's address."""
+        cache = self.encoded[i]
+        if len(cache) >= ENCODED_PER_SLOT:
+            cache.clear()
+        enc = cache[t.data_ptr()] = self.launcher.raw.encode(_rebased(self.templates[i], t), i)
+        return enc
+
     def launch(self, a, b, out, scales: Scales | None = None) -> None:
         """out = a @ b (times fp8 `scales`): descriptors for these tensors, then the kernel launch
         (written out: this runs on every cached `matmul` call)."""
-        ta, tb, tc = self.templates
-        if self.scaled:
-            sa, sb = scale_args(scales)
-            self.launcher(_rebased(ta, a), _rebased(tb, b), _rebased(tc, out), sa, sb, *self.extra)
-        else:
-            self.launcher(_rebased(ta, a), _rebased(tb, b), _rebased(tc, out), *self.extra)
+        rest = (*scale_args(scales), *self.extra) if self.scaled else self.extra
+        if self.launcher.raw is None or _hooked():
+            self.launcher(*self.descriptors(a, b, out), *rest)
+            return
+        ea, eb, ec = self.encoded
+        self.launcher.launch_encoded(
+            *(ea.get(a.data_ptr()) or self._encode(0, a)),
+            *(eb.get(b.data_ptr()) or self._encode(1, b)),
+            *(ec.get(out.data_ptr()) or self._encode(2, out)),
+            *rest,
+        )
 
     def bind(self, a, b, out, scales: Scales | None = None) -> Callable[[], None]:
-        """The bare launch on these tensors: the descriptors are made now, so `fn()` only launches
-        the kernel (what the driver times). `fn.plan` is this plan, for callers that launch it again
-        on other tensors of the same problem (`gluon_survey.api`'s plan cache)."""
-        args = (*self.descriptors(a, b, out), *(scale_args(scales) if self.scaled else ()), *self.extra)
+        """The bare launch on these tensors: the descriptors are made now (and encoded once, after
+        the first launch, where the launcher takes them encoded), so `fn()` only launches the
+        kernel (what the driver times). `fn.plan` is this plan, for callers that launch it again on
+        other tensors of the same problem (`gluon_survey.api`'s plan cache)."""
+        rest = (*scale_args(scales), *self.extra) if self.scaled else self.extra
+        args = (*self.descriptors(a, b, out), *rest)
         launcher = self.launcher
+        encoded: list[tuple] = []  # the arguments with the descriptors encoded, once `raw` is known
 
         def fn():
+            if encoded and not _hooked():
+                launcher.launch_encoded(*encoded[0])
+                return
             launcher(*args)
+            if launcher.raw is not None and not encoded:
+                raw = launcher.raw
+                encoded.append((*(e for i in range(3) for e in raw.encode(args[i], i)), *rest))
 
         fn.plan = self
         return fn
