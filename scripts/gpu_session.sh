@@ -7,7 +7,8 @@
 #                                                               -> pytest-gpu.log
 #     bench     the survey: MODES (default all), DTYPES, BENCH_ARGS -> results.jsonl, table.*, plot.png
 #     memcpy    rung 0, the copy ladder, fp16 and bf16          -> memcpy-<dtype>.json/.md
-#     overhead  host cost per call                              -> overhead.json/.txt
+#     overhead  host cost per call at 16 and 1 tokens, and where it goes (scripts/host_probe.py)
+#                                                               -> overhead{,-m1}.json/.txt, host-probe.csv/.txt
 #     kernel    kernel-only GPU time from CUPTI (scripts/kernel_time.py KERNEL_ARGS) -> kernel-time.csv
 #     decode    kernel-only GPU time at M <= 64 (the decode shapes), per DECODE_DTYPES (fp16, bf16,
 #               fp8-tensor, fp8-row; default bf16,fp8-tensor), modes DECODE_MODES (default torch,
@@ -46,6 +47,9 @@ if step memcpy; then
 fi
 if step overhead; then
   python3 -m gluon_survey overhead --results "$OUT/overhead.json" ${OVERHEAD_ARGS:-} 2>&1 | tee "$OUT/overhead.txt"
+  python3 -m gluon_survey overhead --m 1 --results "$OUT/overhead-m1.json" ${OVERHEAD_ARGS:-} 2>&1 \
+    | tee "$OUT/overhead-m1.txt"
+  python3 scripts/host_probe.py --output "$OUT/host-probe.csv" 2>&1 | tee "$OUT/host-probe.txt"
 fi
 if step kernel; then
   python3 scripts/kernel_time.py ${KERNEL_ARGS:---shapes results/h100-decode-gputime/shapes.csv} \
