@@ -52,7 +52,7 @@ def plan():
     log: list[Launched] = []
     launcher = common.Launcher(Recorder("pipelined_kernel", log), (4,), CONSTEXPRS, 4)
     launcher.raw = FakeRaw()
-    launcher._current_stream = lambda: 7
+    launcher.stream = (lambda device: 7, lambda: 0)  # (get_stream, get_device)
     return SimpleNamespace(plan=common.Plan(launcher, templates, cfg), raw=launcher.raw, log=log)
 
 
@@ -66,16 +66,17 @@ def _expected(raw: FakeRaw, *tensors) -> tuple:
 
 def test_a_repeated_launch_encodes_nothing_new(plan):
     a, b, out = _tensors()
-    for _ in range(3):
+    for _ in range(4):
         plan.plan.launch(a, b, out)
+    assert len(plan.log) == 1  # the first call: Triton's launcher (it compiles)
     assert plan.raw.encoded == [(0, a.data_ptr()), (1, b.data_ptr()), (2, out.data_ptr())]
     assert plan.raw.launches == [_expected(plan.raw, a, b, out)] * 3
-    assert plan.log == []  # never Triton's launcher
 
 
 def test_a_new_address_is_encoded_once_and_the_others_kept(plan):
     a, b, out = _tensors()
     a2 = torch.randn_like(a)
+    plan.plan.launch(a, b, out)
     plan.plan.launch(a, b, out)
     plan.plan.launch(a2, b, out)
     plan.plan.launch(a2, b, out)
@@ -86,6 +87,7 @@ def test_a_new_address_is_encoded_once_and_the_others_kept(plan):
 def test_the_encodings_kept_per_operand_are_bounded(plan):
     _, b, out = _tensors()
     inputs = [torch.randn(64, 128).half() for _ in range(common.ENCODED_PER_SLOT + 3)]
+    plan.plan.launch(inputs[0], b, out)  # compiles
     for a in inputs:
         plan.plan.launch(a, b, out)
         assert plan.raw.launches[-1] == _expected(plan.raw, a, b, out)
@@ -136,6 +138,6 @@ def test_a_kernel_without_descriptors_passes_its_arguments_as_they_are():
     launcher(1, 2)  # the first call: Triton's launcher
     raw = FakeRaw()
     raw.descriptors = ()
-    launcher.compiled, launcher.raw, launcher._current_stream = object(), raw, lambda: 7
+    launcher.compiled, launcher.raw, launcher.stream = object(), raw, (lambda device: 7, lambda: 0)
     launcher(1, 2)
     assert len(log) == 1 and raw.launches == [(3, 1, 1, 7, *raw.head, 1, 2, *CONSTEXPRS.values())]

@@ -582,9 +582,9 @@ class Launcher:
     The first call goes that way and keeps the `CompiledKernel` it returns; later calls hand the
     same arguments to its launcher directly, or on triton 3.6 to the C launcher under it
     (`compat.raw_launch`: `raw`, None elsewhere), which also takes tensor descriptors already
-    encoded (`launch_encoded`). Only for arguments that specialize alike (the plans that own a
-    Launcher are keyed on shapes, strides, dtypes and 16-byte alignment), and while no launch hook
-    is set (a profiler's hooks get the full path)."""
+    encoded (`direct`). Only for arguments that specialize alike (the plans that own a Launcher
+    are keyed on shapes, strides, dtypes and 16-byte alignment), and while no launch hook is set
+    (a profiler's hooks get the full path)."""
 
     def __init__(self, kernel, grid: tuple[int, ...], constexprs: dict[str, object], num_warps: int):
         self.kernel, self.grid, self.constexprs, self.num_warps = kernel, grid, constexprs, num_warps
@@ -592,29 +592,31 @@ class Launcher:
         self.values = tuple(constexprs.values())  # positionally, after the arguments
         self.compiled = None
         self.raw: RawLaunch | None = None
+        self.stream: tuple[Callable, Callable] | None = None  # Triton's current-stream functions
 
     def __call__(self, *args) -> None:
         compiled = self.compiled
         if compiled is None or _hooked():
             self.compiled = self.kernel[self.grid](*args, **self.constexprs, num_warps=self.num_warps)
             if self.compiled is not None and self.raw is None:
-                self._current_stream = _stream_getter()
+                # looked up once here rather than through the driver's lazy proxy on every call
+                self.stream = (driver.active.get_current_stream, driver.active.get_current_device)
                 raw = raw_launch(self.compiled)
-                # `launch_encoded` takes the descriptors first, as every kernel with a Plan does
+                # `direct` takes the descriptors first, as every kernel with a Plan does
                 if raw is not None and raw.descriptors == tuple(range(len(raw.descriptors))):
                     self.raw = raw
             return
         g0, g1, g2 = self.grid3
+        get_stream, get_device = self.stream
         raw = self.raw
         if raw is not None and not raw.descriptors:
-            raw.launch(g0, g1, g2, self._current_stream(), *raw.head, *args, *self.values)
+            raw.launch(g0, g1, g2, get_stream(get_device()), *raw.head, *args, *self.values)
             return
-        stream = driver.active.get_current_stream(driver.active.get_current_device())
         compiled.run(
             g0,
             g1,
             g2,
-            stream,
+            get_stream(get_device()),
             compiled.function,
             compiled.packed_metadata,
             None,
@@ -624,19 +626,15 @@ class Launcher:
             *self.values,
         )
 
-    def launch_encoded(self, *args) -> None:
-        """The launch with every tensor descriptor given as `raw.encode` expands it; only once `raw`
-        is set, and with no launch hook."""
-        g0, g1, g2 = self.grid3
+    def direct(self) -> tuple | None:
+        """Once `raw` is known: (C launcher, gx, gy, gz, get_stream, get_device, head, constexpr
+        values), to be called as `launch(gx, gy, gz, get_stream(get_device()), *head, *args,
+        *values)` with every tensor descriptor in `args` as `raw.encode` expands it, while no
+        launch hook is set. None before."""
         raw = self.raw
-        raw.launch(g0, g1, g2, self._current_stream(), *raw.head, *args, *self.values)
-
-
-def _stream_getter() -> Callable[[], int]:
-    """The current CUDA stream of the current device, as Triton's launch asks for it, with the
-    driver's two functions looked up once rather than through its lazy proxy on every call."""
-    stream, device = driver.active.get_current_stream, driver.active.get_current_device
-    return lambda: stream(device())
+        if raw is None:
+            return None
+        return (raw.launch, *self.grid3, *self.stream, raw.head, self.values)
 
 
 def _hooked() -> bool:
@@ -655,15 +653,16 @@ class Plan:
     shared layout set and checked once; no base, so the plan keeps no tensor alive), and the
     arguments that follow them (`extra`: a split-K workspace).
 
-    `launch(a, b, out)` launches on these tensors; nothing is chosen or checked again. So it is
-    only for tensors of the problem the plan was made for: the same shapes, strides, dtype and B
-    layout, and 16-byte-aligned bases (TMA's rule). `gluon_survey.api` keys its plan cache on
-    exactly these. Where the launcher takes encoded descriptors (`Launcher.raw`), each operand's
-    encoded CUtensorMap is kept per base address (`encoded`: address -> encoding, at most
-    `ENCODED_PER_SLOT` each, holding integers and no tensor), so a call with an operand at an
-    address seen before encodes nothing; a weight is always such an operand. Elsewhere each call
-    copies the templates with the new tensors as bases (`_rebased`) and Triton encodes them. The
-    B descriptor describes the [N, K] weight behind a "t" view; its base is `b` itself, because a
+    `launch(a, b, out, scales=None)` launches on these tensors; nothing is chosen or checked
+    again. So it is only for tensors of the problem the plan was made for: the same shapes,
+    strides, dtype and B layout, and 16-byte-aligned bases (TMA's rule). `gluon_survey.api` keys
+    its plan cache on exactly these. Where the launcher takes encoded descriptors
+    (`Launcher.direct`), each operand's encoded CUtensorMap is kept per base address (`encoded`:
+    address -> encoding, at most `ENCODED_PER_SLOT` each, holding integers and no tensor), so a
+    call with an operand at an address seen before encodes nothing; a weight is always such an
+    operand. Elsewhere (the first call, a launch hook, other triton releases) each call copies the
+    templates with the new tensors as bases (`_rebased`) and Triton encodes them. The B
+    descriptor describes the [N, K] weight behind a "t" view; its base is `b` itself, because a
     descriptor reads only its base's address and dtype, which a view and its transpose share."""
 
     launcher: Launcher
@@ -672,12 +671,20 @@ class Plan:
     extra: tuple[object, ...] = ()
     scaled: bool = False  # the kernel takes (scale_a, scale_b) after the descriptors (`scale_args`)
     encoded: tuple[dict, dict, dict] = field(default_factory=lambda: ({}, {}, {}), compare=False, repr=False)
+    launch: Callable[..., None] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "launch", _plan_launch(self))
 
     def descriptors(self, a, b, out) -> tuple[object, object, object]:
         ta, tb, tc = self.templates
         return _rebased(ta, a), _rebased(tb, b), _rebased(tc, out)
 
-    def _encode(self, i: int, t) -> tuple:
+    def rest(self, scales: Scales | None) -> tuple[object, ...]:
+        """The kernel arguments after the three descriptors."""
+        return (*scale_args(scales), *self.extra) if self.scaled else self.extra
+
+    def encode(self, i: int, t) -> tuple:
         """Descriptor i's encoding for tensor t, kept for t's address."""
         cache = self.encoded[i]
         if len(cache) >= ENCODED_PER_SLOT:
@@ -685,42 +692,64 @@ class Plan:
         enc = cache[t.data_ptr()] = self.launcher.raw.encode(_rebased(self.templates[i], t), i)
         return enc
 
-    def launch(self, a, b, out, scales: Scales | None = None) -> None:
-        """out = a @ b (times fp8 `scales`): descriptors for these tensors, then the kernel launch
-        (written out: this runs on every cached `matmul` call)."""
-        rest = (*scale_args(scales), *self.extra) if self.scaled else self.extra
-        if self.launcher.raw is None or _hooked():
-            self.launcher(*self.descriptors(a, b, out), *rest)
-            return
-        ea, eb, ec = self.encoded
-        self.launcher.launch_encoded(
-            *(ea.get(a.data_ptr()) or self._encode(0, a)),
-            *(eb.get(b.data_ptr()) or self._encode(1, b)),
-            *(ec.get(out.data_ptr()) or self._encode(2, out)),
-            *rest,
-        )
-
     def bind(self, a, b, out, scales: Scales | None = None) -> Callable[[], None]:
         """The bare launch on these tensors: the descriptors are made now (and encoded once, after
         the first launch, where the launcher takes them encoded), so `fn()` only launches the
         kernel (what the driver times). `fn.plan` is this plan, for callers that launch it again on
         other tensors of the same problem (`gluon_survey.api`'s plan cache)."""
-        rest = (*scale_args(scales), *self.extra) if self.scaled else self.extra
+        rest = self.rest(scales)
         args = (*self.descriptors(a, b, out), *rest)
         launcher = self.launcher
-        encoded: list[tuple] = []  # the arguments with the descriptors encoded, once `raw` is known
+        direct = encoded = None
 
         def fn():
-            if encoded and not _hooked():
-                launcher.launch_encoded(*encoded[0])
+            nonlocal direct, encoded
+            if direct is None or _hooked():
+                launcher(*args)
+                direct = launcher.direct()
+                if direct is not None and encoded is None:
+                    encode = launcher.raw.encode
+                    encoded = (*(e for i in range(3) for e in encode(args[i], i)), *rest)
                 return
-            launcher(*args)
-            if launcher.raw is not None and not encoded:
-                raw = launcher.raw
-                encoded.append((*(e for i in range(3) for e in raw.encode(args[i], i)), *rest))
+            c_launch, g0, g1, g2, get_stream, get_device, head, values = direct
+            c_launch(g0, g1, g2, get_stream(get_device()), *head, *encoded, *values)
 
         fn.plan = self
         return fn
+
+
+def _plan_launch(plan: Plan) -> Callable[..., None]:
+    """`plan.launch`: one function over the plan's parts, bound once, because it is the whole of a
+    cached `matmul` call's launch (`plan.launch.plan` is the plan)."""
+    launcher, extra, scaled, encode = plan.launcher, plan.extra, plan.scaled, plan.encode
+    ta, tb, tc = plan.templates
+    ea, eb, ec = plan.encoded
+    direct = None  # `launcher.direct()`, once the first launch has compiled the kernel
+
+    def launch(a, b, out, scales: Scales | None = None) -> None:
+        """out = a @ b (times fp8 `scales`) on these tensors."""
+        nonlocal direct
+        rest = (*scale_args(scales), *extra) if scaled else extra
+        if direct is None or _hooked():
+            launcher(_rebased(ta, a), _rebased(tb, b), _rebased(tc, out), *rest)
+            direct = launcher.direct()
+            return
+        c_launch, g0, g1, g2, get_stream, get_device, head, values = direct
+        c_launch(
+            g0,
+            g1,
+            g2,
+            get_stream(get_device()),
+            *head,
+            *(ea.get(a.data_ptr()) or encode(0, a)),
+            *(eb.get(b.data_ptr()) or encode(1, b)),
+            *(ec.get(out.data_ptr()) or encode(2, out)),
+            *rest,
+            *values,
+        )
+
+    launch.plan = plan
+    return launch
 
 
 def check_config_kind(mode: str, cfg: GemmConfig, scales: Scales | None) -> None:
