@@ -12,8 +12,10 @@ cannot run) raises a TypeError / ValueError / RuntimeError that says what to do.
 **Plans.** `matmul` is called in loops (a model's layers, every step), so everything it works out
 from the arguments' metadata is worked out once per *plan key* and cached: the checks' verdict,
 the mode, the provider's config, grid and constexprs, the TMA descriptors' block shapes and
-layouts, which operands need an aligned copy. A repeated call only builds the TMA descriptors for
-its tensors' addresses, allocates `out` when none is given, and launches. The key
+layouts, which operands need an aligned copy. A repeated call computes its key, allocates `out`
+when none is given and launches through one function (`MatmulPlan.caller`); a rung's launch finds
+its operands' TMA descriptors already encoded where their addresses were seen before
+(`kernels.common.Plan`), which a weight's always is. The key
 (`_plan_key`) is everything that verdict and those choices read: the kernel asked for, and per
 tensor (a, b, out or its absence) shape, strides, dtype, device (which decides the GPU) and
 whether its base is 16-byte aligned. (Strides decide the B layout, "row" or "t", and whether TMA
