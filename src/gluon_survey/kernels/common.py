@@ -643,7 +643,10 @@ def _hooked() -> bool:
     return hooks is not None and bool(getattr(hooks, "calls", True))
 
 
-ENCODED_PER_SLOT = 64  # addresses a Plan keeps encoded descriptors for, per operand (then it starts over)
+# Addresses a Plan keeps encoded descriptors for, per operand (then it starts over). One plan serves
+# every layer of a model with its shape, so its weight slot sees one address per layer: 80 in
+# Llama-3-70B. Past the limit a cycle of addresses would miss on every call. An encoding is ~0.3 KB.
+ENCODED_PER_SLOT = 256
 
 
 @dataclass(frozen=True)
@@ -658,7 +661,7 @@ class Plan:
     strides, dtype and B layout, and 16-byte-aligned bases (TMA's rule). `gluon_survey.api` keys
     its plan cache on exactly these. Where the launcher takes encoded descriptors
     (`Launcher.direct`), each operand's encoded CUtensorMap is kept per base address (`encoded`:
-    address -> encoding, at most `ENCODED_PER_SLOT` each, holding integers and no tensor), so a
+    address -> CUtensorMap, shape and strides, at most `ENCODED_PER_SLOT` each, no tensor), so a
     call with an operand at an address seen before encodes nothing; a weight is always such an
     operand. Elsewhere (the first call, a launch hook, other triton releases) each call copies the
     templates with the new tensors as bases (`_rebased`) and Triton encodes them. The B
