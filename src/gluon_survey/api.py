@@ -370,8 +370,8 @@ class MatmulPlan:
     def caller(self) -> Callable[..., torch.Tensor]:
         """What `matmul` calls for this plan's key, with the same arguments as the plan: for a launch
         that writes `out` in place on the call's own tensors (`in_place`; every provider's but
-        torch.compile's), a function that does only that per call; otherwise the plan itself.
-        `caller().plan` is the plan."""
+        torch.compile's), a function that does only that per call; otherwise the plan's
+        `__call__`. `caller().plan` is the plan."""
         if self.run is None or not self.in_place or self.copy_a or self.copy_b or self.copy_out:
             call = functools.partial(MatmulPlan.__call__, self)
         else:

@@ -10,7 +10,8 @@ layer), the host time per call of the ways to launch it, side by side:
     graph replay      a CUDA graph of matmul(out=), replayed: one graph launch per call
 
 and "over bare": each row's host time minus the bare launch's; for matmul(out=) that is what
-`matmul` adds to the launch (the plan-cache lookup, the TMA descriptors for the call's tensors).
+`matmul` adds to the launch (the plan key and its lookup; a rung's TMA descriptors looked up by
+the call's addresses), and for matmul() also the output's allocation.
 
     gluon-survey overhead                                # the default mode of this GPU
     gluon-survey overhead --mode persistent --m 1 --n 8192 --k 8192 --format json

@@ -732,7 +732,7 @@ def _plan_launch(plan: Plan) -> Callable[..., None]:
     def launch(a, b, out, scales: Scales | None = None) -> None:
         """out = a @ b (times fp8 `scales`) on these tensors."""
         nonlocal direct
-        rest = (*scale_args(scales), *extra) if scaled else extra
+        rest = (*scale_args(scales), *extra) if scaled else extra  # `Plan.rest`, written out
         if direct is None or _hooked():
             launcher(_rebased(ta, a), _rebased(tb, b), _rebased(tc, out), *rest)
             direct = launcher.direct()
