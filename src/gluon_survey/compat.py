@@ -2,8 +2,9 @@
 
 The kernels run on triton 3.6.0 (the GPU machine's) and must also compile with 3.9.0, the newest on
 PyPI. 3.9 renamed the TMA copies, made aggregates public (immutable, with an auto-generated
-``__init__``), moved ``GluonASTSource`` and replaced ``get_tmem_reg_layout``. Kernels import the
-names below and never test the version themselves.
+``__init__``), moved ``GluonASTSource``, replaced ``get_tmem_reg_layout`` and restructured the
+launcher under a compiled kernel (``raw_launch``: found on 3.6 only). Kernels import the names
+below and never test the version themselves.
 """
 
 from __future__ import annotations
