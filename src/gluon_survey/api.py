@@ -384,21 +384,12 @@ def _launch_in_place(run: Callable[..., object], like: torch.Tensor, scaling: st
     """`MatmulPlan.__call__` for a plan whose launch needs no copies and writes `out` itself,
     without reading the plan's fields on every call (this is the whole per-call path)."""
     empty_like = torch.empty_like
-    if scaling is None:
 
-        def call(a, b, out=None, scale_a=None, scale_b=None):
-            if out is None:
-                out = empty_like(like)
-            run(a, b, out, None)
-            return out
-
-    else:
-
-        def call(a, b, out=None, scale_a=None, scale_b=None):
-            if out is None:
-                out = empty_like(like)
-            run(a, b, out, _flat_scales(scale_a, scale_b, scaling))
-            return out
+    def call(a, b, out=None, scale_a=None, scale_b=None):
+        if out is None:
+            out = empty_like(like)
+        run(a, b, out, None if scaling is None else _flat_scales(scale_a, scale_b, scaling))
+        return out
 
     return call
 

@@ -725,7 +725,6 @@ def _plan_launch(plan: Plan) -> Callable[..., None]:
     """`plan.launch`: one function over the plan's parts, bound once, because it is the whole of a
     cached `matmul` call's launch (`plan.launch.plan` is the plan)."""
     launcher, extra, scaled, encode = plan.launcher, plan.extra, plan.scaled, plan.encode
-    ta, tb, tc = plan.templates
     ea, eb, ec = plan.encoded
     direct = None  # `launcher.direct()`, once the first launch has compiled the kernel
 
@@ -734,7 +733,7 @@ def _plan_launch(plan: Plan) -> Callable[..., None]:
         nonlocal direct
         rest = (*scale_args(scales), *extra) if scaled else extra  # `Plan.rest`, written out
         if direct is None or _hooked():
-            launcher(_rebased(ta, a), _rebased(tb, b), _rebased(tc, out), *rest)
+            launcher(*plan.descriptors(a, b, out), *rest)
             direct = launcher.direct()
             return
         c_launch, g0, g1, g2, get_stream, get_device, head, values = direct
