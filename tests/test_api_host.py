@@ -194,15 +194,16 @@ def test_each_change_of_the_key_builds_a_plan(host, copies):
     assert len(host.builds) == len(variants) + 1
 
 
-def test_the_key_holds_base_alignment_device_and_the_gpu(monkeypatch):
-    """What FakeTensors cannot show (their base address is 0): two views of the same shape and
-    strides, one 16-byte aligned, one 2 bytes off, have different keys; so do two GPUs."""
+def test_the_key_holds_the_kernel_out_and_the_gpu_but_no_address(monkeypatch):
+    """Two views of the same shape and strides, one 16-byte aligned, one 2 bytes off, have the same
+    key (the plan under it checks the bases: the next tests); two GPUs have different keys."""
     monkeypatch.setattr(api, "target_of", lambda device: H100)
     big = torch.empty(64 * 128 + 8, dtype=torch.float16)
     aligned, off = big[: 64 * 128].view(64, 128), big[1 : 1 + 64 * 128].view(64, 128)
     b = torch.empty(128, 32, dtype=torch.float16)
     assert (aligned.shape, aligned.stride()) == (off.shape, off.stride())
-    assert api._plan_key(None, aligned, b, None) != api._plan_key(None, off, b, None)
+    assert api._plan_key(None, aligned, b, None) == api._plan_key(None, off, b, None)
+    assert api._alignment(aligned, b, None) == api.ALIGNED != api._alignment(off, b, None)
     assert api._plan_key(None, aligned, b, None) == api._plan_key(None, aligned.clone(), b.clone(), None)
     assert api._plan_key(None, aligned, b, None) != api._plan_key("warpspec", aligned, b, None)
     assert api._plan_key(None, aligned, b, None) != api._plan_key(
@@ -212,6 +213,52 @@ def test_the_key_holds_base_alignment_device_and_the_gpu(monkeypatch):
     other_gpu = api._plan_key(None, aligned, b, None)
     monkeypatch.setattr(api, "target_of", lambda device: H100)
     assert other_gpu != api._plan_key(None, aligned, b, None)
+
+
+@pytest.fixture
+def addresses(monkeypatch):
+    """FakeTensors' base address is 0: give each its storage offset in bytes past a 1 MiB-aligned
+    base instead, so that a view 2 bytes in is misaligned."""
+    monkeypatch.setattr(torch.Tensor, "data_ptr", lambda t: (1 << 20) + t.storage_offset() * t.element_size())
+
+
+def _aligned_and_off(M: int, K: int):
+    flat = torch.empty(M * K + 1, dtype=torch.bfloat16, device="cuda")
+    return flat.narrow(0, 0, M * K).view(M, K), flat.narrow(0, 1, M * K).view(M, K)
+
+
+@pytest.mark.parametrize("kernel", ["Pipelined", "warpspec", "torch"])
+@pytest.mark.parametrize("with_out", [False, True], ids=["allocated", "out"])
+def test_a_misaligned_base_runs_the_plan_for_its_alignment(host, copies, addresses, kernel, with_out):
+    """A base 2 bytes off under the key of an aligned plan: the rung's launch (which checks the
+    bases) or the cuBLAS plan's call (checked by `matmul`) refuses it before launching, and the
+    call runs a second plan, keyed with the alignment, that copies A; aligned calls keep the first
+    plan and its launch on their own tensors."""
+    aligned, off = _aligned_and_off(300, 264)
+    b = torch.empty(520, 264, dtype=torch.bfloat16, device="cuda").t()
+    out = torch.empty(300, 520, dtype=torch.bfloat16, device="cuda") if with_out else None
+    for a in (aligned, off, aligned, off):
+        api.matmul(a, b, kernel=kernel, out=out)
+    assert [build[1] is off for build in host.builds] == [False, True]
+    assert len(api._PLANS) == 2
+    copied = [src for _, src in copies if src is off or src is aligned]
+    assert copied == [off, off], "the misaligned A is copied, once per call; the aligned one never"
+    if kernel != "torch":
+        bases = [launched.descriptors[0].base for launched in host.launches]
+        assert bases[0] is aligned and bases[2] is aligned
+        assert all(base is not off and base.storage_offset() == 0 for base in bases[1::2])
+
+
+def test_a_plan_for_misaligned_bases_is_not_run_on_aligned_ones(host, copies, addresses):
+    """The first call of a key misaligned: its plan is keyed with the alignment, so an aligned call
+    of the same shapes gets a plan of its own (no copy), not the copying one."""
+    aligned, off = _aligned_and_off(300, 264)
+    b = torch.empty(520, 264, dtype=torch.bfloat16, device="cuda").t()
+    for a in (off, aligned, aligned):
+        api.matmul(a, b, kernel="Pipelined")
+    assert [build[1] is off for build in host.builds] == [True, False]
+    assert [src for _, src in copies if src is off or src is aligned] == [off]
+    assert [launched.descriptors[0].base is aligned for launched in host.launches] == [False, True, True]
 
 
 @pytest.fixture

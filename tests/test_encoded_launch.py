@@ -14,6 +14,7 @@ from triton import knobs
 
 from gluon_survey import compat
 from gluon_survey.kernels import common, pipelined
+from gluon_survey.launch import Unaligned
 from recording import Launched, Recorder
 
 CONSTEXPRS = {"BLOCK": 64, "FLAG": True}
@@ -106,6 +107,30 @@ def test_a_launch_hook_takes_tritons_launcher(plan, monkeypatch):
     for launched in plan.log:
         assert [d.base for d in launched.descriptors] == [a, b, out]
         assert launched.kwargs == CONSTEXPRS | {"num_warps": 4}
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["encoded", "tritons"])
+@pytest.mark.parametrize("operand", [0, 1, 2], ids=["a", "b", "out"])
+def test_a_misaligned_base_is_refused_before_anything_is_launched(plan, monkeypatch, hooked, operand):
+    """TMA's rule, checked where the launch first meets an address (on the encoded path: an
+    address that misses the cache; on Triton's: every call); an aligned address seen before is
+    not read again for it."""
+    tensors = list(_tensors())
+    plan.plan.launch(*tensors)  # compiles
+    plan.plan.launch(*tensors)
+    if hooked:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    shape, dtype = tensors[operand].shape, tensors[operand].dtype
+    if operand == 1:  # the [N, K] weight behind the view
+        shape = shape[::-1]
+    flat = torch.empty(shape.numel() + 1, dtype=dtype)
+    off = flat[1:].view(shape)
+    tensors[operand] = off.t() if operand == 1 else off
+    launches, log = list(plan.raw.launches), list(plan.log)
+    with pytest.raises(Unaligned, match=f"{'ABC'[operand]}'s base address is not 16-byte aligned"):
+        plan.plan.launch(*tensors)
+    assert (plan.raw.launches, plan.log) == (launches, log)
+    assert all(address % 16 == 0 for cache in plan.plan.encoded for address in cache)
 
 
 def test_the_bare_launch_encodes_once_after_its_first_call(plan):

@@ -113,17 +113,34 @@ def test_unaligned_operands_and_output_through_a_cached_plan():
         assert torch.isnan(out_buf[:, 96]).all(), "the padding column was written"
 
 
-def test_a_misaligned_view_of_a_cached_shape_gets_its_own_plan():
-    """Same shape and strides, base 2 bytes off: not the aligned tensor's plan (which would
-    describe a base TMA cannot use), but the aligned copy."""
+def _aligned_and_off(rows: int, cols: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two [rows, cols] views of one buffer with the same strides: one 16-byte aligned, one 2 bytes off."""
+    flat = _randn(rows * cols + 1, generator=generator)
+    return flat[: rows * cols].view(rows, cols), flat[1:].view(rows, cols)
+
+
+@pytest.mark.parametrize("operand", ["a", "b", "out"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_misaligned_base_under_a_cached_key_gets_its_own_plan(kernel, operand):
+    """Same shapes and strides, one base 2 bytes off: both have one key (it holds no address).
+    The aligned plan's launch refuses the base before launching (a rung's where it reads the
+    address, the others' in `matmul`), and the call runs the plan that copies that operand;
+    misaligned first or aligned first, with the output allocated or given."""
     g = torch.Generator(device="cuda").manual_seed(3)
-    flat = _randn(128 * 64 + 1, generator=g)
-    aligned, off = flat[: 128 * 64].view(128, 64), flat[1:].view(128, 64)
-    b = _randn(64, 256, generator=g)
-    for a in (aligned, off, aligned, off):
-        out = _nan(128, 256)
-        api.matmul(a, b, kernel="Pipelined", out=out)
-        _assert_product(out, a, b, "aligned" if a is aligned else "misaligned")
+    M, N, K = (8, 264, 200) if kernel == "gemv" else (72, 264, 200)
+    shapes = {"a": (M, K), "b": (N, K), "out": (M, N)}
+    aligned, off = _aligned_and_off(*shapes[operand], g)
+    tensors = {"a": _randn(M, K, generator=g), "b": _randn(N, K, generator=g).t(), "out": _nan(M, N)}
+    for give_out in (operand == "out", True):
+        for choice in (off, aligned, aligned, off):
+            given = tensors | {operand: choice.t() if operand == "b" else choice}
+            given["out"].fill_(float("nan"))
+            out = given["out"] if give_out else None
+            result = api.matmul(given["a"], given["b"], kernel=kernel, out=out)
+            assert out is None or result is out
+            base = "off" if choice is off else "aligned"
+            what = f"{kernel}, {operand} {base}, out {'given' if give_out else 'new'}"
+            _assert_product(result, given["a"], given["b"], what)
 
 
 TMA_RUNGS = [r for r in RUNGS if r != "gemv"]  # the rungs whose plans launch TMA descriptors
@@ -155,6 +172,7 @@ def test_descriptors_encoded_per_address_stay_right_past_the_cache(kernel):
     plan = _rung_plan(kernel, inputs[0], b, outs[0])
     if triton.__version__.startswith("3.6."):
         assert plan.launcher.raw is not None, "triton 3.6 launches through the encoded path"
+    assert plan.launcher.stream[1]() == torch.cuda.current_device()
     assert all(len(cache) <= common.ENCODED_PER_SLOT for cache in plan.encoded)
     for _ in range(3):  # results freed and allocated again: addresses reused by new data
         a = _randn(M, K, generator=g)

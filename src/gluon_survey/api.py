@@ -15,12 +15,20 @@ the mode, the provider's config, grid and constexprs, the TMA descriptors' block
 layouts, which operands need an aligned copy. A repeated call computes its key, allocates `out`
 when none is given and launches through one function (`MatmulPlan.caller`); a rung's launch finds
 its operands' TMA descriptors already encoded where their addresses were seen before
-(`kernels.common.Plan`), which a weight's always is. The key
-(`_plan_key`) is everything that verdict and those choices read: the kernel asked for, and per
-tensor (a, b, out or its absence) shape, strides, dtype, device (which decides the GPU) and
-whether its base is 16-byte aligned. (Strides decide the B layout, "row" or "t", and whether TMA
-can describe a tensor as it is; the base's alignment decides the latter too.) `prepare` makes no
-plan: it is what the driver times, once per measured cell.
+(`kernels.common.Plan`), which a weight's always is. The key (`_plan_key`) is everything that
+verdict and those choices read but the base addresses: the kernel asked for, and per tensor (a,
+b, out or its absence) shape, strides, dtype and device (which decides the GPU). (Strides decide
+the B layout, "row" or "t", and whether TMA can describe a tensor as it is.)
+
+The bases' 16-byte alignment decides that too, but reading three addresses for the key costs a
+call ~0.5 µs, and a rung's launch reads them anyway, to find the encoded descriptors. So the
+plan under a key is the one for aligned bases, and a base that is not aligned is found where the
+address is read: a rung's launch checks an address the first time it meets it (an address seen
+before was checked then), and a plan whose launch does not (gemv's, the baselines') is wrapped
+in a check of the three (`MatmulPlan.check_bases`). Either raises `launch.Unaligned` before
+anything is launched, and the call goes on with the plan for its alignment, keyed with it
+(`_call_new`), which copies the misaligned operands. `prepare` makes no plan: it is what the
+driver times, once per measured cell.
 
 A provider takes part through its `Launch`: when `Launch.fn` carries a `plan` attribute with a
 `launch(a, b, out)` method (the rungs' `kernels.common.Plan`), calls of the same key launch that
@@ -45,12 +53,11 @@ from dataclasses import dataclass
 import torch
 
 from . import registry
-from .launch import Launch, Scales, Target, b_layout
+from .launch import ALIGN, Launch, Scales, Target, Unaligned, b_layout
 
 DTYPES = (torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn  # fp8 operands: e4m3, fp32 accumulation, dequantized in the epilogue
 FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)  # what an fp8 product may be written as
-_ALIGN = 16  # bytes: TMA base and stride alignment
 
 
 @functools.cache
@@ -208,12 +215,12 @@ def _provider_prepare(provider, a, b, out, target: Target, scales: Scales | None
 def _tma_ok(t: torch.Tensor) -> bool:
     """A row-major 2-D view TMA can describe: unit inner stride, 16-byte row stride and base."""
     es = t.element_size()
-    return t.stride(1) == 1 and (t.stride(0) * es) % _ALIGN == 0 and t.data_ptr() % _ALIGN == 0
+    return t.stride(1) == 1 and (t.stride(0) * es) % ALIGN == 0 and t.data_ptr() % ALIGN == 0
 
 
 def _aligned_empty(rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
     """A [rows, cols] view of a buffer whose row stride is padded to a multiple of 16 bytes."""
-    per = _ALIGN // like.element_size()
+    per = ALIGN // like.element_size()
     padded = -(-cols // per) * per
     return torch.empty((rows, padded), dtype=like.dtype, device=like.device).narrow(1, 0, cols)
 
@@ -343,6 +350,9 @@ class MatmulPlan:
     # is a contiguous (M, N) output, allocated without parsing a shape, dtype and device per call
     # (about half of `torch.empty`'s Python cost, measured on the CPU).
     like: torch.Tensor | None = None
+    # A plan for aligned bases whose `run` does not check them itself: the call checks them first
+    # and raises `Unaligned` (module docstring). A rung's `run` checks them where it reads them.
+    check_bases: bool = False
 
     def __call__(
         self,
@@ -352,6 +362,8 @@ class MatmulPlan:
         scale_a: torch.Tensor | None = None,
         scale_b: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if self.check_bases and _alignment(a, b, out) != ALIGNED:
+            raise Unaligned("a base address is not 16-byte aligned")
         if out is None:
             out = torch.empty_like(self.like)
         if self.run is None:
@@ -375,17 +387,19 @@ class MatmulPlan:
         if self.run is None or not self.in_place or self.copy_a or self.copy_b or self.copy_out:
             call = functools.partial(MatmulPlan.__call__, self)
         else:
-            call = _launch_in_place(self.run, self.like, self.scaling)
+            call = _launch_in_place(self.run, self.like, self.scaling, self.check_bases)
         call.plan = self
         return call
 
 
-def _launch_in_place(run: Callable[..., object], like: torch.Tensor, scaling: str | None):
+def _launch_in_place(run: Callable[..., object], like: torch.Tensor, scaling: str | None, check_bases: bool):
     """`MatmulPlan.__call__` for a plan whose launch needs no copies and writes `out` itself,
     without reading the plan's fields on every call (this is the whole per-call path)."""
     empty_like = torch.empty_like
 
     def call(a, b, out=None, scale_a=None, scale_b=None):
+        if check_bases and (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) % ALIGN:
+            raise Unaligned("a base address is not 16-byte aligned")
         if out is None:
             out = empty_like(like)
         run(a, b, out, None if scaling is None else _flat_scales(scale_a, scale_b, scaling))
@@ -407,31 +421,17 @@ def _plan_key(
     scale_b: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> tuple:
-    """Everything `_build_plan` reads of its arguments (module docstring); a key without `out`'s
-    part is shorter, so it never equals one with it, and fp8's scales and output dtype add a part
-    of their own. It also holds `target_of`, the function (not its answer, which the device
-    decides): tests that fake a GPU replace that function, and so never meet a plan made for
-    another GPU."""
-    device = a.device
-    key = (
-        kernel,
-        target_of,
-        a.shape,
-        a.stride(),
-        a.dtype,
-        device,
-        a.data_ptr() % _ALIGN == 0,
-        b.shape,
-        b.stride(),
-        b.dtype,
-        b.device,
-        b.data_ptr() % _ALIGN == 0,
-    )
+    """Everything `_build_plan` reads of its arguments but the base addresses (module docstring);
+    a key without `out`'s part is shorter, so it never equals one with it, and fp8's scales and
+    output dtype add a part of their own. It also holds `target_of`, the function (not its
+    answer, which the device decides): tests that fake a GPU replace that function, and so never
+    meet a plan made for another GPU."""
+    key = (kernel, target_of, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device)
     if scale_a is not None or scale_b is not None or out_dtype is not None:
         key = (*key, "fp8", out_dtype, *_scale_key(scale_a), *_scale_key(scale_b))
     if out is None:
         return key
-    return (*key, out.shape, out.stride(), out.dtype, out.device, out.data_ptr() % _ALIGN == 0)
+    return (*key, out.shape, out.stride(), out.dtype, out.device)
 
 
 def _scale_key(t: torch.Tensor | None) -> tuple:
@@ -458,6 +458,7 @@ def _build_plan(
     plan = functools.partial(MatmulPlan, m.name, (M, N), dtype, a.device, like=like)
     if M == 0 or N == 0 or K == 0:
         return plan(None, scaling=scaling)
+    aligned = _alignment(a, b, out) == ALIGNED  # else `_call_new` keys the plan with the alignment
     if out is None:  # what the plan will allocate
         out = torch.empty((M, N), dtype=dtype, device=a.device)
     copy_a, copy_b, copy_out = not _tma_ok(a), not _b_tma_ok(b), not _tma_ok(out)
@@ -467,13 +468,17 @@ def _build_plan(
     provider = m.provider(target.capability)
     scales = None if scaling is None else _flat_scales(scale_a, scale_b, scaling)
     reusable = getattr(_provider_prepare(provider, a2, b2, c2, target, scales).fn, "plan", None)
+    check_bases = aligned and not getattr(reusable, "checks_bases", False)
+    plan = functools.partial(
+        plan, copy_a=copy_a, copy_b=copy_b, copy_out=copy_out, scaling=scaling, check_bases=check_bases
+    )
     if reusable is not None:
-        return plan(reusable.launch, copy_a, copy_b, copy_out, scaling, in_place=True)
+        return plan(reusable.launch, in_place=True)
 
     def run(a2, b2, c2, scales):
         return _provider_prepare(provider, a2, b2, c2, target, scales).fn()
 
-    return plan(run, copy_a, copy_b, copy_out, scaling)
+    return plan(run)
 
 
 def clear_plans() -> None:
@@ -510,12 +515,35 @@ def matmul(
         _check_operands(a, b, out, scale_a, scale_b, out_dtype)  # not tensors: say which and why
         raise
     call = _PLANS.get(key)
+    if call is not None:
+        try:
+            return call(a, b, out, scale_a, scale_b)
+        except Unaligned:  # raised before anything was launched: the plan for this alignment
+            pass
+    return _call_new(key, kernel, a, b, out, scale_a, scale_b, out_dtype)
+
+
+def _call_new(key: tuple, kernel, a, b, out, scale_a, scale_b, out_dtype) -> torch.Tensor:
+    """`matmul` where the key has no plan yet or a base is not aligned: the plan for the call's
+    alignment, built if new (under `key` for aligned bases, else under `key` and the alignment)."""
+    alignment = _alignment(a, b, out)
+    if alignment != ALIGNED:
+        key = (*key, alignment)
+    call = _PLANS.get(key)
     if call is None:
         call = _build_plan(kernel, a, b, out, scale_a, scale_b, out_dtype).caller()
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = call
     return call(a, b, out, scale_a, scale_b)
+
+
+ALIGNED = (True, True, True)
+
+
+def _alignment(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tuple[bool, bool, bool]:
+    """Whether each base address is 16-byte aligned (an `out` to be allocated will be)."""
+    return a.data_ptr() % ALIGN == 0, b.data_ptr() % ALIGN == 0, out is None or out.data_ptr() % ALIGN == 0
 
 
 def explain(

@@ -1,7 +1,7 @@
 """The few types every layer shares, in a module that imports nothing of the package: what a
 provider is given (`Target`: the GPU it launches on), what it returns (`Launch`), what `inspect`
-compiles (`CompileSpec`), the fp8 scales a provider applies (`Scales`), and the one vocabulary of
-B layouts.
+compiles (`CompileSpec`), the fp8 scales a provider applies (`Scales`), the error a launch made
+for aligned bases raises on another (`Unaligned`), and the one vocabulary of B layouts.
 
 B layouts, one spelling everywhere (CLI, results, configs, kernel labels, tests):
 
@@ -18,6 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 B_LAYOUTS = ("row", "t")
+ALIGN = 16  # bytes: TMA's rule for a base address and a row stride
+
+
+class Unaligned(ValueError):
+    """A launch prepared for ALIGN-byte-aligned base addresses met a tensor whose base is not;
+    raised before anything is launched. `gluon_survey.matmul` catches it and runs the plan made
+    for that alignment, which copies the tensor into an aligned buffer."""
 
 
 def b_layout(b) -> str:

@@ -7,7 +7,9 @@ MMA is a constexpr argument of every rung kernel (`kernels/arch.py` picks it on 
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+import torch
 import triton
 from triton import knobs
 from triton.experimental import gluon
@@ -16,7 +18,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.runtime.driver import driver
 
 from ..compat import RawLaunch, aggregate, raw_launch, tma_load, tma_store
-from ..launch import B_LAYOUTS, CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
+from ..launch import ALIGN, B_LAYOUTS, CompileSpec, Launch, Scales, Target, Unaligned, b_layout, is_kmajor
 
 GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16, "float8_e4m3fn": gl.float8e4nv}
 FP8 = "float8_e4m3fn"
@@ -600,7 +602,7 @@ class Launcher:
             self.compiled = self.kernel[self.grid](*args, **self.constexprs, num_warps=self.num_warps)
             if self.compiled is not None and self.raw is None:
                 # looked up once here rather than through the driver's lazy proxy on every call
-                self.stream = (driver.active.get_current_stream, driver.active.get_current_device)
+                self.stream = (driver.active.get_current_stream, _current_device())
                 raw = raw_launch(self.compiled)
                 # `direct` takes the descriptors first, as every kernel with a Plan does
                 if raw is not None and raw.descriptors == tuple(range(len(raw.descriptors))):
@@ -637,6 +639,23 @@ class Launcher:
         return (raw.launch, *self.grid3, *self.stream, raw.head, self.values)
 
 
+def _current_device() -> Callable[[], int]:
+    """Triton's current-device function; where that is `torch.cuda.current_device`, the C function
+    under it, without its check that CUDA is initialized (three Python calls a launch), because
+    a Launcher asks only after a first launch, which initialized it."""
+    get_device = driver.active.get_current_device
+    if get_device is torch.cuda.current_device and hasattr(torch._C, "_cuda_getDevice"):
+        return torch._C._cuda_getDevice
+    return get_device
+
+
+def _aligned_base(t, i: int):
+    """t, whose base address TMA can take; else `Unaligned` (i: 0, 1, 2 for A, B, C)."""
+    if t.data_ptr() % ALIGN:
+        raise Unaligned(f"{'ABC'[i]}'s base address is not {ALIGN}-byte aligned: TMA cannot describe it")
+    return t
+
+
 def _hooked() -> bool:
     """Whether a launch hook (a profiler's) is registered: its calls need Triton's own launch."""
     hooks = knobs.runtime.launch_enter_hook
@@ -656,17 +675,19 @@ class Plan:
     shared layout set and checked once; no base, so the plan keeps no tensor alive), and the
     arguments that follow them (`extra`: a split-K workspace).
 
-    `launch(a, b, out, scales=None)` launches on these tensors; nothing is chosen or checked
-    again. So it is only for tensors of the problem the plan was made for: the same shapes,
-    strides, dtype and B layout, and 16-byte-aligned bases (TMA's rule). `gluon_survey.api` keys
-    its plan cache on exactly these. Where the launcher takes encoded descriptors
-    (`Launcher.direct`), each operand's encoded CUtensorMap is kept per base address (`encoded`:
-    address -> CUtensorMap, shape and strides, at most `ENCODED_PER_SLOT` each, no tensor), so a
-    call with an operand at an address seen before encodes nothing; a weight is always such an
-    operand. Elsewhere (the first call, a launch hook, other triton releases) each call copies the
-    templates with the new tensors as bases (`_rebased`) and Triton encodes them. The B
-    descriptor describes the [N, K] weight behind a "t" view; its base is `b` itself, because a
-    descriptor reads only its base's address and dtype, which a view and its transpose share."""
+    `launch(a, b, out, scales=None)` launches on these tensors; nothing is chosen again. So it is
+    only for tensors of the problem the plan was made for: the same shapes, strides, dtype and B
+    layout (`gluon_survey.api` keys its plan cache on exactly these). The one thing it checks is
+    TMA's rule for a base address, 16-byte alignment, where it first meets the address: a base
+    that breaks it raises `Unaligned` before anything is launched (`checks_bases`). Where the
+    launcher takes encoded descriptors (`Launcher.direct`), each operand's encoded CUtensorMap is
+    kept per base address (`encoded`: address -> CUtensorMap, shape and strides, at most
+    `ENCODED_PER_SLOT` each, no tensor), so a call with an operand at an address seen before
+    encodes nothing and checks nothing; a weight is always such an operand. Elsewhere (the first
+    call, a launch hook, other triton releases) each call copies the templates with the new
+    tensors as bases (`_rebased`) and Triton encodes them. The B descriptor describes the [N, K]
+    weight behind a "t" view; its base is `b` itself, because a descriptor reads only its base's
+    address and dtype, which a view and its transpose share."""
 
     launcher: Launcher
     templates: tuple[object, object, object]  # A, B, C descriptors without a base
@@ -675,13 +696,20 @@ class Plan:
     scaled: bool = False  # the kernel takes (scale_a, scale_b) after the descriptors (`scale_args`)
     encoded: tuple[dict, dict, dict] = field(default_factory=lambda: ({}, {}, {}), compare=False, repr=False)
     launch: Callable[..., None] = field(init=False, compare=False, repr=False)
+    # `launch` refuses a base it cannot take (`Unaligned`), so its caller need not read the bases.
+    checks_bases: ClassVar[bool] = True
 
     def __post_init__(self):
         object.__setattr__(self, "launch", _plan_launch(self))
 
     def descriptors(self, a, b, out) -> tuple[object, object, object]:
+        """The templates on these tensors; `Unaligned` if a base is not 16-byte aligned."""
         ta, tb, tc = self.templates
-        return _rebased(ta, a), _rebased(tb, b), _rebased(tc, out)
+        return (
+            _rebased(ta, _aligned_base(a, 0)),
+            _rebased(tb, _aligned_base(b, 1)),
+            _rebased(tc, _aligned_base(out, 2)),
+        )
 
     def rest(self, scales: Scales | None) -> tuple[object, ...]:
         """The kernel arguments after the three descriptors."""
@@ -692,7 +720,9 @@ class Plan:
         cache = self.encoded[i]
         if len(cache) >= ENCODED_PER_SLOT:
             cache.clear()
-        enc = cache[t.data_ptr()] = self.launcher.raw.encode(_rebased(self.templates[i], t), i)
+        enc = cache[t.data_ptr()] = self.launcher.raw.encode(
+            _rebased(self.templates[i], _aligned_base(t, i)), i
+        )
         return enc
 
     def bind(self, a, b, out, scales: Scales | None = None) -> Callable[[], None]:
@@ -724,19 +754,23 @@ class Plan:
 def _plan_launch(plan: Plan) -> Callable[..., None]:
     """`plan.launch`: one function over the plan's parts, bound once, because it is the whole of a
     cached `matmul` call's launch (`plan.launch.plan` is the plan)."""
-    launcher, extra, scaled, encode = plan.launcher, plan.extra, plan.scaled, plan.encode
+    launcher, encode, scaled, extra = plan.launcher, plan.encode, plan.scaled, plan.extra
     ea, eb, ec = plan.encoded
-    direct = None  # `launcher.direct()`, once the first launch has compiled the kernel
+    runtime = knobs.runtime
+    # `launcher.direct()`, bound at the first launch; `tail`: what follows the scales
+    c_launch = g0 = g1 = g2 = get_stream = get_device = head = tail = None
 
     def launch(a, b, out, scales: Scales | None = None) -> None:
         """out = a @ b (times fp8 `scales`) on these tensors."""
-        nonlocal direct
-        rest = (*scale_args(scales), *extra) if scaled else extra  # `Plan.rest`, written out
-        if direct is None or _hooked():
-            launcher(*plan.descriptors(a, b, out), *rest)
+        nonlocal c_launch, g0, g1, g2, get_stream, get_device, head, tail
+        hooks = runtime.launch_enter_hook  # `_hooked()`, written out
+        if c_launch is None or (hooks is not None and getattr(hooks, "calls", True)):
+            launcher(*plan.descriptors(a, b, out), *plan.rest(scales))
             direct = launcher.direct()
+            if direct is not None:
+                c_launch, g0, g1, g2, get_stream, get_device, head, values = direct
+                tail = (*extra, *values)
             return
-        c_launch, g0, g1, g2, get_stream, get_device, head, values = direct
         c_launch(
             g0,
             g1,
@@ -746,8 +780,8 @@ def _plan_launch(plan: Plan) -> Callable[..., None]:
             *(ea.get(a.data_ptr()) or encode(0, a)),
             *(eb.get(b.data_ptr()) or encode(1, b)),
             *(ec.get(out.data_ptr()) or encode(2, out)),
-            *rest,
-            *values,
+            *(scale_args(scales) if scaled else ()),  # `Plan.rest`, written out with `tail`
+            *tail,
         )
 
     launch.plan = plan
