@@ -203,7 +203,7 @@ def test_the_key_holds_the_kernel_out_and_the_gpu_but_no_address(monkeypatch):
     b = torch.empty(128, 32, dtype=torch.float16)
     assert (aligned.shape, aligned.stride()) == (off.shape, off.stride())
     assert api._plan_key(None, aligned, b, None) == api._plan_key(None, off, b, None)
-    assert api._alignment(aligned, b, None) == api.ALIGNED != api._alignment(off, b, None)
+    assert api._alignment(aligned, b, None) == api._ALIGNED != api._alignment(off, b, None)
     assert api._plan_key(None, aligned, b, None) == api._plan_key(None, aligned.clone(), b.clone(), None)
     assert api._plan_key(None, aligned, b, None) != api._plan_key("warpspec", aligned, b, None)
     assert api._plan_key(None, aligned, b, None) != api._plan_key(

@@ -21,14 +21,15 @@ b, out or its absence) shape, strides, dtype and device (which decides the GPU).
 the B layout, "row" or "t", and whether TMA can describe a tensor as it is.)
 
 The bases' 16-byte alignment decides that too, but reading three addresses for the key costs a
-call ~0.5 µs, and a rung's launch reads them anyway, to find the encoded descriptors. So the
-plan under a key is the one for aligned bases, and a base that is not aligned is found where the
-address is read: a rung's launch checks an address the first time it meets it (an address seen
-before was checked then), and a plan whose launch does not (gemv's, the baselines') is wrapped
-in a check of the three (`MatmulPlan.check_bases`). Either raises `launch.Unaligned` before
-anything is launched, and the call goes on with the plan for its alignment, keyed with it
-(`_call_new`), which copies the misaligned operands. `prepare` makes no plan: it is what the
-driver times, once per measured cell.
+call 0.5-1 µs on a slow host (docs/perf-notes.md, entry 49), and a rung's launch reads them
+anyway, to find the encoded descriptors. So the plan under a key is the one for aligned bases,
+and a base that is not aligned is found where the address is read: a rung's launch checks an
+address the first time it meets it (an address seen before was checked then), and where the
+launch does not (gemv's, the baselines') the plan's call checks the three first
+(`MatmulPlan.check_bases`). Either raises `launch.Unaligned` before anything is launched, and
+the call goes on with the plan for its alignment, keyed with it (`_call_new`), which copies the
+misaligned operands. `prepare` makes no plan: it is what the driver times, once per measured
+cell.
 
 A provider takes part through its `Launch`: when `Launch.fn` carries a `plan` attribute with a
 `launch(a, b, out)` method (the rungs' `kernels.common.Plan`), calls of the same key launch that
@@ -362,8 +363,8 @@ class MatmulPlan:
         scale_a: torch.Tensor | None = None,
         scale_b: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if self.check_bases and _alignment(a, b, out) != ALIGNED:
-            raise Unaligned("a base address is not 16-byte aligned")
+        if self.check_bases and _alignment(a, b, out) != _ALIGNED:
+            raise Unaligned(_UNALIGNED)
         if out is None:
             out = torch.empty_like(self.like)
         if self.run is None:
@@ -399,7 +400,7 @@ def _launch_in_place(run: Callable[..., object], like: torch.Tensor, scaling: st
 
     def call(a, b, out=None, scale_a=None, scale_b=None):
         if check_bases and (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) % ALIGN:
-            raise Unaligned("a base address is not 16-byte aligned")
+            raise Unaligned(_UNALIGNED)
         if out is None:
             out = empty_like(like)
         run(a, b, out, None if scaling is None else _flat_scales(scale_a, scale_b, scaling))
@@ -458,7 +459,7 @@ def _build_plan(
     plan = functools.partial(MatmulPlan, m.name, (M, N), dtype, a.device, like=like)
     if M == 0 or N == 0 or K == 0:
         return plan(None, scaling=scaling)
-    aligned = _alignment(a, b, out) == ALIGNED  # else `_call_new` keys the plan with the alignment
+    aligned = _alignment(a, b, out) == _ALIGNED  # else `_call_new` keys the plan with the alignment
     if out is None:  # what the plan will allocate
         out = torch.empty((M, N), dtype=dtype, device=a.device)
     copy_a, copy_b, copy_out = not _tma_ok(a), not _b_tma_ok(b), not _tma_ok(out)
@@ -527,7 +528,7 @@ def _call_new(key: tuple, kernel, a, b, out, scale_a, scale_b, out_dtype) -> tor
     """`matmul` where the key has no plan yet or a base is not aligned: the plan for the call's
     alignment, built if new (under `key` for aligned bases, else under `key` and the alignment)."""
     alignment = _alignment(a, b, out)
-    if alignment != ALIGNED:
+    if alignment != _ALIGNED:
         key = (*key, alignment)
     call = _PLANS.get(key)
     if call is None:
@@ -538,7 +539,8 @@ def _call_new(key: tuple, kernel, a, b, out, scale_a, scale_b, out_dtype) -> tor
     return call(a, b, out, scale_a, scale_b)
 
 
-ALIGNED = (True, True, True)
+_ALIGNED = (True, True, True)
+_UNALIGNED = f"a base address is not {ALIGN}-byte aligned"
 
 
 def _alignment(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> tuple[bool, bool, bool]:

@@ -602,7 +602,7 @@ class Launcher:
             self.compiled = self.kernel[self.grid](*args, **self.constexprs, num_warps=self.num_warps)
             if self.compiled is not None and self.raw is None:
                 # looked up once here rather than through the driver's lazy proxy on every call
-                self.stream = (driver.active.get_current_stream, _current_device())
+                self.stream = (driver.active.get_current_stream, _current_device_fn())
                 raw = raw_launch(self.compiled)
                 # `direct` takes the descriptors first, as every kernel with a Plan does
                 if raw is not None and raw.descriptors == tuple(range(len(raw.descriptors))):
@@ -639,7 +639,7 @@ class Launcher:
         return (raw.launch, *self.grid3, *self.stream, raw.head, self.values)
 
 
-def _current_device() -> Callable[[], int]:
+def _current_device_fn() -> Callable[[], int]:
     """Triton's current-device function; where that is `torch.cuda.current_device`, the C function
     under it, without its check that CUDA is initialized (three Python calls a launch), because
     a Launcher asks only after a first launch, which initialized it."""
