@@ -14,8 +14,7 @@ from triton import knobs
 
 from gluon_survey import compat
 from gluon_survey.kernels import common, pipelined
-from gluon_survey.kernels import gemv as gemv_module
-from gluon_survey.launch import Scales, Unaligned
+from gluon_survey.launch import Unaligned
 from recording import Launched, Recorder
 
 CONSTEXPRS = {"BLOCK": 64, "FLAG": True}
@@ -167,64 +166,3 @@ def test_a_kernel_without_descriptors_passes_its_arguments_as_they_are():
     launcher.compiled, launcher.raw, launcher.stream = object(), raw, (lambda device: 7, lambda: 0)
     launcher(1, 2)
     assert len(log) == 1 and raw.launches == [(3, 1, 1, 7, *raw.head, 1, 2, *CONSTEXPRS.values())]
-
-
-@pytest.fixture
-def gemv():
-    """A GemvPlan whose kernel is recorded and whose C launcher is faked, as the `plan` fixture."""
-    log: list[Launched] = []
-    launcher = common.Launcher(Recorder("gemv_kernel", log), (3,), CONSTEXPRS, 4)
-    plan = gemv_module.GemvPlan(launcher, (64, 256, 128))
-    raw = FakeRaw()
-    raw.descriptors = ()
-    return SimpleNamespace(plan=plan, launcher=launcher, raw=raw, log=log)
-
-
-def _compiled(fake):
-    """What the first launch leaves behind on triton 3.6 (the Recorder returns no CompiledKernel)."""
-    fake.launcher.compiled, fake.launcher.raw = object(), fake.raw
-    fake.launcher.stream = (lambda device: 7, lambda: 0)
-
-
-def test_gemv_passes_addresses_once_compiled_and_tensors_to_triton(gemv, monkeypatch):
-    """After the first launch, integers (the C launcher then neither calls `data_ptr` nor asks the
-    driver about each pointer); Triton's own launch (the first, or under a hook) gets the tensors,
-    on which it specializes."""
-    a, b, out = _tensors()
-    gemv.plan.launch(a, b, out)
-    _compiled(gemv)
-    gemv.plan.launch(a, b, out)
-    addresses = (a.data_ptr(), b.data_ptr(), out.data_ptr())
-    assert gemv.raw.launches == [
-        (3, 1, 1, 7, *gemv.raw.head, *addresses, None, None, 64, 256, 128, *CONSTEXPRS.values())
-    ]
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
-    gemv.plan.launch(a, b, out)
-    assert [launched.args[:3] for launched in gemv.log] == [(a, b, out), (a, b, out)]
-    assert len(gemv.raw.launches) == 1
-
-
-@pytest.mark.parametrize("operand", [0, 1, 2], ids=["a", "b", "out"])
-def test_gemv_refuses_a_misaligned_base_before_launching(gemv, operand):
-    a, b, out = tensors = list(_tensors())
-    gemv.plan.launch(a, b, out)
-    _compiled(gemv)
-    flat = torch.empty(tensors[operand].numel() + 1, dtype=tensors[operand].dtype)
-    tensors[operand] = flat[1:].view(tensors[operand].shape)
-    with pytest.raises(Unaligned, match="not 16-byte aligned"):
-        gemv.plan.launch(*tensors)
-    assert gemv.raw.launches == [] and len(gemv.log) == 1
-
-
-def test_fp8_scales_and_a_workspace_go_to_the_c_launcher_as_addresses(plan):
-    """A scaled plan with extra arguments (split-K's workspace): the scales' addresses per call,
-    the workspace's fixed with the plan; the tensors themselves to Triton's first launch."""
-    a, b, out = _tensors()
-    workspace = torch.empty(32)
-    scaled = common.Plan(plan.plan.launcher, plan.plan.templates, plan.plan.cfg, (workspace, 5), scaled=True)
-    scales = Scales(torch.ones(1), torch.ones(1), "tensor")
-    scaled.launch(a, b, out, scales)
-    scaled.launch(a, b, out, scales)
-    assert plan.log[0].rest == (scales.a, scales.b, workspace, 5)
-    tail = (scales.a.data_ptr(), scales.b.data_ptr(), workspace.data_ptr(), 5, *CONSTEXPRS.values())
-    assert plan.raw.launches[-1][-len(tail) :] == tail

@@ -585,8 +585,9 @@ class Launcher:
     same arguments to its launcher directly, or on triton 3.6 to the C launcher under it
     (`compat.raw_launch`: `raw`, None elsewhere), which also takes tensor descriptors already
     encoded (`direct`). Only for arguments that specialize alike (the plans that own a Launcher
-    are keyed on shapes, strides and dtypes, and check the bases' 16-byte alignment where they
-    read them), and while no launch hook is set (a profiler's hooks get the full path)."""
+    are keyed on shapes, strides and dtypes, and the bases' 16-byte alignment is checked before
+    a launch: by `Plan` where it reads an address, by `gluon_survey.api` for the others), and
+    while no launch hook is set (a profiler's hooks get the full path)."""
 
     def __init__(self, kernel, grid: tuple[int, ...], constexprs: dict[str, object], num_warps: int):
         self.kernel, self.grid, self.constexprs, self.num_warps = kernel, grid, constexprs, num_warps
@@ -597,7 +598,8 @@ class Launcher:
         self.stream: tuple[Callable, Callable] | None = None  # Triton's current-stream functions
 
     def __call__(self, *args) -> None:
-        if self.compiled is None or hooked():
+        compiled = self.compiled
+        if compiled is None or _hooked():
             self.compiled = self.kernel[self.grid](*args, **self.constexprs, num_warps=self.num_warps)
             if self.compiled is not None and self.raw is None:
                 # looked up once here rather than through the driver's lazy proxy on every call
@@ -607,18 +609,12 @@ class Launcher:
                 if raw is not None and raw.descriptors == tuple(range(len(raw.descriptors))):
                     self.raw = raw
             return
-        self.launch_compiled(*args)
-
-    def launch_compiled(self, *args) -> None:
-        """A later launch (the kernel compiled, no launch hook set) on arguments as the C launcher
-        takes them: a tensor's address may be passed as an integer (`address`)."""
         g0, g1, g2 = self.grid3
         get_stream, get_device = self.stream
         raw = self.raw
         if raw is not None and not raw.descriptors:
             raw.launch(g0, g1, g2, get_stream(get_device()), *raw.head, *args, *self.values)
             return
-        compiled = self.compiled
         compiled.run(
             g0,
             g1,
@@ -654,18 +650,6 @@ def _current_device_fn() -> Callable[[], int]:
     return get_device
 
 
-def address(arg):
-    """A kernel argument as the C launcher takes it, a tensor as its address: given a tensor, the
-    launcher calls its `data_ptr()` and then asks the driver whether the pointer is a device one
-    (`cuPointerGetAttribute`) on every launch; given an integer, neither."""
-    return arg.data_ptr() if hasattr(arg, "data_ptr") else arg
-
-
-def scale_addresses(scales: Scales | None) -> tuple[object, object]:
-    """`scale_args` as the C launcher takes them (`address`)."""
-    return (None, None) if scales is None else (scales.a.data_ptr(), scales.b.data_ptr())
-
-
 def _aligned_base(t, i: int):
     """t, whose base address TMA can take; else `Unaligned` (i: 0, 1, 2 for A, B, C)."""
     if t.data_ptr() % ALIGN:
@@ -673,7 +657,7 @@ def _aligned_base(t, i: int):
     return t
 
 
-def hooked() -> bool:
+def _hooked() -> bool:
     """Whether a launch hook (a profiler's) is registered: its calls need Triton's own launch."""
     hooks = knobs.runtime.launch_enter_hook
     return hooks is not None and bool(getattr(hooks, "calls", True))
@@ -754,12 +738,12 @@ class Plan:
 
         def fn():
             nonlocal direct, encoded
-            if direct is None or hooked():
+            if direct is None or _hooked():
                 launcher(*args)
                 direct = launcher.direct()
                 if direct is not None and encoded is None:
                     encode = launcher.raw.encode
-                    encoded = (*(e for i in range(3) for e in encode(args[i], i)), *map(address, rest))
+                    encoded = (*(e for i in range(3) for e in encode(args[i], i)), *rest)
                 return
             c_launch, g0, g1, g2, get_stream, get_device, head, values = direct
             c_launch(g0, g1, g2, get_stream(get_device()), *head, *encoded, *values)
@@ -780,13 +764,13 @@ def _plan_launch(plan: Plan) -> Callable[..., None]:
     def launch(a, b, out, scales: Scales | None = None) -> None:
         """out = a @ b (times fp8 `scales`) on these tensors."""
         nonlocal c_launch, g0, g1, g2, get_stream, get_device, head, tail
-        hooks = runtime.launch_enter_hook  # `hooked()`, written out
+        hooks = runtime.launch_enter_hook  # `_hooked()`, written out
         if c_launch is None or (hooks is not None and getattr(hooks, "calls", True)):
             launcher(*plan.descriptors(a, b, out), *plan.rest(scales))
             direct = launcher.direct()
             if direct is not None:
                 c_launch, g0, g1, g2, get_stream, get_device, head, values = direct
-                tail = (*map(address, extra), *values)  # the workspace is the plan's: fixed
+                tail = (*extra, *values)
             return
         c_launch(
             g0,
@@ -797,7 +781,7 @@ def _plan_launch(plan: Plan) -> Callable[..., None]:
             *(ea.get(a.data_ptr()) or encode(0, a)),
             *(eb.get(b.data_ptr()) or encode(1, b)),
             *(ec.get(out.data_ptr()) or encode(2, out)),
-            *(scale_addresses(scales) if scaled else ()),  # `Plan.rest`, written out with `tail`
+            *(scale_args(scales) if scaled else ()),  # `Plan.rest`, written out with `tail`
             *tail,
         )
 

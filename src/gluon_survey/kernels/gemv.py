@@ -47,8 +47,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch import ALIGN, CompileSpec, Launch, Scales, Target, Unaligned, b_layout, is_kmajor
-from .common import FP8, Launcher, check_config_kind, hooked, scale_addresses, scale_args, scaling_code
+from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
+from .common import FP8, Launcher, check_config_kind, scale_args, scaling_code
 
 __all__ = [
     "CONFIGS",
@@ -257,26 +257,15 @@ def gemv_kernel(
 
 class GemvPlan:
     """The launch on other tensors of the problem `prepare` checked (`gluon_survey.api`'s plan
-    cache keys them on shapes, strides and dtypes): the kernel's scalar arguments are the same for
-    all of them, so a call only passes the three tensors. After the first launch it passes their
-    addresses (`common.address`), having checked them: Triton compiled the kernel for 16-byte-
-    aligned bases, and a base that is not raises `Unaligned` before anything is launched
-    (`checks_bases`; Triton's own launch, the first or under a hook, specializes on the tensors)."""
-
-    checks_bases = True
+    cache keys them on shapes, strides and dtypes, and checks that their bases are 16-byte
+    aligned, as they were when Triton compiled the kernel): the kernel's scalar arguments are the
+    same for all of them, so a call only passes the three tensors."""
 
     def __init__(self, launcher: Launcher, scalars: tuple[int, ...]):
         self.launcher, self.scalars = launcher, scalars
 
     def launch(self, a, b, out, scales: Scales | None = None) -> None:
-        launcher = self.launcher
-        if launcher.compiled is None or hooked():
-            launcher(a, b, out, *scale_args(scales), *self.scalars)
-            return
-        pa, pb, pc = a.data_ptr(), b.data_ptr(), out.data_ptr()
-        if (pa | pb | pc) % ALIGN:
-            raise Unaligned(f"gemv: a base address is not {ALIGN}-byte aligned")
-        launcher.launch_compiled(pa, pb, pc, *scale_addresses(scales), *self.scalars)
+        self.launcher(a, b, out, *scale_args(scales), *self.scalars)
 
 
 # A row-major B's program is a warp's 32 vectors of columns by four K rows a warp: past 16 warps
