@@ -6,6 +6,8 @@ fresh random inputs and NaN-poisoned outputs. Run on the GPU machine: pytest -m 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -361,6 +363,38 @@ def test_linear_from_linear_in_a_model_and_its_gradients():
     y.float().square().mean().backward()
     assert model[0].weight.grad is not None and model[0].weight.grad.shape == (512, 256)
     assert torch.isfinite(model[0].weight.grad).all() and model[2].bias.grad.shape == (128,)
+
+
+@pytest.mark.parametrize("how", ["no_grad", "inference_mode", "frozen", "training", "compiled"])
+def test_linear_skips_the_operator_only_where_nothing_records_or_traces(monkeypatch, how):
+    """In eager inference (grad disabled, inference mode, or a frozen module) `Linear` calls
+    `gluon_survey.matmul` itself; where autograd must record the product it goes through the
+    operator, which has the backward, and torch.compile(fullgraph=True) of a frozen module under
+    no_grad traces the operator (a direct call would break the graph). The products are the same."""
+    calls = []
+    operator = ops._OP
+    monkeypatch.setattr(ops, "_OP", lambda *args: calls.append(args) or operator(*args))
+    torch.manual_seed(11)
+    lin = gluon_survey.Linear(264, 100, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.normal_()
+        lin.bias.normal_()
+    x = torch.randn(3, 7, 264, device="cuda").to(torch.bfloat16)
+    if how in ("frozen", "compiled"):
+        lin.requires_grad_(False)
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "compiled": torch.no_grad}
+    with context.get(how, contextlib.nullcontext)():
+        if how == "compiled":
+            torch._dynamo.reset()
+            y = torch.compile(lin, fullgraph=True)(x)
+        else:
+            y = lin(x)
+    if how != "compiled":  # (fullgraph=True already says the compiled forward is the operator's)
+        assert len(calls) == (how == "training")
+    assert y.requires_grad == (how == "training")
+    w, b = lin.weight.detach(), lin.bias.detach()
+    ref = F.linear(x.float(), w.float(), b.float())
+    _assert_close(y.detach(), ref, F.linear(x, w, b), torch.bfloat16, f"Linear, {how}")
 
 
 # --------------------------------------------------------------------------------------------------

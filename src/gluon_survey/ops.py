@@ -8,8 +8,8 @@ matmul's argument checks, so CPU tensors, fp32, mismatched shapes or dtypes and 
 fail when a function is traced (TypeError / ValueError / KeyError), not when compiled code first
 runs. In eager mode the operator costs torch.library's Python dispatch on top of `matmul`, several
 times `matmul`'s own overhead (`gluon-survey overhead` measures both): eager code that wants the
-cheapest call, and needs no autograd, calls `gluon_survey.matmul`; compiled code and CUDA graphs do
-not pay it per call.
+cheapest call, and needs no autograd, calls `gluon_survey.matmul`, as `Linear` does itself in eager
+inference; compiled code and CUDA graphs do not pay it per call.
 
 Gradients are registered with the operator itself: grad_a = grad @ b^T, grad_b = a^T @ grad, both
 through the survey's kernels (an operand that is a transposed view gets matmul's aligned copy).
@@ -26,6 +26,7 @@ import math
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import api, registry
 from .launch import b_layout
@@ -85,6 +86,24 @@ def matmul(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> torch
     return _OP(a, b, kernel or "")
 
 
+def _eager_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `Linear.forward` may call `gluon_survey.matmul` itself instead of the operator,
+    whose dispatch costs more host time in eager mode than `matmul` does (`gluon-survey
+    overhead`): nothing traces the call (no torch.compile, no dispatch mode such as FakeTensorMode
+    or a FLOP counter), no gradient is to be recorded (grad disabled, or neither x nor the weight
+    requires one), and x is a plain CUDA tensor on the current device (the operator makes its
+    device current; `matmul` launches on the current one)."""
+    return (
+        not torch.compiler.is_compiling()
+        and type(x) is torch.Tensor
+        and type(weight) in (torch.Tensor, nn.Parameter)
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and x.is_cuda
+        and not is_in_torch_dispatch_mode()
+        and x.get_device() == torch.cuda.current_device()
+    )
+
+
 class Linear(nn.Linear):
     """`torch.nn.Linear` whose product runs on the survey's kernels: y = x @ weight^T + bias.
 
@@ -93,7 +112,9 @@ class Linear(nn.Linear):
     on a CUDA device. x [..., in_features]: the leading dimensions are flattened into M, the
     product is the operator `gluon_survey::matmul` on `weight.t()` (the "t" B layout: no copy of
     the weight), and the bias is a separate, in-place add on the product (not fused into the
-    GEMM's epilogue). `kernel` is a mode name; None runs matmul's default.
+    GEMM's epilogue). `kernel` is a mode name; None runs matmul's default. In eager inference
+    (no gradient to record, nothing tracing) the product is `gluon_survey.matmul` itself, the same
+    kernels without the operator's dispatch (`_eager_inference`).
     """
 
     def __init__(
@@ -126,7 +147,11 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = _OP(x.reshape(math.prod(lead), self.in_features), self.weight.t(), self.kernel or "")
+        x2 = x.reshape(math.prod(lead), self.in_features)
+        if _eager_inference(x, self.weight):
+            y = api.matmul(x2, self.weight.t(), kernel=self.kernel or None)
+        else:
+            y = _OP(x2, self.weight.t(), self.kernel or "")
         if self.bias is not None:
             y.add_(self.bias)
         return y.view(*lead, self.out_features)
