@@ -591,7 +591,7 @@ def _overhead_rows(failed: bool = False, gaps: bool = False) -> list[overhead.Ro
         overhead.MATMUL: (22.5, 11.0),
         "matmul()": (26.0, 11.2),
         "ops.matmul": (38.0, 11.3),
-        "F.linear": (9.5, 12.0),
+        "nn.Linear": (9.5, 12.0),
         "Linear": (27.0, 11.2),
         "graph replay": (4.0, 11.0),
     }

@@ -146,15 +146,17 @@ class Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x2 = x.reshape(math.prod(lead), self.in_features)
-        if _eager_inference(x, self.weight):
-            y = api.matmul(x2, self.weight.t(), kernel=self.kernel or None)
+        flat = x.dim() != 2  # [..., in_features] -> [M, in_features], and back
+        x2 = x.reshape(math.prod(x.shape[:-1]), self.in_features) if flat else x
+        weight = self.weight
+        if _eager_inference(x, weight):
+            y = api.matmul(x2, weight.t(), kernel=self.kernel or None)
         else:
-            y = _OP(x2, self.weight.t(), self.kernel or "")
-        if self.bias is not None:
-            y.add_(self.bias)
-        return y.view(*lead, self.out_features)
+            y = _OP(x2, weight.t(), self.kernel or "")
+        bias = self.bias
+        if bias is not None:
+            y.add_(bias)
+        return y.view(*x.shape[:-1], self.out_features) if flat else y
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kernel={self.kernel!r}"

@@ -7,9 +7,9 @@ layer), the host time per call of the ways to launch it, side by side:
     matmul(out=)      gluon_survey.matmul(a, b, kernel=mode, out=out): a cached plan, then the launch
     matmul()          the same without `out`: the result is allocated per call
     ops.matmul        gluon_survey.ops.matmul(a, b, mode): the custom operator (dispatcher + matmul())
-    F.linear          torch.nn.functional.linear(a, w), w = b.t(): nn.Linear's product, cuBLAS
-    Linear            gluon_survey.Linear on the same w, frozen (requires_grad False, as in an
-                      inference model), no bias: the drop-in's eager call
+    nn.Linear         torch.nn.Linear(K, N, bias=False) on w = b.t(), frozen (requires_grad False,
+                      as in an inference model): the module a model calls, cuBLAS
+    Linear            gluon_survey.Linear on the same w, frozen, no bias: the drop-in's eager call
     graph replay      a CUDA graph of matmul(out=), replayed: one graph launch per call
 
 and "over bare": each row's host time minus the bare launch's; for matmul(out=) that is what
@@ -76,7 +76,7 @@ WAYS = (
     Way(MATMUL, "gluon_survey.matmul(a, b, kernel=mode, out=out)"),
     Way("matmul()", "gluon_survey.matmul(a, b, kernel=mode)"),
     Way("ops.matmul", "gluon_survey.ops.matmul(a, b, mode)"),
-    Way("F.linear", "torch.nn.functional.linear(a, w)  [cuBLAS]"),
+    Way("nn.Linear", "torch.nn.Linear(w frozen)(a)  [cuBLAS]"),
     Way("Linear", "gluon_survey.Linear(w frozen, kernel=mode)(a)"),
     Way("graph replay", "torch.cuda.CUDAGraph.replay() of matmul(out=)"),
 )
@@ -274,7 +274,8 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = lambda s: Non
     bare = api.prepare(mode, a, b, out).fn
     w = b.t()  # the [N, K] weight of a "t" B (of a row-major B: its transpose view)
     linear = gluon_survey.Linear(args.k, args.n, bias=False, device="meta", dtype=dtype, kernel=mode)
-    linear.weight = torch.nn.Parameter(w, requires_grad=False)
+    torch_linear = torch.nn.Linear(args.k, args.n, bias=False, device="meta", dtype=dtype)
+    linear.weight = torch_linear.weight = torch.nn.Parameter(w, requires_grad=False)
 
     def poisoned(fn: Callable[[], object]) -> Callable[[], Any]:
         def run():
@@ -294,7 +295,7 @@ def measure(args: argparse.Namespace, log: Callable[[str], None] = lambda s: Non
         ),
         "matmul()": (lambda: gluon_survey.matmul(a, b, kernel=mode),) * 2,
         "ops.matmul": (lambda: ops.matmul(a, b, mode),) * 2,
-        "F.linear": (lambda: torch.nn.functional.linear(a, w),) * 2,
+        "nn.Linear": (lambda: torch_linear(a),) * 2,
         "Linear": (lambda: linear(a),) * 2,
         "graph replay": (graph.replay, poisoned(graph.replay)),
     }
