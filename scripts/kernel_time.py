@@ -40,6 +40,7 @@ from gluon_survey.driver.shapes import read_csv
 DTYPES = ("fp16", "bf16", "fp8")  # fp8 with --scaling tensor or row
 FLUSH = "l2_flush"
 READ_BLOCK = 8192
+RUNG0_GBPS = 3015.0  # results/h100-memcpy, the best of the copy ladder
 
 
 # Two kernels with one body: the flush before each call and the read reference must have different
@@ -133,6 +134,15 @@ def timed(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> tuple[float
     us_p20 and us_p80, to two decimals."""
     med, p20, p80 = spread(kernel_times(fn, reps, flush, sink))
     return med, {"us_median": round(med, 2), "us_p20": round(p20, 2), "us_p80": round(p80, 2)}
+
+
+def against_rung0(nbytes: int, med: float) -> dict[str, float]:
+    """A result row's columns for `nbytes` moved in `med` µs: the rate over rung 0's (of_rung0)
+    and the time 0.90 of rung 0 allows (us_at_0.90)."""
+    return {
+        "of_rung0": round(nbytes / med / 1e3 / RUNG0_GBPS, 3),
+        "us_at_0.90": round(nbytes / (0.9 * RUNG0_GBPS) / 1e3, 2),
+    }
 
 
 def record(rows: list[dict], row: dict) -> None:

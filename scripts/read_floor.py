@@ -25,9 +25,8 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_time import flush_buffers, probe_parser, record, stream_read, timed, write_csv
+from kernel_time import against_rung0, flush_buffers, probe_parser, record, stream_read, timed, write_csv
 
-RUNG0_GBPS = 3015.0  # results/h100-memcpy, the best of the copy ladder
 # Bytes of A, W and C at M = 1 for the decode weights' (N, K), 2-byte and 1-byte weights.
 WEIGHTS = [(4096, 4096), (6144, 4096), (4096, 14336), (8192, 8192), (10240, 8192), (28672, 4096)]
 
@@ -83,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, fn in variants(src, sms).items():
                 med, times = timed(fn, args.reps, flush, sink)
                 row = {"N": N, "K": K, "elem_bytes": elem, "bytes": nbytes, "variant": name, **times,
-                       "gbps": round(nbytes / med / 1e3, 1),
-                       "of_rung0": round(nbytes / med / 1e3 / RUNG0_GBPS, 3),
-                       "us_at_0.90": round(nbytes / (0.9 * RUNG0_GBPS) / 1e3, 2)}  # fmt: skip
+                       "gbps": round(nbytes / med / 1e3, 1), **against_rung0(nbytes, med)}  # fmt: skip
                 record(rows, row)
     write_csv(args.output, rows)
     return 0
