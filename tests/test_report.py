@@ -323,3 +323,33 @@ def test_calls_the_host_fell_behind_on_are_noted():
         "Pipelined on 16x4096x4096: the host fell behind the GPU in 7 of cuBLAS's alongside "
         "(their times may include the GPU waiting for it)",
     ]
+
+
+def test_summary_is_one_table_of_geomeans_per_dtype_and_mode():
+    """`format_summary`: a row per (dtype, layout, mode) but cuBLAS's own, geomean TFLOP/s and x
+    cuBLAS over the measured shapes, x cuBLAS per M where the run has several, the lowest cell."""
+    rows = [
+        row("auto", M=1, ms=0.01),
+        row("torch", M=1, ms=0.02),  # auto 2.0x
+        row("auto", M=16, ms=0.04),
+        row("torch", M=16, ms=0.02),  # auto 0.5x
+        row("auto", M=16, K=1024, status="FAILED", error="rel_err"),
+        row("torch", M=16, K=1024, ms=0.02),
+    ]
+    lines = report.format_summary(results(rows)).splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert cells[0] == ["dtype, B", "mode", "TFLOP/s", "x cuBLAS", "M = 1", "M = 16", "lowest x cuBLAS"]
+    assert len(cells) == 3  # header, rule, auto: torch's row and the FAILED cell are not in it
+    assert cells[2][:2] == ["fp16, B row", "auto"]
+    assert cells[2][3:] == ["**1.000x**", "2.00x", "0.50x", "0.50x (16x8192x512)"]
+
+
+def test_a_summary_block_embeds_the_summary(tmp_path):
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copy(root / "results/h100-ladder/results.jsonl", tmp_path / "r.jsonl")
+    doc = "<!-- report r.jsonl summary -->\nold\n<!-- end report -->\n"
+    out = report.embed_reports(doc, tmp_path)
+    assert "| fp16, B row | warpspec |" in out and "####" not in out and "old" not in out
+    assert report.embed_reports(out, tmp_path) == out

@@ -333,19 +333,65 @@ def format_markdown(results: Results) -> str:
     return "\n".join(out) + "\n"
 
 
+def format_summary(results: Results) -> str:
+    """One markdown table for the whole run: per (dtype, layout) and mode, the geomean TFLOP/s and
+    x cuBLAS over its measured shapes, the geomean x cuBLAS per M (where the run has several) and
+    its lowest cell. A headline for a document that shows the full tables elsewhere: `embed_reports`
+    writes it for `<!-- report PATH summary -->`. cuBLAS's own row (1.00x by construction) is left
+    out; a mode with no measured shape is left out."""
+    rows = [r for r in attach_x_cublas(results.rows) if r.mode != BASELINE]
+    ms = sorted({r.M for r in rows})
+    by_m = ms if len(ms) > 1 else []
+    out = [
+        "| dtype, B | mode | TFLOP/s | x cuBLAS | "
+        + "".join(f"M = {m} | " for m in by_m)
+        + "lowest x cuBLAS |",
+        "|---|---|---:|---:|" + "---:|" * len(by_m) + "---|",
+    ]
+    pairs = list(dict.fromkeys((r.dtype, r.b_layout) for r in rows))
+    keys = sorted(
+        dict.fromkeys((r.dtype, r.b_layout, r.mode) for r in rows), key=lambda k: pairs.index(k[:2])
+    )
+    for dtype, layout, mode in keys:
+        group = [r for r in rows if (r.dtype, r.b_layout, r.mode) == (dtype, layout, mode) and r.measured]
+        paired = [r for r in group if r.x_cublas is not None]
+        if not group:
+            continue
+        gx = geomean(r.x_cublas for r in paired)  # type: ignore[misc]
+        of_m: dict[int, list[float]] = {}
+        for r in paired:
+            of_m.setdefault(r.M, []).append(r.x_cublas)  # type: ignore[arg-type]
+        per_m = [geomean(of_m.get(m, [])) for m in by_m]
+        low = min(paired, key=lambda r: r.x_cublas, default=None)  # type: ignore[arg-type,return-value]
+        cells = [
+            f"{dtype}, B {layout}",
+            mode,
+            f"{geomean(r.tflops for r in group):.1f}",  # type: ignore[misc]
+            "-" if gx is None else f"**{gx:.3f}x**",
+            *("-" if x is None else f"{x:.2f}x" for x in per_m),
+            "-" if low is None else f"{low.x_cublas:.2f}x ({low.shape.label})",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 REPORT_BLOCK = re.compile(
-    r"(?P<open><!-- report (?P<path>\S+) -->\n)(?P<body>.*?)(?P<close><!-- end report -->)", re.DOTALL
+    r"(?P<open><!-- report (?P<path>\S+)(?: (?P<form>summary))? -->\n)"
+    r"(?P<body>.*?)(?P<close><!-- end report -->)",
+    re.DOTALL,
 )
 
 
 def embed_reports(text: str, root: Path) -> str:
     """`text` (a markdown document) with every block between `<!-- report PATH -->` and
     `<!-- end report -->` replaced by `format_markdown` of the results file PATH (relative to
-    `root`): how the README's result tables are made, so that a rerun never edits them by hand."""
+    `root`): how the README's result tables are made, so that a rerun never edits them by hand.
+    `<!-- report PATH summary -->` gets `format_summary` instead: one table of geomeans."""
     from gluon_survey.driver.results import load
 
     def render(match: re.Match[str]) -> str:
-        body = format_markdown(load(root / match["path"]))
+        fmt = format_summary if match["form"] else format_markdown
+        body = fmt(load(root / match["path"]))
         return f"{match['open']}{body}{match['close']}"
 
     return REPORT_BLOCK.sub(render, text)
