@@ -1,19 +1,45 @@
-"""The README's result tables are the committed results files rendered by `gluon-survey report
---format markdown` (`make readme` writes them): a rerun never leaves them stale."""
+"""The result tables of README.md and docs/results.md are the committed results files rendered by
+`gluon-survey report --format markdown` (`make readme`, scripts/update_readme.py, writes them): a
+rerun never leaves them stale. The README's list of modes and its ladder say what the registry says."""
 
+import re
 from pathlib import Path
+
+import pytest
 
 from gluon_survey.driver.report import REPORT_BLOCK, embed_reports
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = ("README.md", "docs/results.md")  # the files scripts/update_readme.py writes
 
 
-def test_readme_tables_are_generated_from_the_committed_results():
-    text = (ROOT / "README.md").read_text()
+def test_update_readme_writes_the_documents_checked_here():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "scripts/update_readme.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.DOCUMENTS == DOCUMENTS
+
+
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_result_tables_are_generated_from_the_committed_results(name):
+    text = (ROOT / name).read_text()
     blocks = [m["path"] for m in REPORT_BLOCK.finditer(text)]
-    assert "results/h100-ladder/results.jsonl" in blocks
+    assert blocks, f"{name} has no report block"
     assert all((ROOT / path).exists() for path in blocks), blocks
-    assert text == embed_reports(text, ROOT), "README result tables differ from results/: run `make readme`"
+    assert text == embed_reports(text, ROOT), f"{name}: result tables differ from results/: run `make readme`"
+
+
+def test_the_full_tables_are_in_docs_results_and_the_readme_has_the_headline():
+    full = [m["path"] for m in REPORT_BLOCK.finditer((ROOT / "docs/results.md").read_text())]
+    assert "results/h100-ladder/results.jsonl" in full and "results/h100-llm-auto/results.jsonl" in full
+    readme = list(REPORT_BLOCK.finditer((ROOT / "README.md").read_text()))
+    assert [(m["path"], m["form"]) for m in readme] == [("results/h100-llm-auto/results.jsonl", "summary")]
+
+
+def test_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
 
 
 def test_embedding_replaces_the_block_with_the_report(tmp_path):
@@ -30,14 +56,18 @@ def test_embedding_replaces_the_block_with_the_report(tmp_path):
 def test_readme_names_every_mode_of_the_registry():
     """The CLI's MODES list and the ladder table say what `gluon-survey list` says: a rung added to
     the registry without a line in the README fails here."""
-    import re
-
     from gluon_survey import registry
 
     text = (ROOT / "README.md").read_text()
     listed = re.search(r"MODES is a comma-separated, case-insensitive list of `([^`]+)`", text)
     assert listed, "the README's MODES sentence is gone"
     assert [m.strip() for m in listed[1].split(",")] == registry.names()
-    ladder = text[text.index("## The ladder") : text.index("## Results: H100")]
+    start = text.index("## The ladder")
+    ladder = text[start : text.index("\n## ", start)]
     rows = re.findall(r"^\| `([^`]+)` \|", ladder, flags=re.M)
     assert rows == [m.name for m in registry.MODES if m.kind in ("gluon", "choice")]
+
+
+def test_readme_and_results_speak_of_capabilities_not_issue_numbers():
+    for name in DOCUMENTS:
+        assert not re.search(r"\bissues? ?#?\d", (ROOT / name).read_text(), flags=re.I), name
