@@ -1,7 +1,7 @@
 """Where a cached `matmul` call's host time goes (docs/perf-notes.md, entry 47).
 
 `gluon-survey overhead` gives the totals: at 16 x 4096 x 4096 bf16 (slab) on the H100 of entry 46,
-`matmul(out=)` 8.2 µs over the bare launch and `matmul()` 12.2, against issue 14's 10. This times
+`matmul(out=)` 8.2 µs over the bare launch and `matmul()` 12.2, against a target of 10. This times
 each step of the per-call path on its own, on the GPU machine's host, in the order a call takes
 them: the plan key, the cache lookup, the output's allocation, the three TMA descriptors rebased
 on the call's tensors, Triton's per-descriptor work in its launcher (`make_tensordesc_arg`: the

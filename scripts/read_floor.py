@@ -1,4 +1,4 @@
-"""How fast can an H100 read N bytes at all? The floor under issue 14's "M <= 64 at >= 0.90 of
+"""How fast can an H100 read N bytes at all? The floor under the target "M <= 64 at >= 0.90 of
 rung 0's bandwidth" on the small weights (docs/perf-notes.md, entry 31).
 
 Rung 0's 3,015 GB/s is measured on 1 GiB copies, where a kernel's fixed costs (the launch, the
