@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from gluon_survey import api
-from gluon_survey.kernels import common
+from gluon_survey.kernels.plan import ENCODED_PER_SLOT, _rebased
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kernel_time import write_csv
@@ -64,9 +64,9 @@ def steps_for(M: int, N: int, K: int, dtype: torch.dtype) -> tuple[str, dict[str
         "matmul()": lambda: api.matmul(a, b),
     }
     # The same with `a` at a new address on every call: more buffers than a plan keeps encoded
-    # descriptors for (common.ENCODED_PER_SLOT), so each call encodes A's (a model whose
+    # descriptors for (ENCODED_PER_SLOT), so each call encodes A's (a model whose
     # activations never come back to an address; the caching allocator usually brings them back).
-    many = [torch.randn(M, K, device="cuda", dtype=dtype) for _ in range(2 * common.ENCODED_PER_SLOT + 1)]
+    many = [torch.randn(M, K, device="cuda", dtype=dtype) for _ in range(2 * ENCODED_PER_SLOT + 1)]
     turn = iter(range(1 << 62))
     steps["matmul(), a new each call"] = lambda: api.matmul(many[next(turn) % len(many)], b)
     rung_plan = getattr(bare, "plan", None)
@@ -75,9 +75,9 @@ def steps_for(M: int, N: int, K: int, dtype: torch.dtype) -> tuple[str, dict[str
 
         ta, tb, tc = rung_plan.templates
         steps["rebase 3 descriptors"] = lambda: (
-            common._rebased(ta, a),
-            common._rebased(tb, b),
-            common._rebased(tc, out),
+            _rebased(ta, a),
+            _rebased(tb, b),
+            _rebased(tc, out),
         )
         steps["Plan.launch"] = lambda: rung_plan.launch(a, b, out)
         meta = getattr(rung_plan.launcher.compiled.metadata, "tensordesc_meta", None) or [None] * 3

@@ -57,7 +57,8 @@ from gluon_survey.compat import tma_load
 from gluon_survey.driver.shapes import Shape
 from gluon_survey.kernels import swapab
 from gluon_survey.kernels.arch import select_mma
-from gluon_survey.kernels.common import Ring, gl_dtype, init_barriers, invalidate_barriers, smem_layout
+from gluon_survey.kernels.common import Ring, init_barriers, invalidate_barriers
+from gluon_survey.kernels.plan import gl_dtype, smem_layout
 
 MMA_ROWS = 64  # the wgmma's M
 # (M, N, K, dtype): the 16-bit misses at M = 16 and 64, and fp8's (per-tensor scale) 4096 x 14336

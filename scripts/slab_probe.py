@@ -41,14 +41,8 @@ from gluon_survey.api import target_of
 from gluon_survey.compat import cta_barrier, tma_load
 from gluon_survey.driver.shapes import Shape
 from gluon_survey.kernels import slab
-from gluon_survey.kernels.common import (
-    Ring,
-    init_barriers,
-    invalidate_barriers,
-    load_step,
-    make_descriptors,
-    smem_layout,
-)
+from gluon_survey.kernels.common import Ring, init_barriers, invalidate_barriers, load_step
+from gluon_survey.kernels.plan import make_descriptors, smem_layout
 from gluon_survey.kernels.splitk import store_sum
 from gluon_survey.kernels.swapab import swapped_operands
 

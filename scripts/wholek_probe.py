@@ -47,14 +47,8 @@ from gluon_survey.compat import tma_load
 from gluon_survey.driver.shapes import Shape
 from gluon_survey.kernels import swapab
 from gluon_survey.kernels.arch import select_mma
-from gluon_survey.kernels.common import (
-    Ring,
-    init_barriers,
-    invalidate_barriers,
-    load_step,
-    make_descriptors,
-    store_tile,
-)
+from gluon_survey.kernels.common import Ring, init_barriers, invalidate_barriers, load_step, store_tile
+from gluon_survey.kernels.plan import make_descriptors
 from gluon_survey.kernels.splitk import store_sum
 
 # (M, N, K, dtype): the 16-bit misses, and fp8's (per-tensor scale) 4096 x 14336

@@ -26,7 +26,8 @@ from bad_inputs import BAD_INPUTS
 from gluon_survey import api, ops
 from gluon_survey.baselines import torch_ops
 from gluon_survey.driver import cli, overhead
-from gluon_survey.kernels import blocked, common, persistent, pipelined, warpspec
+from gluon_survey.kernels import blocked, persistent, pipelined, warpspec
+from gluon_survey.kernels.plan import Plan
 from gluon_survey.launch import Launch, Target
 from recording import Launched, Recorder
 
@@ -352,7 +353,7 @@ def test_a_provider_without_a_plan_is_prepared_per_call(host, monkeypatch):
 def test_prepare_returns_the_bare_launch_and_its_plan(host):
     a, b, out = _operands(300, 520, 264)
     launch = api.prepare("persistent", a, b, out)
-    assert isinstance(launch.fn.plan, common.Plan)
+    assert isinstance(launch.fn.plan, Plan)
     launch.fn()
     launch.fn()
     assert len(host.launches) == 2 and host.launches[0].args == host.launches[1].args  # same descriptors

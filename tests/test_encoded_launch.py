@@ -1,4 +1,4 @@
-"""The launch path of a cached plan without a GPU (`kernels.common.Plan`, `Launcher`): on triton 3.6
+"""The launch path of a cached plan without a GPU (`kernels.plan.Plan`, `Launcher`): on triton 3.6
 the plan hands the C launcher descriptors it encoded once per operand address (`compat.raw_launch`),
 and falls back to Triton's launcher while a launch hook is set or where that launcher is not
 found. The C launcher is faked here by a recorder of its arguments and the encoding by a tuple
@@ -13,7 +13,8 @@ import torch
 from triton import knobs
 
 from gluon_survey import compat
-from gluon_survey.kernels import common, pipelined
+from gluon_survey.kernels import pipelined
+from gluon_survey.kernels.plan import ENCODED_PER_SLOT, Launcher, Plan, make_descriptors, templates_of
 from gluon_survey.launch import Unaligned
 from recording import Launched, Recorder
 
@@ -49,12 +50,12 @@ def plan():
     """A pipelined plan for 64 x 256 x 128, its launcher's C launcher faked, its kernel recorded."""
     a, b, out = _tensors()
     cfg = pipelined.RUNG.configs[9]
-    templates = common.templates_of(common.make_descriptors(a, b, out, cfg, "t"))
+    templates = templates_of(make_descriptors(a, b, out, cfg, "t"))
     log: list[Launched] = []
-    launcher = common.Launcher(Recorder("pipelined_kernel", log), (4,), CONSTEXPRS, 4)
+    launcher = Launcher(Recorder("pipelined_kernel", log), (4,), CONSTEXPRS, 4)
     launcher.raw = FakeRaw()
     launcher.stream = (lambda device: 7, lambda: 0)  # (get_stream, get_device)
-    return SimpleNamespace(plan=common.Plan(launcher, templates, cfg), raw=launcher.raw, log=log)
+    return SimpleNamespace(plan=Plan(launcher, templates, cfg), raw=launcher.raw, log=log)
 
 
 def _expected(raw: FakeRaw, *tensors) -> tuple:
@@ -87,12 +88,12 @@ def test_a_new_address_is_encoded_once_and_the_others_kept(plan):
 
 def test_the_encodings_kept_per_operand_are_bounded(plan):
     _, b, out = _tensors()
-    inputs = [torch.randn(64, 128).half() for _ in range(common.ENCODED_PER_SLOT + 3)]
+    inputs = [torch.randn(64, 128).half() for _ in range(ENCODED_PER_SLOT + 3)]
     plan.plan.launch(inputs[0], b, out)  # compiles
     for a in inputs:
         plan.plan.launch(a, b, out)
         assert plan.raw.launches[-1] == _expected(plan.raw, a, b, out)
-    assert len(plan.plan.encoded[0]) <= common.ENCODED_PER_SLOT
+    assert len(plan.plan.encoded[0]) <= ENCODED_PER_SLOT
     assert len(plan.plan.encoded[1]) == len(plan.plan.encoded[2]) == 1
 
 
@@ -159,7 +160,7 @@ def test_raw_launch_is_none_for_a_launcher_it_does_not_know():
 def test_a_kernel_without_descriptors_passes_its_arguments_as_they_are():
     """gemv's launch: pointers and integers straight to the C launcher, once compiled."""
     log: list[Launched] = []
-    launcher = common.Launcher(Recorder("gemv_kernel", log), (3,), CONSTEXPRS, 4)
+    launcher = Launcher(Recorder("gemv_kernel", log), (3,), CONSTEXPRS, 4)
     launcher(1, 2)  # the first call: Triton's launcher
     raw = FakeRaw()
     raw.descriptors = ()

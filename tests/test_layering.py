@@ -1,5 +1,6 @@
 """The package's architecture, checked from its source: imports only run downward (the library
-never imports the driver, kernels and baselines never import the API, the registry or the driver),
+never imports the driver, kernels and baselines never import the API, the registry or the driver;
+the rungs' host launch path imports only what is below it, and their device code not even that),
 there is no import cycle, and the vocabulary shared by every layer (B layouts) has one definition."""
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ GRAPH = _graph()
 def test_the_graph_sees_the_package():
     assert {"gluon_survey.api", "gluon_survey.kernels.warpspec", "gluon_survey.driver.cli"} <= GRAPH.keys()
     assert "gluon_survey.registry" in GRAPH["gluon_survey.api"]
-    assert "gluon_survey.kernels.common" in GRAPH["gluon_survey.kernels.persistent"]
+    rung = GRAPH["gluon_survey.kernels.persistent"]
+    assert {"gluon_survey.kernels.common", "gluon_survey.kernels.plan"} <= rung
 
 
 @pytest.mark.parametrize("layer", ["gluon_survey.kernels", "gluon_survey.baselines"])
@@ -73,6 +75,33 @@ def test_the_library_does_not_import_the_driver():
 def test_leaf_modules_import_nothing_of_the_package():
     assert GRAPH["gluon_survey.launch"] == set()
     assert GRAPH["gluon_survey.compat"] == set()
+
+
+def test_the_launch_path_imports_only_what_is_below_it():
+    """kernels/plan.py (descriptors, Launcher, Plan, Rung) builds on the device code and the leaves:
+    no rung, no API, registry, auto mode or driver."""
+    below = {"gluon_survey.launch", "gluon_survey.compat", "gluon_survey.kernels.common"}
+    assert GRAPH["gluon_survey.kernels.plan"] <= below, sorted(GRAPH["gluon_survey.kernels.plan"] - below)
+
+
+def _external_imports(module: str) -> set[str]:
+    """Top-level names of the packages outside gluon_survey that `module` imports anywhere."""
+    path = PACKAGE.parent.joinpath(*module.split(".")).with_suffix(".py")
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add((node.module or "").split(".")[0])
+    return found - {"gluon_survey"}
+
+
+def test_the_device_code_stays_device_code():
+    """kernels/common.py (GemmConfig, Ring, the shared @gluon.jit functions) imports neither the host
+    launch path nor torch: of the package, only the triton-release shims."""
+    assert GRAPH["gluon_survey.kernels.common"] == {"gluon_survey.compat"}
+    assert "torch" not in _external_imports("gluon_survey.kernels.common")
+    assert "torch" in _external_imports("gluon_survey.kernels.plan")  # the helper sees imports
 
 
 def test_no_import_cycle():

@@ -18,7 +18,7 @@ import gluon_survey
 from bad_inputs import BAD_INPUTS
 from gluon_survey import api, ops, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
-from gluon_survey.kernels import common
+from gluon_survey.kernels.plan import ENCODED_PER_SLOT
 
 pytestmark = pytest.mark.gpu
 
@@ -149,7 +149,7 @@ TMA_RUNGS = [r for r in RUNGS if r != "gemv"]  # the rungs whose plans launch TM
 
 
 def _rung_plan(kernel, a, b, out):
-    """The `kernels.common.Plan` that `matmul(a, b, kernel=kernel, out=out)` launches."""
+    """The `kernels.plan.Plan` that `matmul(a, b, kernel=kernel, out=out)` launches."""
     call = api._PLANS[api._plan_key(kernel, a, b, out)]
     return call.plan.run.plan  # MatmulPlan.run is the rung plan's `launch`
 
@@ -157,12 +157,12 @@ def _rung_plan(kernel, a, b, out):
 @pytest.mark.parametrize("kernel", TMA_RUNGS)
 def test_descriptors_encoded_per_address_stay_right_past_the_cache(kernel):
     """On triton 3.6 a plan keeps each operand's encoded descriptor per base address
-    (`common.Plan.encoded`): many live buffers (more than it keeps: the cache starts over), rows
+    (`kernels.plan.Plan.encoded`): many live buffers (more than it keeps: the cache starts over), rows
     of one buffer at different offsets, and addresses reused by other data all get their product."""
     g = torch.Generator(device="cuda").manual_seed(4)
     M, N, K = 72, 264, 200
     b = _randn(N, K, generator=g).t()
-    count = common.ENCODED_PER_SLOT + 6
+    count = ENCODED_PER_SLOT + 6
     rows = _randn(M + count * 8, K, generator=g)
     inputs = [rows[8 * i : 8 * i + M] for i in range(count)]  # 16-byte-aligned bases, one stride
     outs = [_nan(M, N) for _ in range(count)]
@@ -175,7 +175,7 @@ def test_descriptors_encoded_per_address_stay_right_past_the_cache(kernel):
     if triton.__version__.startswith("3.6."):
         assert plan.launcher.raw is not None, "triton 3.6 launches through the encoded path"
     assert plan.launcher.stream[1]() == torch.cuda.current_device()
-    assert all(len(cache) <= common.ENCODED_PER_SLOT for cache in plan.encoded)
+    assert all(len(cache) <= ENCODED_PER_SLOT for cache in plan.encoded)
     for _ in range(3):  # results freed and allocated again: addresses reused by new data
         a = _randn(M, K, generator=g)
         _assert_product(api.matmul(a, b, kernel=kernel), a, b, f"{kernel} allocated")

@@ -15,7 +15,7 @@ the mode, the provider's config, grid and constexprs, the TMA descriptors' block
 layouts, which operands need an aligned copy. A repeated call computes its key, allocates `out`
 when none is given and launches through one function (`MatmulPlan.caller`); a rung's launch finds
 its operands' TMA descriptors already encoded where their addresses were seen before
-(`kernels.common.Plan`), which a weight's always is. The key (`_plan_key`) is everything that
+(`kernels.plan.Plan`), which a weight's always is. The key (`_plan_key`) is everything that
 verdict and those choices read but the base addresses: the kernel asked for, and per tensor (a,
 b, out or its absence) shape, strides, dtype and device (which decides the GPU). (Strides decide
 the B layout, "row" or "t", and whether TMA can describe a tensor as it is.)
@@ -32,7 +32,7 @@ misaligned operands. `prepare` makes no plan: it is what the driver times, once 
 cell.
 
 A provider takes part through its `Launch`: when `Launch.fn` carries a `plan` attribute with a
-`launch(a, b, out)` method (the rungs' `kernels.common.Plan`), calls of the same key launch that
+`launch(a, b, out)` method (the rungs' `kernels.plan.Plan`), calls of the same key launch that
 plan on their own tensors; otherwise (the baselines) they call the provider's `prepare` each time
 and launch its `fn`, which for cuBLAS is a lambda. Everything a call does per call can be
 captured in a CUDA graph: no host synchronisation, and its only allocations (`out`, aligned

@@ -15,17 +15,8 @@ from triton.experimental.gluon import language as gl
 
 from ..launch import is_kmajor
 from .arch import select_mma, unsupported_reason
-from .common import (
-    GemmConfig,
-    Rung,
-    b_operand,
-    grouped_tile,
-    load_step,
-    mbarrier,
-    provider_functions,
-    store_tile,
-    tma,
-)
+from .common import GemmConfig, b_operand, grouped_tile, load_step, mbarrier, store_tile, tma
+from .plan import Rung, provider_functions
 
 CONFIGS = {
     # Hopper: the best blocked kernel of Triton's wgmma tutorial, 64x256x128 with 4 warps and two

@@ -48,7 +48,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
-from .common import FP8, Launcher, check_config_kind, scale_args, scaling_code
+from .plan import FP8, Launcher, check_config_kind, scale_args, scaling_code
 
 __all__ = [
     "CONFIGS",

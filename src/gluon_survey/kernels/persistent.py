@@ -28,7 +28,6 @@ from .arch import unsupported_reason
 from .common import (
     GemmConfig,
     Ring,
-    Rung,
     b_operand,
     deferred_store_spacing,
     grouped_tile,
@@ -36,12 +35,12 @@ from .common import (
     invalidate_barriers,
     load_step,
     mbarrier,
-    provider_functions,
     stage_tile,
     store_staged_rest,
     store_staged_slice,
     tma,
 )
+from .plan import Rung, provider_functions
 
 CONFIGS = {
     # Hopper: Pipelined's tile; the C tile is staged whole beside the ring, so 3 stages of 48 KB +

@@ -19,18 +19,17 @@ from .arch import select_mma, unsupported_reason
 from .common import (
     GemmConfig,
     Ring,
-    Rung,
     b_operand,
     grouped_tile,
     init_barriers,
     invalidate_barriers,
     load_step,
     mbarrier,
-    provider_functions,
     scale_tile,
     store_tile,
     tma,
 )
+from .plan import Rung, provider_functions
 
 CONFIGS = {
     # Hopper: the tutorials' 128x256x64 with 8 warps (two warpgroups, 128 accumulator registers per

@@ -43,16 +43,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..compat import cta_barrier
 from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import unsupported_reason
-from .common import (
-    FP8,
-    SMEM_PER_SM,
-    GemmConfig,
-    Ring,
-    Rung,
-    init_barriers,
-    invalidate_barriers,
-    load_step,
-)
+from .common import SMEM_PER_SM, GemmConfig, Ring, init_barriers, invalidate_barriers, load_step
+from .plan import FP8, Rung
 from .splitk import check_operands, store_sum
 from .swapab import swapped_operands
 

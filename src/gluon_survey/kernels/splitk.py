@@ -35,24 +35,20 @@ from triton.experimental.gluon import language as gl
 from ..compat import cta_barrier
 from ..launch import B_LAYOUTS, CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
-from .common import (
+from .common import GemmConfig, grouped_tile, scale_tile, store_tile, tma
+from .pipelined import operands, ring_mma
+from .plan import (
     FP8,
     FP8_OUT,
-    GemmConfig,
     Launcher,
     Plan,
     block_shapes,
     check_config_kind,
     desc_signature,
-    grouped_tile,
     make_descriptors,
-    scale_tile,
     scaling_code,
-    store_tile,
     templates_of,
-    tma,
 )
-from .pipelined import operands, ring_mma
 
 
 @dataclass(frozen=True)

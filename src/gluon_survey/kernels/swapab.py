@@ -25,8 +25,9 @@ from triton.experimental.gluon import language as gl
 
 from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
-from .common import FP8, b_operand, grouped_tile, make_descriptors
+from .common import b_operand, grouped_tile
 from .pipelined import ring_mma
+from .plan import FP8, make_descriptors
 from .splitk import SplitKConfig, check_operands, fp8_of, launch, split_reduce, splitk_specs, store_sum
 
 __all__ = [

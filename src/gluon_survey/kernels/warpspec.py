@@ -36,10 +36,8 @@ from triton.experimental.gluon import language as gl
 from ..compat import aggregate
 from ..launch import CompileSpec, Launch, Scales, Target, is_kmajor
 from .common import (
-    FP8,
     GemmConfig,
     Ring,
-    Rung,
     b_operand,
     boxes_scales,
     deferred_store_spacing,
@@ -54,6 +52,7 @@ from .common import (
     tma,
 )
 from .hopper import WGMMA, wgmma_layout
+from .plan import FP8, Rung
 
 
 @dataclass(frozen=True)

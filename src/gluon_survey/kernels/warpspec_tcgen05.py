@@ -33,16 +33,15 @@ from .blackwell import TMEM_COLUMNS, acc_tmem_layout
 from .common import (
     GemmConfig,
     Ring,
-    Rung,
     b_operand,
     grouped_tile,
     init_barriers,
     load_partition,
     mbarrier,
-    provider_functions,
     store_slice,
     tma,
 )
+from .plan import Rung, provider_functions
 
 # Triton's Blackwell warp-specialization tutorial: 128x256x64, 4 stages, 4 epilogue warps, GROUP_M 8,
 # the epilogue in 128x64 slices (64 registers per thread) through two buffers.
