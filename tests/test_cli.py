@@ -306,7 +306,7 @@ def test_a_timing_run_names_its_results_file_when_the_report_cannot_be_written(
     path = tmp_path / "r.jsonl"
     assert main(["torch", "--results", str(path), "--output", str(tmp_path / "t.md")]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert "gluon-survey: error: cannot write the report: [Errno 28] No space left on device" in err
+    assert f"gluon-survey: error: cannot write the report {tmp_path / 't.md'}: No space left on device" in err
     assert err[-1] == f"gluon-survey: results in {path}"
 
 
@@ -351,7 +351,8 @@ def test_compare_fails_when_the_new_run_lacks_results_of_the_old(tmp_path, capsy
     assert "regression: Blocked 8192x8192x1024 fp16 B=row: missing from NEW" in err
     assert "8192x8192x512" not in err
     assert main(["compare", str(old), str(empty), "--fail-on-regression", "5"]) == 1
-    assert capsys.readouterr().err.count("missing from NEW") == 2
+    (line,) = capsys.readouterr().err.splitlines()  # nothing in common: one line, not one per row
+    assert f"{old} and {empty} share no result" in line and "NEW no rows" in line
     assert main(["compare", str(old), str(new)]) == 0  # without the flag: reported, not failed
     assert "missing from NEW" in capsys.readouterr().out
 

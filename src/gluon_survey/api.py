@@ -77,6 +77,15 @@ def capability() -> tuple[int, int] | None:
     return _capability(torch.cuda.current_device())
 
 
+def describe_torch_cuda() -> str:
+    """One line on what torch sees, e.g. 'torch 2.13.0+cpu (a CPU-only build), CUDA not available':
+    the words every "no CUDA GPU" message of the package and its CLI uses."""
+    built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    if torch.cuda.is_available():
+        return f"torch {torch.__version__} ({built}), {torch.cuda.device_count()} CUDA device(s)"
+    return f"torch {torch.__version__} ({built}), CUDA not available"
+
+
 @functools.cache
 def _target(index: int) -> Target:
     props = torch.cuda.get_device_properties(index)
@@ -105,9 +114,11 @@ def _check_operands(
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    mode: str | None = None,
 ) -> str | None:
-    """Every check of matmul's arguments; returns the fp8 scaling ("tensor" or "row"), None for
-    fp16/bf16 operands."""
+    """Every check of matmul's arguments, the devices last: a wrong argument is named as such
+    also on a machine without a GPU. `mode` (a mode name; None: not checked) must exist and, for
+    fp8 operands, take them. Returns the fp8 scaling ("tensor" or "row"), None for fp16/bf16."""
     for name, t in (("a", a), ("b", b)):
         require_tensor(name, t)
         if t.dim() != 2:
@@ -122,12 +133,8 @@ def _check_operands(
                 f"{name} is {t.dtype}; the survey's kernels take float16, bfloat16 or float8_e4m3fn "
                 f"(convert with {name}.half() or {name}.bfloat16())"
             )
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} is on {t.device}; move it to the GPU with {name}.cuda()")
     if a.dtype != b.dtype:
         raise TypeError(f"a is {a.dtype} but b is {b.dtype}; give both the same dtype")
-    if a.device != b.device:
-        raise ValueError(f"a is on {a.device} but b is on {b.device}; put both on one GPU")
     if a.shape[1] != b.shape[0]:
         raise ValueError(
             f"shapes {tuple(a.shape)} @ {tuple(b.shape)} do not match: a.shape[1] must equal b.shape[0]"
@@ -146,9 +153,31 @@ def _check_operands(
             raise ValueError(f"out has shape {tuple(out.shape)}, expected ({M}, {N})")
         if out.dtype != expected:
             raise TypeError(f"out is {out.dtype}, expected {expected}")
-        if out.device != a.device:
-            raise ValueError(f"out is on {out.device}, expected {a.device}")
+    if mode is not None:
+        m = registry.get(mode)  # KeyError naming the valid modes
+        if scaling is not None and (reason := registry.no_fp8_reason(m)):
+            raise TypeError(reason)
+    _check_devices(a, b, out, scale_a if scaling else None, scale_b if scaling else None)
     return scaling
+
+
+def _check_devices(a, b, out, scale_a, scale_b) -> None:
+    """The operands on one CUDA device, and `out` and the fp8 scales with them: the last checks."""
+    for name, t in (("a", a), ("b", b)):
+        if t.device.type != "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    f"{name} is on {t.device}, but the survey's kernels run on a CUDA GPU and there is "
+                    f"none here: {describe_torch_cuda()}"
+                )
+            raise ValueError(f"{name} is on {t.device}; move it to the GPU with {name}.cuda()")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}; put both on one GPU")
+    if out is not None and out.device != a.device:
+        raise ValueError(f"out is on {out.device}, expected {a.device}")
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if t is not None and t.device != a.device:
+            raise ValueError(f"{name} is on {t.device}, expected {a.device} (the operands' GPU)")
 
 
 def result_dtype(a: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.dtype:
@@ -173,8 +202,6 @@ def _check_fp8(a, b, scale_a, scale_b, out_dtype) -> str:
         require_tensor(name, t)
         if t.dtype != torch.float32:
             raise TypeError(f"{name} is {t.dtype}; scales are float32 (use {name}.float())")
-        if t.device != a.device:
-            raise ValueError(f"{name} is on {t.device}, expected {a.device} (the operands' GPU)")
     M, N = a.shape[0], b.shape[1]
     if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 2 and scale_b.dim() <= 2:
         scaling = "tensor"
@@ -259,10 +286,8 @@ def _runnable(mode: str, device: torch.device, fp8: bool = False) -> tuple[regis
     """The mode called `mode` and the GPU of `device`; RuntimeError when it cannot run there,
     TypeError when it has no fp8 kernel and the operands are fp8."""
     m = registry.get(mode)
-    if fp8 and not m.fp8:
-        raise TypeError(
-            f"mode {m.name!r} has no fp8 kernel; fp8 operands run in: {', '.join(registry.fp8_names())}"
-        )
+    if fp8 and (reason := registry.no_fp8_reason(m)):
+        raise TypeError(reason)
     target = target_of(device)
     reason = m.unsupported_reason(target.capability)
     if reason:
@@ -286,7 +311,7 @@ def prepare(
     This is what the driver times: when an operand needs an aligned copy, that copy is made here,
     once, and is not part of `Launch.fn`; an output that needs one is copied back inside `fn`.
     """
-    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype)
+    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype, mode)
     m, target = _runnable(mode, a.device, scaling is not None)
     M, N = a.shape[0], b.shape[1]
     if out is None:
@@ -451,8 +476,9 @@ def _build_plan(
     """The plan of a call's key, or the error the call raises. The provider's `prepare` sees
     stand-ins where copies will be made (empty buffers of the copies' layout), so nothing is
     computed here."""
-    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype)
-    m, target = _runnable(kernel if kernel is not None else default_mode(a), a.device, scaling is not None)
+    mode = kernel if kernel is not None else default_mode(a)
+    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype, mode)
+    m, target = _runnable(mode, a.device, scaling is not None)
     M, K, N = a.shape[0], a.shape[1], b.shape[1]
     dtype = result_dtype(a, out_dtype)
     like = torch.empty((1, 1), dtype=dtype, device=a.device).expand(M, N)
@@ -513,7 +539,7 @@ def matmul(
     try:
         key = _plan_key(kernel, a, b, out, scale_a, scale_b, out_dtype)
     except Exception:
-        _check_operands(a, b, out, scale_a, scale_b, out_dtype)  # not tensors: say which and why
+        _check_operands(a, b, out, scale_a, scale_b, out_dtype, kernel)  # not tensors: say which and why
         raise
     call = _PLANS.get(key)
     if call is not None:
@@ -560,9 +586,9 @@ def explain(
     """Which kernel and config `matmul(a, b, kernel=kernel, ...)` would run, and why. Nothing is
     launched (an operand TMA cannot describe is copied, as `matmul` would)."""
     fp8 = {"scale_a": scale_a, "scale_b": scale_b, "out_dtype": out_dtype}
-    _check_operands(a, b, None, **fp8)
-    cap = capability_of(a.device)
     mode = registry.get(kernel if kernel is not None else default_mode(a))
+    _check_operands(a, b, None, **fp8, mode=mode.name)
+    cap = capability_of(a.device)
     reason = mode.unsupported_reason(cap)
     if reason:
         return f"{mode.name}: cannot run here ({reason})"

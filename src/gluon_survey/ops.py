@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from . import api, registry
+from . import api
 from .launch import b_layout
 
 
@@ -46,9 +46,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, kernel: str) -> torch.Tensor:
 
 @_matmul.register_fake
 def _matmul_fake(a: torch.Tensor, b: torch.Tensor, kernel: str) -> torch.Tensor:
-    api._check_operands(a, b, None)
-    if kernel:
-        registry.get(kernel)  # KeyError naming the valid modes
+    api._check_operands(a, b, None, mode=kernel or None)  # an unknown kernel: KeyError naming the valid modes
     return a.new_empty((a.shape[0], b.shape[1]))
 
 

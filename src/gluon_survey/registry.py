@@ -198,6 +198,14 @@ def fp8_names() -> list[str]:
     return [m.name for m in MODES if m.fp8]
 
 
+def no_fp8_reason(mode: Mode) -> str | None:
+    """Why `mode` cannot take fp8 operands, None when it can: one wording for `matmul`, the CLI
+    and the worker."""
+    if mode.fp8:
+        return None
+    return f"mode {mode.name!r} has no fp8 kernel; fp8 operands run in: {', '.join(fp8_names())}"
+
+
 def supported_summary() -> str:
     """Which GPUs run which modes, in one line (for errors on a machine that runs none)."""
     by_archs: dict[tuple[str, ...], list[str]] = {}

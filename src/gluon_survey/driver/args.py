@@ -33,3 +33,13 @@ def positive_int(text: str) -> int:
     if not _number(text, int) >= 1:
         raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
     return int(text)
+
+
+def non_empty(text: str) -> str:
+    """Any text but an empty one (or only blanks): `--k ""` is a mistake, not a request for the
+    default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "expected a value, got an empty string (leave the option out for its default)"
+        )
+    return text

@@ -12,17 +12,20 @@
 The timing command writes every row to a JSON Lines results file as it is measured (default
 out/results-<run id>.jsonl), then prints the report, and ends by naming the results file (also
 when interrupted or when the report cannot be written). Exit status: 0 when every row is OK or
-SKIPPED, 1 when any is FAILED, ERROR or TIMEOUT or the report cannot be written, 2 for a usage
-error (checked before anything is measured: modes, dtypes and B layouts, sizes, --output and --plot
-paths) or a machine without a CUDA GPU, 130 when interrupted (the rows measured so far are kept and
-reported). `report` exits 1 for a results file without rows, `compare --fail-on-regression` 1 for a
-regression or a result missing from NEW.
+SKIPPED, 1 when any is FAILED, ERROR or TIMEOUT or the report or plot cannot be written, 2 for a
+usage error (checked before the GPU is asked for: modes, dtypes and B layouts, a named mode without
+fp8 kernels for fp8 dtypes only, sizes, --output, --plot and --results paths) or a machine without
+a CUDA GPU, 130 when interrupted (the rows measured so far are kept and reported). `report` exits 1
+for a results file without rows, `compare` 1 for two files that share no result and, with
+--fail-on-regression, for a regression or a result missing from NEW.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -88,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     for dim, default in _DIMS:
         what.add_argument(
             f"--{dim}",
+            type=argtypes.non_empty,
             help=f"{dim.upper()} sizes: a comma list of sizes, start:stop ranges (doubling: start, "
             f"2*start, ..., stop) and start:stop:step ranges, stops inclusive (default: {default})"
             if dim == "k"
@@ -95,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
     what.add_argument(
         "--shapes",
+        type=argtypes.non_empty,
         metavar="llm|holdout|FILE.csv",
         help="'llm': the linear layers of Llama-3-8B/70B at 1..8192 tokens; 'holdout': those of "
         "Llama-3.2-1B/3B and Qwen2.5-7B/14B at 1..4096 tokens (weights the H100 table has no entry "
@@ -188,9 +193,11 @@ def _plot_suffixes(suffixes: Sequence[str]) -> str:
     return f"{', '.join(suffixes[:-1])} or {suffixes[-1]}"
 
 
-def _output_path_error(args: argparse.Namespace) -> str | None:
-    """Why --output or --plot cannot be written (None when both can), so that a bad path is a
-    usage error before anything runs, not an exception after the sweep."""
+def _output_path_error(args: argparse.Namespace, results: Path | None = None) -> str | None:
+    """Why --output, --plot or the timing command's --results (`results`) cannot be written (None
+    when all can), so that a bad path is a usage error before anything runs (or the GPU is asked
+    for), not an exception after the sweep. --results may name directories still to be made (the
+    default, out/, is one)."""
     from gluon_survey.driver.report import PLOT_SUFFIXES
 
     for option, path in (("--output", args.output), ("--plot", args.plot)):
@@ -200,9 +207,49 @@ def _output_path_error(args: argparse.Namespace) -> str | None:
             return f"{option} {path}: is a directory"
         if not path.parent.is_dir():
             return f"{option} {path}: directory {path.parent} does not exist"
+        if not os.access(path.parent, os.W_OK):
+            return f"{option} {path}: directory {path.parent} is not writable"
         if option == "--plot" and path.suffix.lower() not in PLOT_SUFFIXES:
             return f"{option} {path}: expected a {_plot_suffixes(PLOT_SUFFIXES)} file"
+    if results is None:
+        return None
+    if results.exists():
+        return f"--results {results} exists; a results file holds one run"
+    ancestor = results.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"--results {results}: {ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK):
+        made = "" if ancestor == results.parent else f" (to make {results.parent} in)"
+        return f"--results {results}: directory {ancestor}{made} is not writable"
     return None
+
+
+def _no_fp8_error(modes: Sequence[str], dtypes: Sequence[str]) -> str | None:
+    """Why the modes named on the command line would measure nothing: every --dtype asked is fp8
+    and a named mode has no fp8 kernel (with fp16 or bf16 as well, its fp8 rows are SKIPPED)."""
+    if not all(d.startswith("fp8") for d in dtypes):
+        return None
+    for name in modes:
+        reason = registry.no_fp8_reason(registry.get(name))
+        if reason:
+            return f"--dtype {','.join(dtypes)}: {reason}"
+    return None
+
+
+def _unknown_mode_error(spec: str, message: str) -> str:
+    """`registry.parse_modes`'s KeyError `message`, and the closest name to the first unknown one:
+    a mode, or a subcommand when it stands alone (`gluon-survey lsit` is a misspelt `list`)."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    unknown = next((p for p in parts if p.lower() not in {n.lower() for n in registry.names()}), None)
+    if unknown is None:
+        return message
+    candidates = {name.lower(): f"mode {name}" for name in registry.names()}
+    if len(parts) == 1:
+        candidates |= {name: f"`{PROG} {name}`" for name in _SUBCOMMANDS}
+    closest = difflib.get_close_matches(unknown.lower(), list(candidates), n=1, cutoff=0.6)
+    return f"{message}; did you mean {candidates[closest[0]]}?" if closest else message
 
 
 def run(argv: Sequence[str]) -> int:
@@ -214,6 +261,9 @@ def run(argv: Sequence[str]) -> int:
 
     try:
         modes = [mode.name for mode in registry.parse_modes(args.modes)]
+    except KeyError as exc:
+        return _usage_error(_unknown_mode_error(args.modes, exc.args[0]))
+    try:
         dtypes = _pick(args.dtype, DTYPES, "--dtype")
         layouts = _pick(args.b_layout, B_LAYOUTS, "--b-layout") if args.b_layout is not None else None
         sweep = shapes.resolve(args.shapes, args.m, args.n, args.k)
@@ -223,13 +273,11 @@ def run(argv: Sequence[str]) -> int:
         layouts_of = layouts_per_dtype(dtypes, layouts)
     except ValueError as exc:
         parser.error(str(exc))
-    bad_path = _output_path_error(args)
-    if bad_path:
-        return _usage_error(bad_path)
-    if args.results is not None and args.results.exists():
-        return _usage_error(f"--results {args.results} exists; a results file holds one run")
+    problem = (_no_fp8_error(modes, dtypes) if args.modes else None) or _output_path_error(args, args.results)
+    if problem:
+        return _usage_error(problem)
     if not _cuda_available():
-        from gluon_survey.driver.hardware import describe_torch_cuda
+        from gluon_survey.api import describe_torch_cuda
 
         print(
             f"{PROG}: timing needs a CUDA GPU that torch can use (torch.cuda.is_available()); found "
@@ -305,10 +353,7 @@ def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], comman
                 interrupted = True
         measured = _load(path)
         try:
-            _emit(measured, args)
-        except OSError as exc:
-            print(f"{PROG}: error: cannot write the report: {exc}", file=sys.stderr)
-            unwritten = True
+            unwritten = not _emit(measured, args)
         except KeyboardInterrupt:
             interrupted = True
         if interrupted:
@@ -356,12 +401,18 @@ def _load(path: Path) -> Results:
     return loaded
 
 
-def _emit(measured: Results, args: argparse.Namespace) -> None:
+def _emit(measured: Results, args: argparse.Namespace) -> bool:
     """Print or write the report, the plot when asked; for `legacy`, say on stderr what it omits.
-    OSError when a file cannot be written."""
+    False, having said on stderr which file (the report or the plot) could not be written, when
+    one could not."""
     from gluon_survey.driver import report
 
-    report.render(measured, args.format, args.output)
+    try:
+        report.render(measured, args.format, args.output)
+    except OSError as exc:
+        where = f" {args.output}" if args.output is not None else ""
+        print(f"{PROG}: error: cannot write the report{where}: {exc.strerror or exc}", file=sys.stderr)
+        return False
     if args.format == "legacy":
         for row in measured.rows:
             if not row.measured:
@@ -369,8 +420,16 @@ def _emit(measured: Results, args: argparse.Namespace) -> None:
                     f"{PROG}: not in the legacy lines: {row.mode} {row.shape.label}: {row.outcome}",
                     file=sys.stderr,
                 )
-    if args.plot is not None and report.plot(measured, args.plot) == 0:
+    if args.plot is None:
+        return True
+    try:
+        panels = report.plot(measured, args.plot)
+    except OSError as exc:
+        print(f"{PROG}: error: cannot write the plot {args.plot}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    if panels == 0:
         print(f"{PROG}: nothing measured, no plot written", file=sys.stderr)
+    return True
 
 
 def _pick(spec: str, allowed: Sequence[str], option: str) -> list[str]:
@@ -400,15 +459,14 @@ def _usage_error(message: str) -> int:
 def list_modes(argv: Sequence[str]) -> int:
     """`gluon-survey list`: the modes in ladder order and whether this machine can run each."""
     argparse.ArgumentParser(prog=f"{PROG} list", description=list_modes.__doc__).parse_args(argv)
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from gluon_survey import api
-    from gluon_survey.driver.hardware import describe_torch_cuda
+    from gluon_survey.driver.report import console
 
     cap = api.capability()
-    here = describe_torch_cuda() + (f", sm_{cap[0]}{cap[1]}" if cap else "")
+    here = api.describe_torch_cuda() + (f", sm_{cap[0]}{cap[1]}" if cap else "")
     table = Table(title=f"gluon-survey modes; this machine: {here}")
     for name in ("mode", "kind", "what it is", "architectures", "runs here"):
         table.add_column(name, no_wrap=name in ("mode", "kind"))
@@ -419,7 +477,7 @@ def list_modes(argv: Sequence[str]) -> int:
             reason = f"cannot load {mode.module_for(cap)}: {type(exc).__name__}: {exc}"
         verdict = Text("yes", style="green") if reason is None else Text(f"no: {reason}", style="red")
         table.add_row(mode.name, mode.kind, mode.summary, ", ".join(mode.archs), verdict)
-    Console().print(table)
+    console().print(table)
     return 0
 
 
@@ -445,8 +503,15 @@ def compare_runs(argv: Sequence[str]) -> int:
     except (OSError, ValueError) as exc:
         return _usage_error(str(exc))
     deltas = results.compare(old.rows, new.rows)
+    if not deltas:
+        print(
+            f"{PROG}: error: {args.old} and {args.new} share no result (no mode, shape, dtype and B layout "
+            f"in both): OLD has {_holds(old.rows)}, NEW {_holds(new.rows)}; nothing to compare",
+            file=sys.stderr,
+        )
+        return 1
     gone = results.missing(old.rows, new.rows)
-    report.print_comparison(old, new, deltas, Console(), gone)
+    report.print_comparison(old, new, deltas, Console(), gone)  # its tables fit 80 columns, cells whole
     if args.fail_on_regression is None:
         return 0
     bad = results.regressions(deltas, args.fail_on_regression)
@@ -458,6 +523,17 @@ def compare_runs(argv: Sequence[str]) -> int:
     return 1 if bad or gone else 0
 
 
+def _holds(rows: Sequence[Row]) -> str:
+    """'72 rows: Blocked, torch; fp16 B row; M 8192': what a results file measured, in one line."""
+    if not rows:
+        return "no rows"
+    modes = ", ".join(dict.fromkeys(r.mode for r in rows))
+    kinds = ", ".join(dict.fromkeys(f"{r.dtype} B {r.b_layout}" for r in rows))
+    ms = sorted({r.M for r in rows})
+    m = f"M {ms[0]}" if len(ms) == 1 else f"M {ms[0]}..{ms[-1]}"
+    return f"{len(rows)} rows ({modes}; {kinds}; {m})"
+
+
 def _where(row: Row) -> str:
     return f"{row.mode} {row.shape.label} {row.dtype} B={row.b_layout}"
 
@@ -467,23 +543,45 @@ def report_run(argv: Sequence[str]) -> int:
     status 0, or 1 when the file has no rows or the report cannot be written, 2 for a usage error
     (a bad path, a file that is not a results file)."""
     parser = argparse.ArgumentParser(prog=f"{PROG} report", description=report_run.__doc__)
-    parser.add_argument("results", type=Path, help="results file (.jsonl) written by a timing run")
+    parser.add_argument(
+        "results",
+        type=Path,
+        help="results file (.jsonl) written by a timing run, or the .json of `gluon-survey memcpy --results`",
+    )
     _add_output_options(parser)
     args = parser.parse_args(argv)
     bad_path = _output_path_error(args)
     if bad_path:
         return _usage_error(bad_path)
+    from gluon_survey.driver.results import OneDocument
+
     try:
         loaded = _load(args.results)
+    except OneDocument as exc:
+        if exc.command == "memcpy":
+            return _report_memcpy(exc.doc, args)
+        return _usage_error(str(exc))
     except (OSError, ValueError) as exc:
         return _usage_error(str(exc))
     if not loaded.rows:
         print(f"{PROG}: {args.results} has no rows: its run measured nothing to report", file=sys.stderr)
         return 1
+    return 0 if _emit(loaded, args) else 1
+
+
+def _report_memcpy(doc: dict, args: argparse.Namespace) -> int:
+    """`report` of a `gluon-survey memcpy --results` file: its own report, as memcpy prints it."""
+    from gluon_survey.driver import memcpy
+
+    if args.plot is not None or args.format not in memcpy.FORMATS:
+        return _usage_error(
+            f"{args.results} is a `gluon-survey memcpy` result: report renders it with --format "
+            f"{', '.join(memcpy.FORMATS)}, without --plot"
+        )
     try:
-        _emit(loaded, args)
+        memcpy.render(doc, args.format, args.output)
     except OSError as exc:
-        print(f"{PROG}: error: cannot write the report: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: cannot write the report {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -18,6 +18,9 @@ import sys
 import threading
 from pathlib import Path
 
+# What torch sees, in the words of every "no CUDA GPU" message (the library's too): defined once, in api.
+from gluon_survey.api import describe_torch_cuda as describe_torch_cuda
+
 # Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets, per tensor-core
 # input type: "fp16", "bf16", "fp8" (e4m3/e5m2; the `--dtype`s fp8 and fp8-row both read the fp8
 # column, `check.DtypeSpec.peak`). Matched as a case-insensitive substring of the device name,
@@ -132,16 +135,6 @@ def _nvml_uuid(props: object) -> str | None:
     if not uuid:
         return None
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-
-
-def describe_torch_cuda() -> str:
-    """One line on what torch sees, e.g. 'torch 2.13.0+cpu, CUDA not available'."""
-    import torch
-
-    built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-    if torch.cuda.is_available():
-        return f"torch {torch.__version__} ({built}), {torch.cuda.device_count()} CUDA device(s)"
-    return f"torch {torch.__version__} ({built}), CUDA not available"
 
 
 def git_commit() -> dict[str, object] | None:

@@ -13,8 +13,11 @@ ours (`torch`, `torch.compile`) are skipped, or noted when named explicitly. Eve
 with `triton.compile(ASTSource | GluonASTSource, target=GPUTarget("cuda", cc, 32))`, then the cubin
 is read with the `cuobjdump` shipped in the triton wheel. Progress (one kernel at a time) goes to
 stderr. A kernel that fails to compile becomes a row with `error` set; the exit status is then 1.
-An architecture that no mode's kernels target (`targeted_archs`, from the registry) and a `--dump`
-path that cannot be a directory are usage errors (exit status 2), found before anything compiles.
+`--dtype` takes the timing command's dtypes: fp16, bf16, fp8 (e4m3, per-tensor scales) and fp8-row
+(e4m3, row-wise scales). An architecture that no mode's kernels target (`targeted_archs`, from the
+registry) and a `--dump` path that cannot be a directory or cannot be written are usage errors
+(exit status 2), found before anything compiles; files that cannot be written after all end the
+command with status 1, saying so (the kernels' rows are not made errors for it).
 
 The engine is reusable (the CPU tests use it): `compile_spec(spec, arch) -> Compiled`,
 `disassemble(cubin)`, `sass_counts(cubin) -> Counter` (over `count_opcodes(sass_text)`),
@@ -53,7 +56,7 @@ from typing import TYPE_CHECKING
 import triton
 
 from gluon_survey import registry
-from gluon_survey.launch import CompileSpec
+from gluon_survey.launch import SCALINGS, CompileSpec
 from gluon_survey.registry import Mode
 
 if TYPE_CHECKING:
@@ -61,15 +64,19 @@ if TYPE_CHECKING:
 
 PROG = "gluon-survey inspect"
 DEFAULT_ARCHS = ("sm_90a", "sm_100a")
-# --dtype spelling -> the spelling `compile_specs` receives (torch dtype names, as the kernels expect).
-DTYPES = {
-    "fp16": "float16",
-    "float16": "float16",
-    "half": "float16",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp8": "float8_e4m3fn",  # e4m3 operands, bf16 C, row-wise scales (the modes with `fp8`)
-    "float8_e4m3fn": "float8_e4m3fn",
+FP8 = "float8_e4m3fn"
+# --dtype spelling -> (the dtype `compile_specs` receives, a torch dtype name as the kernels expect;
+# the fp8 scales' kind, `launch.SCALINGS`), with the timing command's meanings: fp8 is e4m3
+# operands with per-tensor scales, fp8-row with row-wise scales (both a bf16 C, the modes with `fp8`).
+DTYPES: dict[str, tuple[str, str | None]] = {
+    "fp16": ("float16", None),
+    "float16": ("float16", None),
+    "half": ("float16", None),
+    "bf16": ("bfloat16", None),
+    "bfloat16": ("bfloat16", None),
+    "fp8": (FP8, "tensor"),
+    "float8_e4m3fn": (FP8, "tensor"),
+    "fp8-row": (FP8, "row"),
 }
 
 # Instruction families whose full opcodes (with modifiers) are also counted.
@@ -368,15 +375,30 @@ def _describe(exc: BaseException) -> str:
 
 
 def inspect_spec(spec: CompileSpec, arch: str, dump_dir: Path | None = None) -> KernelReport:
-    """Compile and report one spec; a failure becomes a row with `error`, never an exception."""
+    """Compile and report one spec; a failure to compile becomes a row with `error`, never an
+    exception. With `dump_dir` its files are written there (`dump`): a failure to write them is
+    not the kernel's, and raises OSError."""
     try:
         compiled = compile_spec(spec, arch)
         row = report_compiled(compiled)
-        if dump_dir is not None:
-            dump(compiled, dump_dir)
-        return row
     except Exception as exc:  # a broken kernel is a result to report, not a crash
         return KernelReport(mode=spec.mode, arch=_arch_label(arch), kernel=spec.kernel, error=_describe(exc))
+    if dump_dir is not None:
+        dump(compiled, dump_dir)
+    return row
+
+
+def with_scaling(spec: CompileSpec, scaling: str) -> CompileSpec:
+    """An fp8 spec as the providers give it (row-wise scales, the epilogue that does the most)
+    made for `scaling` ("tensor" or "row"): its SCALING constexpr (`launch.Scales.code`) and the
+    label's `scales=`. A spec without SCALING is returned as it is."""
+    if "SCALING" not in spec.constexprs:
+        return spec
+    label = re.sub(r"\bscales=\w+", f"scales={scaling}", spec.kernel)
+    if label == spec.kernel and f"scales={scaling}" not in label:
+        label += f" scales={scaling}"
+    constexprs = {**spec.constexprs, "SCALING": SCALINGS.index(scaling) + 1}
+    return dataclasses.replace(spec, kernel=label, constexprs=constexprs)
 
 
 def _arch_label(arch: str) -> str:
@@ -407,13 +429,16 @@ def collect(
     archs: Sequence[str],
     dtype: str = "float16",
     *,
+    scaling: str | None = None,
     explicit: bool = False,
     dump_dir: Path | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> tuple[list[KernelReport], list[str]]:
     """Compile every spec of every mode for every arch: (rows, notes for humans).
 
-    With `explicit` (the user named the modes), a mode without kernels of ours yields a note;
+    `scaling` ("tensor" or "row") is the fp8 scales' kind (`with_scaling`); None compiles the
+    providers' fp8 specs as they are (row-wise). With `explicit` (the user named the modes), a mode
+    without kernels of ours yields a note;
     otherwise it is skipped quietly. A provider module that fails to import or whose
     `compile_specs` raises yields an error row. `progress(done, total, "mode arch kernel")` is
     called before each kernel compiles.
@@ -421,7 +446,7 @@ def collect(
     jobs: list[KernelReport | tuple[CompileSpec, str]] = []  # rows as they are, or specs to compile
     notes: list[str] = []
     for mode in modes:
-        if dtype == DTYPES["fp8"] and not mode.fp8:
+        if dtype == FP8 and not mode.fp8:
             if explicit:
                 notes.append(f"{mode.name}: no fp8 kernel")
             continue
@@ -444,6 +469,8 @@ def collect(
                 continue
             if not specs:
                 notes.append(f"{mode.name}: nothing to compile for {label}")
+            if dtype == FP8 and scaling is not None:
+                specs = [with_scaling(spec, scaling) for spec in specs]
             jobs.extend((spec, label) for spec in specs)
     total, done = sum(not isinstance(job, KernelReport) for job in jobs), 0
     rows: list[KernelReport] = []
@@ -580,7 +607,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dump", metavar="DIR", type=Path, default=None, help="write ttgir/ptx/sass files here"
     )
     parser.add_argument(
-        "--dtype", default="fp16", choices=sorted(DTYPES), help="operand dtype (default: fp16)"
+        "--dtype",
+        default="fp16",
+        choices=list(DTYPES),
+        help="operand dtype, as the timing command's --dtype: fp16, bf16, fp8 (e4m3 with per-tensor "
+        "scales, bf16 out), fp8-row (e4m3 with row-wise scales, bf16 out) (default: fp16)",
     )
     return parser
 
@@ -629,17 +660,25 @@ def _usage_error(message: str) -> int:
 
 
 def _dump_error(path: Path) -> str | None:
-    """Why `--dump path` cannot be the directory the files go to (None when it can)."""
+    """Why `--dump path` cannot be the directory the files go to (None when it can): asked before
+    anything compiles, by writing a scratch file where the files (or the directory) will go."""
     if path.exists() and not path.is_dir():
         return f"--dump {path}: exists and is not a directory"
     if not path.exists() and not path.parent.is_dir():
         return f"--dump {path}: directory {path.parent} does not exist"
+    where = path if path.exists() else path.parent
+    try:
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        return f"--dump {path}: cannot write in {where} ({exc.strerror or exc}); nothing was compiled"
     return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `gluon-survey inspect`: 0 if every kernel compiled, 1 if any row has an
-    error, 2 for a bad mode, an arch no survey kernel targets, or a bad --dump path."""
+    error or --dump's files cannot be written, 2 for a bad mode, an arch no survey kernel targets,
+    or a --dump path that cannot be a directory or cannot be written."""
     args = build_parser().parse_args(argv)
     try:
         modes = registry.parse_modes(args.modes)
@@ -655,10 +694,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _usage_error(f"--arch: no survey kernel targets {', '.join(untargeted)}; {targets}")
     if args.dump is not None and (problem := _dump_error(args.dump)):
         return _usage_error(problem)
-    with _Progress() as progress:
-        rows, notes = collect(
-            modes, archs, DTYPES[args.dtype], explicit=bool(args.modes), dump_dir=args.dump, progress=progress
+    dtype, scaling = DTYPES[args.dtype]
+    try:
+        with _Progress() as progress:
+            rows, notes = collect(
+                modes,
+                archs,
+                dtype,
+                scaling=scaling,
+                explicit=bool(args.modes),
+                dump_dir=args.dump,
+                progress=progress,
+            )
+    except OSError as exc:  # only writing --dump's files raises: a kernel that fails is a row
+        print(
+            f"{PROG}: error: cannot write the files of --dump {args.dump}: {exc.strerror or exc} "
+            f"({exc.filename or args.dump}); the kernels compiled, their files were not written",
+            file=sys.stderr,
         )
+        return 1
     if args.format == "json":
         print(to_json(rows))
         for note in notes:

@@ -513,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return 2
     import torch
+    from rich.console import Console
 
     from gluon_survey.driver import hardware
 
@@ -529,9 +530,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     where: Setup | None = None
     interrupted = False
     try:
-        where = setup(args.dtype, args.mib, args.seed)
-        for row in measure(where, settings, lambda line: print(f"{PROG}: {line}", file=sys.stderr)):
-            rows.append(row)
+        # Which variant runs now, on a terminal only (a transient status line, gone when done): a
+        # report saved from a redirected stdout and stderr holds no progress lines.
+        with Console(stderr=True).status(f"{PROG}: setting up") as status:
+            where = setup(args.dtype, args.mib, args.seed)
+            for row in measure(where, settings, lambda line: status.update(f"{PROG}: {line}")):
+                rows.append(row)
     except KeyboardInterrupt:
         interrupted = True
     mark_best(rows)

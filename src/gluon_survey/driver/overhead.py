@@ -433,7 +433,13 @@ def main(argv: Sequence[str]) -> int:
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     if not _cuda_available():
-        print(f"{PROG}: error: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        from gluon_survey.api import describe_torch_cuda
+
+        print(
+            f"{PROG}: error: needs a CUDA GPU (torch.cuda.is_available() is False); found "
+            f"{describe_torch_cuda()}",
+            file=sys.stderr,
+        )
         return 2
     rows = measure(args, log=lambda line: print(line, file=sys.stderr))
     doc = document(rows, settings_of(args), _environment(argv))

@@ -39,6 +39,22 @@ FORMATS = ("table", "legacy", "csv", "json", "markdown")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # the plot formats `--plot` accepts (all matplotlib's)
 LEGACY_HEADER = "K, BLOCK_M, BLOCK_N, BLOCK_K, ms, TFLOPs/sec"
 REASON_CHARS = 28  # how much of a failure reason fits in a table cell; the notes below give it all
+# The width of a report written anywhere but a terminal (a pipe, a file): wide enough that rich
+# never cuts, wraps or ellipsizes a table cell to fit, however many modes are columns.
+FILE_WIDTH = 1000
+
+
+def console(file: Any = None) -> Any:
+    """The rich Console a report prints to: stdout at the terminal's width in a terminal;
+    otherwise (`report X > table.txt`, or `file`) FILE_WIDTH wide and without colour codes, so
+    that every cell stays whole."""
+    from rich.console import Console
+
+    if file is None:
+        here = Console()
+        if here.is_terminal:
+            return here
+    return Console(file=file, width=FILE_WIDTH, color_system=None)
 
 
 def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
@@ -410,10 +426,11 @@ def _markdown(cell: Cell) -> str:
 
 def format_legacy(rows: Iterable[Row]) -> str:
     """The original survey's lines: `Mode: X (DTYPE, B LAYOUT, M=.., N=..)`, the header,
-    `K, BM, BN, BK, ms, TFLOP/s` per measured row (blocks 0 when the provider reports none, as the
-    original printed for torch), and a blank line. The original swept K only, in one dtype; a
-    sweep over more (dtype, layout, M, N) gets one such block per mode and combination, and the
-    `Mode:` line names which. Rows that are not measurements are left out."""
+    `K, BM, BN, BK, ms, TFLOP/s` per measured row, and a blank line. A row whose kernel has no
+    block sizes prints 0 for them where it is torch's (as the original printed for torch) and `-`
+    elsewhere (an `auto` row that ran cuBLAS: no block sizes of ours ran). The original swept K
+    only, in one dtype; a sweep over more (dtype, layout, M, N) gets one such block per mode and
+    combination, and the `Mode:` line names which. Rows that are not measurements are left out."""
     blocks: dict[tuple[str, int, int, str, str], list[Row]] = {}
     for row in rows:
         blocks.setdefault((row.mode, row.M, row.N, row.dtype, row.b_layout), []).append(row)
@@ -422,7 +439,8 @@ def format_legacy(rows: Iterable[Row]) -> str:
         out += [f"Mode: {mode} ({dtype}, B {layout}, M={m}, N={n})", LEGACY_HEADER]
         for r in block:
             if r.measured:
-                bm, bn, bk = (r.config.get(k, 0) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+                none = 0 if r.mode == BASELINE else "-"
+                bm, bn, bk = (r.config.get(k, none) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
                 out.append(f"{r.K}, {bm}, {bn}, {bk}, {r.ms_median:.4f}, {r.tflops:.2f}")
         out.append("")
     return "".join(f"{line}\n" for line in out)
@@ -459,13 +477,11 @@ def render(results: Results, fmt: str, output: str | Path | None = None) -> None
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     if fmt == "table":
-        from rich.console import Console
-
         if output is None:
-            print_table(results, Console())
+            print_table(results, console())
         else:
             with Path(output).open("w") as f:
-                print_table(results, Console(file=f, width=200, color_system=None))
+                print_table(results, console(f))
         return
     text = {
         "legacy": lambda: format_legacy(results.rows),

@@ -195,12 +195,46 @@ class Results:
         return self.header.get("settings", {})
 
 
+class OneDocument(ValueError):
+    """`load`'s error for a file that is one JSON document, as `gluon-survey memcpy`, `overhead`
+    and `tune` write, not a timing run's JSON Lines. `doc` is the document, `command` the
+    subcommand that wrote it ("memcpy"), as its `env.command` says, or for a memcpy result that
+    does not say, its settings (`mib` and `datasheet`); "" when unknown."""
+
+    def __init__(self, path: Path, doc: dict[str, Any]) -> None:
+        env, settings = (doc.get(k) if isinstance(doc.get(k), dict) else {} for k in ("env", "settings"))
+        words = str(env.get("command") or "").split()
+        self.doc = doc
+        if len(words) > 1 and words[0] == "gluon-survey":
+            self.command = words[1]
+        else:
+            self.command = "memcpy" if {"mib", "datasheet"} <= settings.keys() else ""
+        what = f"a `gluon-survey {self.command}` result" if self.command else "one JSON document"
+        message = f"{path} is {what}, not the JSON Lines of a timing run"
+        if self.command == "memcpy":
+            message += f"; `gluon-survey report {path}` renders it (--format table, markdown or json)"
+        super().__init__(message)
+
+
+def _one_document(path: Path, text: str) -> OneDocument | None:
+    """The error for a file that is one JSON object but not a results file's line, or None."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(doc, dict) and "record" not in doc:
+        return OneDocument(path, doc)
+    return None
+
+
 def load(path: str | Path) -> Results:
     """A results file's header and rows. A last line cut short (the writer was killed while
-    writing it) is skipped and named in `Results.warnings`; anything else malformed raises
+    writing it) is skipped and named in `Results.warnings`; a file that is one JSON document (a
+    memcpy result, say) raises `OneDocument`, naming what it is; anything else malformed raises
     ValueError."""
     path = Path(path)
-    lines = path.read_text().splitlines()
+    text = path.read_text()
+    lines = text.splitlines()
     header: dict[str, Any] | None = None
     rows: list[Row] = []
     warnings: list[str] = []
@@ -210,11 +244,15 @@ def load(path: str | Path) -> Results:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
+            if header is None and (other := _one_document(path, text)):
+                raise other from None
             if lineno == len(lines):
                 warnings.append(f"{path}:{lineno}: skipped a truncated last line (its writer was stopped)")
                 break
             raise ValueError(f"{path}:{lineno}: not a JSON line") from None
-        kind = record.get("record")
+        kind = record.get("record") if isinstance(record, dict) else None
+        if kind is None and header is None and (other := _one_document(path, text)):
+            raise other
         if kind == "header":
             if header is not None:
                 raise ValueError(f"{path}:{lineno}: a second header; one file holds one run")

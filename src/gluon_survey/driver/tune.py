@@ -155,7 +155,11 @@ def merge(table: dict, update: dict) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="\n\n".join(__doc__.split("\n\n")[:3]),  # what it does, the example, --update
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the example keeps its lines
+    )
     parser.add_argument(
         "--shapes", default="llm", metavar="llm|holdout|FILE.csv", help="shapes (default: llm)"
     )
@@ -228,10 +232,14 @@ def main(argv: Sequence[str]) -> int:
             return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print(f"{PROG}: needs a CUDA GPU: it measures the candidates", file=sys.stderr)
-        return 2
     from gluon_survey import api
+
+    if not torch.cuda.is_available():
+        print(
+            f"{PROG}: needs a CUDA GPU: it measures the candidates; found {api.describe_torch_cuda()}",
+            file=sys.stderr,
+        )
+        return 2
     from gluon_survey.driver import hardware
 
     target = api.target_of(torch.device("cuda"))

@@ -106,11 +106,7 @@ def cuda_provider(mode_name: str) -> Provider:
         except RuntimeError:  # a sticky error (illegal address, ...) poisons the context for good
             return False
 
-    no_fp8 = None
-    if not mode.fp8:
-        no_fp8 = (
-            f"mode {mode.name!r} has no fp8 kernel; fp8 operands run in: {', '.join(registry.fp8_names())}"
-        )
+    no_fp8 = registry.no_fp8_reason(mode)
     capability = api.capability()
     if capability is None:  # no GPU: every task is SKIPPED, nothing is timed
         return Provider("cuda", prepare, WallClock(), mode.unsupported_reason(None), 0, budget, no_fp8=no_fp8)
