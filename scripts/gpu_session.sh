@@ -6,7 +6,7 @@
 #     tests     pytest -m gpu (PYTEST_K: a -k expression; PYTEST_ARGS: more options, word-split)
 #                                                               -> pytest-gpu.log
 #     bench     the survey: MODES (default all), DTYPES, BENCH_ARGS -> results.jsonl, table.*, plot.png
-#     memcpy    rung 0, the copy ladder, fp16 and bf16          -> memcpy-<dtype>.json/.md
+#     memcpy    rung 0, the copy ladder, fp16 and bf16          -> memcpy-<dtype>.json/.md/.log
 #     overhead  host cost per call at 16 and 1 tokens, and where it goes (scripts/host_probe.py)
 #                                                               -> overhead{,-m1}.json/.txt, host-probe.csv/.txt
 #     kernel    kernel-only GPU time from CUPTI (scripts/kernel_time.py KERNEL_ARGS) -> kernel-time.csv
@@ -43,7 +43,7 @@ fi
 if step memcpy; then
   for d in ${DTYPES//,/ }; do
     python3 -m gluon_survey memcpy --dtype "$d" --format markdown --results "$OUT/memcpy-$d.json" \
-      ${MEMCPY_ARGS:-} 2>&1 | tee "$OUT/memcpy-$d.md" | tail -8
+      --output "$OUT/memcpy-$d.md" ${MEMCPY_ARGS:-} 2>&1 | tee "$OUT/memcpy-$d.log" | tail -8
   done
 fi
 if step overhead; then

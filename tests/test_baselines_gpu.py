@@ -98,7 +98,7 @@ def test_a_timed_row_carries_its_paired_cublas_time_and_the_clock():
 
 
 # ----------------------------------------------------------------------------------------------
-# fp8 e4m3 (issue 15): out = (a @ w.t()) * scale_a * scale_b in bf16
+# fp8 e4m3: out = (a @ w.t()) * scale_a * scale_b in bf16
 # ----------------------------------------------------------------------------------------------
 
 FP8 = torch.float8_e4m3fn

@@ -110,7 +110,7 @@ def test_check_counts_nan_outputs():
 
 
 # ------------------------------------------------------------------------------------------------
-# Issue 15: fp8 (e4m3 operands, per-tensor or row-wise fp32 scales, bf16 out)
+# fp8 (e4m3 operands, per-tensor or row-wise fp32 scales, bf16 out)
 
 FP8_SHAPE = Shape(24, 40, 96)
 

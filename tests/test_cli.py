@@ -193,7 +193,7 @@ def test_a_failing_mode_exits_1_and_still_names_the_results_file(tmp_path, fake_
 
 
 # ------------------------------------------------------------------------------------------------
-# Issue 13: CLI defects (each of these failed before the fix)
+# CLI defects (each of these failed before the fix)
 
 
 @pytest.fixture
@@ -407,7 +407,7 @@ def test_compare_piped_keeps_the_shape_column_readable(tmp_path, monkeypatch, ca
 
 
 # ------------------------------------------------------------------------------------------------
-# Issue 15: --dtype fp8 and fp8-row
+# --dtype fp8 and fp8-row
 
 
 def _tasks_of(sweeps):

@@ -5,7 +5,7 @@ Nothing is prepared: PyTorch picks the cuBLAS algorithm per call (its heuristics
 and a transposed-view `b` or a padded `out` row stride are passed to cuBLAS as leading dimensions, so
 the operands are used in place exactly as the Gluon rungs use them.
 
-**fp8** (issue 15): with `scales` (`launch.Scales`), `torch._scaled_mm(a, b, scale_a, scale_b,
+**fp8**: with `scales` (`launch.Scales`), `torch._scaled_mm(a, b, scale_a, scale_b,
 out_dtype=out.dtype, out=out)`, cuBLASLt's fp8 GEMM: e4m3 operands, `a` row-major and `b` the
 transpose view of an [N, K] weight (the column-major operand `_scaled_mm` requires), the scales
 in its shapes (`Scales.torch_a` / `torch_b`: () per-tensor, [M, 1] and [1, N] row-wise). It runs

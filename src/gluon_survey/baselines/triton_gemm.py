@@ -13,7 +13,7 @@ the Gluon ladder writes by hand?". It follows the design of Triton's tutorial
   descriptors, hence no `triton.set_allocator`); the compiler turns `desc.load`/`desc.store` into
   TMA copies and software-pipelines the K loop over `num_stages` shared-memory buffers.
 * **fp32 accumulation**, output in the input dtype (fp16/bf16).
-* **fp8 e4m3** operands (issue 15): the same kernel with e4m3 descriptors, B always K-major (the
+* **fp8 e4m3** operands: the same kernel with e4m3 descriptors, B always K-major (the
   api passes fp8 B only as the transpose view of an [N, K] weight, which fp8 wgmma needs), output
   in `out`'s dtype (bf16 or fp16). The dequantization scales (`launch.Scales`, flat fp32) are
   kernel arguments and a constexpr `SCALING` (0 none, 1 per-tensor, 2 row-wise) applies them to
