@@ -327,3 +327,42 @@ def test_modes_without_fp8_say_which_have_it(mode):
     a, b, sa, sb = fp8_inputs(16, 256, 256, "tensor")
     with pytest.raises(TypeError, match=r"no fp8 kernel.*warpspec"):
         api.matmul(a, b, kernel=mode, scale_a=sa, scale_b=sb)
+
+
+@pytest.mark.parametrize(
+    "scales",
+    ["row", "row-strided", "tensor-0d", "tensor-1", "tensor-1x1"],
+)
+def test_fp8_cublas_calls_scaled_mm_with_the_callers_scales(scales, monkeypatch):
+    """`matmul`'s cuBLAS fp8 call (the `torch` mode, and `auto` where it picks cuBLAS) is
+    `torch._scaled_mm` on the caller's own scale tensors, as a user would call it: no flattened
+    copy or view per call (each cost host time at host-bound sizes), and the same result bit for
+    bit. Scales not in `_scaled_mm`'s layout (a strided column) take the general path, still
+    right. How fast that is against `_scaled_mm` called directly: scripts/fp8_path_probe.py."""
+    M, N, K = 96, 4096, 4096
+    a, b, sa, sb = fp8_inputs(M, N, K, "row" if scales.startswith("row") else "tensor", seed=11)
+    if scales == "row-strided":
+        sa = torch.cat([sa, sa], dim=1)[:, :1]  # [M, 1] with row stride 2
+        assert not sa.is_contiguous()
+    elif scales == "tensor-1":
+        sa, sb = sa.reshape(1), sb.reshape(1)
+    elif scales == "tensor-1x1":
+        sa, sb = sa.reshape(1, 1), sb.reshape(1, 1)
+    direct = torch._scaled_mm(a, b, sa.contiguous(), sb, out_dtype=torch.bfloat16, use_fast_accum=True)
+    seen = []
+    real = torch._scaled_mm
+
+    def spy(*args, **kwargs):
+        seen.append(args[2:4])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    for kernel in ("torch", "torch", None):  # the first call builds the plan; `auto` picks cuBLAS here
+        if kernel is None and "runs: torch " not in api.explain(a, b, scale_a=sa, scale_b=sb):
+            continue
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        api.matmul(a, b, kernel=kernel, out=out, scale_a=sa, scale_b=sb)
+        torch.cuda.synchronize()
+        assert torch.equal(out, direct)
+        if scales != "row-strided":
+            assert seen[-1][0] is sa and seen[-1][1] is sb

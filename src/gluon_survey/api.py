@@ -372,6 +372,9 @@ class MatmulPlan:
     copy_out: bool = False  # out is computed into an aligned buffer and copied back
     scaling: str | None = None
     in_place: bool = False  # `run` writes `out` (and returns nothing, or `out` itself)
+    # `run(a, b, out, scale_a, scale_b)` takes the caller's scales as they are (cuBLAS fp8 with
+    # scales already in `torch._scaled_mm`'s shapes), not flattened into a `launch.Scales`
+    raw_scales: bool = False
     # A 1x1 tensor of the output's dtype on its device, expanded to (M, N): `torch.empty_like` of it
     # is a contiguous (M, N) output, allocated without parsing a shape, dtype and device per call
     # (about half of `torch.empty`'s Python cost, measured on the CPU).
@@ -397,8 +400,11 @@ class MatmulPlan:
         a2 = _aligned_copy(a) if self.copy_a else a
         b2 = _aligned_copy_b(b) if self.copy_b else b
         c2 = _aligned_empty(*self.shape, like=out) if self.copy_out else out
-        scales = None if self.scaling is None else _flat_scales(scale_a, scale_b, self.scaling)
-        result = self.run(a2, b2, c2, scales)
+        if self.raw_scales:
+            result = self.run(a2, b2, c2, scale_a, scale_b)
+        else:
+            scales = None if self.scaling is None else _flat_scales(scale_a, scale_b, self.scaling)
+            result = self.run(a2, b2, c2, scales)
         if not isinstance(result, torch.Tensor):  # the product is in c2
             result = c2
         if result is not out:
@@ -413,15 +419,30 @@ class MatmulPlan:
         if self.run is None or not self.in_place or self.copy_a or self.copy_b or self.copy_out:
             call = functools.partial(MatmulPlan.__call__, self)
         else:
-            call = _launch_in_place(self.run, self.like, self.scaling, self.check_bases)
+            call = _launch_in_place(self.run, self.like, self.scaling, self.check_bases, self.raw_scales)
         call.plan = self
         return call
 
 
-def _launch_in_place(run: Callable[..., object], like: torch.Tensor, scaling: str | None, check_bases: bool):
+def _launch_in_place(
+    run: Callable[..., object], like: torch.Tensor, scaling: str | None, check_bases: bool, raw_scales: bool
+):
     """`MatmulPlan.__call__` for a plan whose launch needs no copies and writes `out` itself,
-    without reading the plan's fields on every call (this is the whole per-call path)."""
+    without reading the plan's fields on every call (this is the whole per-call path). The two
+    closures differ only in what `run` takes of the scales; written out, not branched per call."""
     empty_like = torch.empty_like
+
+    if raw_scales:
+
+        def call_raw(a, b, out=None, scale_a=None, scale_b=None):
+            if check_bases and (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) % ALIGN:
+                raise Unaligned(_UNALIGNED)
+            if out is None:
+                out = empty_like(like)
+            run(a, b, out, scale_a, scale_b)
+            return out
+
+        return call_raw
 
     def call(a, b, out=None, scale_a=None, scale_b=None):
         if check_bases and (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) % ALIGN:
@@ -461,7 +482,7 @@ def _plan_key(
 
 
 def _scale_key(t: torch.Tensor | None) -> tuple:
-    return (None,) if t is None else (t.shape, t.dtype, t.device)
+    return (None,) if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
 def _build_plan(
@@ -500,6 +521,9 @@ def _build_plan(
         plan, copy_a=copy_a, copy_b=copy_b, copy_out=copy_out, scaling=scaling, check_bases=check_bases
     )
     if reusable is not None:
+        direct = getattr(reusable, "launch_scaled", None)
+        if direct is not None and scaling is not None and scale_a.is_contiguous() and scale_b.is_contiguous():
+            return plan(direct, in_place=True, raw_scales=True)  # the key holds the scales' strides
         return plan(reusable.launch, in_place=True)
 
     def run(a2, b2, c2, scales):

@@ -49,6 +49,12 @@ class _Cublas:
             return torch.matmul(a, b, out=out)
         return _scaled_mm(a, b, out, scales.torch_a, scales.torch_b)
 
+    # fp8 with the caller's own scale tensors, already in `_scaled_mm`'s shapes: no flattening and
+    # no views per call. At the few-µs kernels of fp8 decode and small prefill the call is
+    # host-bound, and those steps cost `matmul` ~10 µs a call over `_scaled_mm` itself (H200 probe,
+    # results/h200-fp8-cublas-path).
+    launch_scaled = staticmethod(_scaled_mm)
+
 
 CUBLAS = _Cublas()
 
