@@ -30,7 +30,7 @@ def test_help_works_without_a_gpu(no_cuda, capsys):
     )
     for text in (
         "--dtype",
-        "--shapes llm|holdout|FILE.csv",
+        "--shapes llm|llm-dense|holdout|FILE.csv",
         "--b-layout",
         "--peak-tflops",
         "compare OLD NEW",

@@ -1,6 +1,18 @@
+import itertools
+
 import pytest
 
-from gluon_survey.driver.shapes import Shape, grid, holdout_shapes, llm_shapes, parse_dim, read_csv, resolve
+from gluon_survey.driver.shapes import (
+    DENSE_M,
+    Shape,
+    grid,
+    holdout_shapes,
+    llm_dense_shapes,
+    llm_shapes,
+    parse_dim,
+    read_csv,
+    resolve,
+)
 
 
 @pytest.mark.parametrize(
@@ -61,6 +73,33 @@ def test_llm_shapes_are_llama3_8b_and_70b_linear_layers():
     assert llm_shapes() == expected
 
 
+def test_llm_dense_is_the_llm_weights_at_powers_of_two_and_their_midpoints():
+    assert DENSE_M == (
+        1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
+        2048, 3072, 4096, 6144, 8192, 12288, 16384,
+    )  # fmt: skip
+    assert all(b <= 1.5 * a for a, b in itertools.pairwise(DENSE_M[1:]))  # from M = 2 on
+    nk = list(dict.fromkeys((s.N, s.K) for s in llm_shapes()))
+    assert len(nk) == 8
+    assert llm_dense_shapes() == [Shape(m, n, k) for n, k in nk for m in DENSE_M]
+    assert resolve("llm-dense", None, None, None) == llm_dense_shapes()
+
+
+def test_tune_takes_the_dense_preset(tmp_path, monkeypatch, capsys):
+    """`tune --shapes llm-dense` resolves its shapes and goes on to look for the GPU (none here);
+    an unknown preset stops before, naming the presets."""
+    import torch
+
+    from gluon_survey.driver import tune
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ["--name", "h100", "--match", "H100", "--output", str(tmp_path / "t.json")]
+    assert tune.main(["--shapes", "llm-dense", *args]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert tune.main(["--shapes", "llm-sparse", *args]) == 2
+    assert "expected 'llm', 'llm-dense', 'holdout' or a CSV file" in capsys.readouterr().err
+
+
 def test_holdout_shapes_share_no_weight_with_llm():
     nk = [  # (N, K) of Llama-3.2-1B, -3B, Qwen2.5-7B, -14B from their config.json, by hand
         (3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192),
@@ -116,7 +155,7 @@ def test_resolve(tmp_path):
     assert resolve(str(path), None, None, None) == [Shape(1, 2, 3)]
     with pytest.raises(ValueError, match="either --shapes or --m/--n/--k"):
         resolve("llm", "64", None, None)
-    with pytest.raises(ValueError, match="expected 'llm', 'holdout' or a CSV file"):
+    with pytest.raises(ValueError, match="expected 'llm', 'llm-dense', 'holdout' or a CSV file"):
         resolve("square", None, None, None)
 
 

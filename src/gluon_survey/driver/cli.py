@@ -100,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--shapes",
         type=argtypes.non_empty,
-        metavar="llm|holdout|FILE.csv",
-        help="'llm': the linear layers of Llama-3-8B/70B at 1..8192 tokens; 'holdout': those of "
+        metavar="llm|llm-dense|holdout|FILE.csv",
+        help="'llm': the linear layers of Llama-3-8B/70B at 1..8192 tokens; 'llm-dense': the same "
+        "weights at 28 token counts from 1 to 16384 (powers of two and 3 * 2**k); 'holdout': those of "
         "Llama-3.2-1B/3B and Qwen2.5-7B/14B at 1..4096 tokens (weights the H100 table has no entry "
         "for); or a CSV of M,N,K rows",
     )

@@ -523,8 +523,8 @@ def _save(fig: Any, axes: Any, results: Results, path: str | Path, dpi: int) -> 
 def plot(results: Results, path: str | Path) -> int:
     """A grid (`--m/--n/--k`, the seed's K sweep): TFLOP/s vs K per mode, one panel per (dtype,
     layout, M, N): log2 K axis, a p20-p80 band, cuBLAS dashed, the dense peak as a dotted line.
-    A list of shapes (`--shapes llm|holdout|FILE.csv`): x cuBLAS vs M (`plot_by_m`). Returns the
-    number of panels (0: nothing measured, no file written)."""
+    A list of shapes (`--shapes llm|llm-dense|holdout|FILE.csv`): x cuBLAS vs M (`plot_by_m`).
+    Returns the number of panels (0: nothing measured, no file written)."""
     if str(results.settings.get("shapes", "")).startswith("--shapes"):
         return plot_by_m(results, path)
     groups: dict[tuple[str, str, int, int], list[Row]] = {}

@@ -136,6 +136,11 @@ LLAMA3 = (
 )
 # Tokens per GEMM: single-token decode, small and large decode batches, prefill chunks.
 LLM_TOKENS = (1, 16, 128, 1024, 8192)
+# The dense M grid of the `llm-dense` preset: every power of two from 1 to 16384 and the midpoint
+# 3 * 2**k between each two (1, 2, 3, 4, 6, 8, 12, ..., 12288, 16384). `matmul`'s default runs a
+# Gluon kernel between two measured M only where it beat cuBLAS at both (gluon_survey/choice.py),
+# so on this grid no two adjacent measured M from 2 on are more than 1.5x apart.
+DENSE_M = tuple(sorted({1 << i for i in range(15)} | {3 << i for i in range(13)}))
 
 
 def llm_shapes() -> list[Shape]:
@@ -155,6 +160,12 @@ def llm_shapes() -> list[Shape]:
     14336 / 28672, 32 / 64 query heads and 8 key-value heads, from each model's config.json.
     """
     return _linear_shapes(LLAMA3, LLM_TOKENS)
+
+
+def llm_dense_shapes() -> list[Shape]:
+    """The `llm` preset's weights (`llm_shapes`) at every M of DENSE_M, 28 token counts from 1 to
+    16384."""
+    return _linear_shapes(LLAMA3, DENSE_M)
 
 
 def _linear_shapes(models: tuple[_Llama, ...], tokens: tuple[int, ...]) -> list[Shape]:
@@ -215,7 +226,7 @@ def holdout_shapes() -> list[Shape]:
     return _linear_shapes(HOLDOUT, HOLDOUT_TOKENS)
 
 
-PRESETS = {"llm": llm_shapes, "holdout": holdout_shapes}
+PRESETS = {"llm": llm_shapes, "llm-dense": llm_dense_shapes, "holdout": holdout_shapes}
 
 
 def read_csv(path: str | Path) -> list[Shape]:
@@ -244,8 +255,8 @@ def read_csv(path: str | Path) -> list[Shape]:
 
 
 def resolve(shapes: str | None, m: str | None, n: str | None, k: str | None) -> list[Shape]:
-    """The shapes a command line asks for: `--shapes llm|holdout|FILE.csv`, or the `--m/--n/--k`
-    grid."""
+    """The shapes a command line asks for: `--shapes llm|llm-dense|holdout|FILE.csv`, or the
+    `--m/--n/--k` grid."""
     if shapes is None:
         return grid(m or DEFAULT_M, n or DEFAULT_N, k or DEFAULT_K)
     if m or n or k:
@@ -254,4 +265,6 @@ def resolve(shapes: str | None, m: str | None, n: str | None, k: str | None) -> 
         return PRESETS[shapes]()
     if shapes.lower().endswith(".csv") or Path(shapes).exists():
         return read_csv(shapes)
-    raise ValueError(f"--shapes: expected 'llm', 'holdout' or a CSV file of M,N,K rows, got {shapes!r}")
+    raise ValueError(
+        f"--shapes: expected 'llm', 'llm-dense', 'holdout' or a CSV file of M,N,K rows, got {shapes!r}"
+    )
