@@ -26,7 +26,7 @@ from bad_inputs import BAD_INPUTS
 from gluon_survey import api, ops
 from gluon_survey.baselines import torch_ops
 from gluon_survey.driver import cli, overhead
-from gluon_survey.kernels import blocked, persistent, pipelined, warpspec
+from gluon_survey.kernels import blocked, persistent, pipelined, slab, warpspec
 from gluon_survey.kernels.plan import Plan
 from gluon_survey.launch import Launch, Target
 from recording import Launched, Recorder
@@ -34,7 +34,7 @@ from recording import Launched, Recorder
 pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
 
 H100 = Target((9, 0), 132, "NVIDIA H100 80GB HBM3")
-RUNG_MODULES = (blocked, pipelined, persistent, warpspec)
+RUNG_MODULES = (blocked, pipelined, persistent, warpspec, slab)
 
 
 @dataclass
@@ -89,8 +89,9 @@ def _operands(M: int, N: int, K: int, layout: str = "t", dtype=torch.bfloat16):
 
 @pytest.mark.parametrize("kernel", ["Blocked", "Pipelined", "persistent", "warpspec", None])
 def test_a_repeated_call_reuses_its_plan_on_the_new_tensors(host, kernel):
-    first = _operands(3000, 520, 264)  # kernel=None: the rule's warpspec (cuBLAS up to M = 2048)
-    second = _operands(3000, 520, 264)
+    M = 3000 if kernel else 16  # kernel=None: the rule's slab (cuBLAS above 16 tokens)
+    first = _operands(M, 520, 264)
+    second = _operands(M, 520, 264)
     assert api.matmul(*first[:2], kernel=kernel, out=first[2]) is first[2]
     assert api.matmul(*second[:2], kernel=kernel, out=second[2]) is second[2]
     assert len(host.builds) == 1, "the second call of the same key built a plan again"

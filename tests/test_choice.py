@@ -1,60 +1,181 @@
-"""The shape-aware default: `choice.choose` reads a table of measured entries (nearest M in log
-scale within a factor of 4, same N, K, dtype and layout) and falls back to the documented rule;
-`auto` prepares the chosen mode's launch with the chosen config; `tune` narrows candidates by M."""
+"""The shape-aware default: `choice.choose` reads a table of measured entries (same N, K, dtype
+and layout): an entry's choice at a measured M; between two measured M a Gluon candidate only
+where it beat cuBLAS by the margin at both; cuBLAS beyond them (no extrapolation); the documented
+rule for weights without entries. `auto` prepares the chosen mode's launch with the chosen
+config; `tune` narrows candidates by M and picks an entry's winner with the same margin."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import math
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from gluon_survey import api, auto, choice
+from gluon_survey import api, auto, choice, registry
 from gluon_survey.driver import tune
-from gluon_survey.kernels import slab, splitk, swapab, warpspec
+from gluon_survey.kernels import persistent, slab, splitk, swapab, warpspec
 from gluon_survey.launch import Target
 from recording import Recorder
 
 H100 = "NVIDIA H100 80GB HBM3"
+CUBLAS = choice.CUBLAS
+SWAPAB = f"swapab {next(iter(swapab.candidates((9, 0))))}"  # W128xT16x64 s8 w4 kauto
+SLAB = f"slab {next(iter(slab.candidates((9, 0))))}"
+SPLITK = f"splitk {next(iter(splitk.candidates((9, 0))))}"
+PERSISTENT = f"persistent {next(iter(persistent.candidates((9, 0))))}"
+WARPSPEC = f"warpspec {next(iter(warpspec.candidates((9, 0))))}"
 
 
-def _entry(M, mode, config, ms, cublas_ms, N=4096, K=14336, dtype="bf16", layout="t"):
+def _entry(M, candidates, N=4096, K=14336, dtype="bf16", layout="t"):
+    """An entry as tune writes it: `candidates` maps "mode label" to ms (cuBLAS under CUBLAS, a
+    failed candidate to its message); the winner by tune's own rule."""
+    best = tune.choose(candidates)
+    mode, config = (best.partition(" ")[0], best.partition(" ")[2]) if best != CUBLAS else ("torch", None)
     return {
         "M": M, "N": N, "K": K, "dtype": dtype, "b_layout": layout, "mode": mode, "config": config,
-        "ms": ms, "cublas_ms": cublas_ms, "candidates": {},
+        "ms": candidates[best], "cublas_ms": candidates[CUBLAS], "candidates": candidates,
     }  # fmt: skip
+
+
+# One weight (4096 x 14336 bf16, K-major) measured at six M; each entry's ratios to cuBLAS:
+# M = 1: slab 1.10x (winner), swapab 1.048x     M = 16: swapab 1.12x (winner), slab 1.07x
+# M = 64: slab 1.17x (winner), persistent 1.13x  M = 128: splitk 1.20x (winner), persistent 1.11x, slab 0.91x
+# M = 1024: warpspec 1.05x (winner), persistent 1.012x, splitk failed  M = 8192: cuBLAS, warpspec 0.993x
+ENTRIES = [
+    _entry(1, {SLAB: 0.040, SWAPAB: 0.042, CUBLAS: 0.044}),
+    _entry(16, {SWAPAB: 0.041, SLAB: 0.043, CUBLAS: 0.046}),
+    _entry(64, {SLAB: 0.060, PERSISTENT: 0.062, CUBLAS: 0.070}),
+    _entry(128, {SPLITK: 0.050, PERSISTENT: 0.054, SLAB: 0.066, CUBLAS: 0.060}),
+    _entry(1024, {WARPSPEC: 0.40, PERSISTENT: 0.415, SPLITK: "FAILED: rel_err", CUBLAS: 0.42}),
+    _entry(8192, {WARPSPEC: 3.02, CUBLAS: 3.0}),
+]
+
+
+def _install(tmp_path, monkeypatch, entries, name="h100", match="H100"):
+    (tmp_path / f"{name}.json").write_text(json.dumps({"name": name, "match": match, "entries": entries}))
+    monkeypatch.setattr(choice, "TABLES", tmp_path)
+    choice._tables.cache_clear()
 
 
 @pytest.fixture
 def table(tmp_path, monkeypatch):
-    label = next(iter(swapab.candidates((9, 0))))
-    entries = [
-        _entry(1, "swapab", label, 0.040, 0.044),
-        _entry(16, "swapab", label, 0.041, 0.045),
-        _entry(128, "splitk", next(iter(splitk.candidates((9, 0)))), 0.050, 0.052),
-        _entry(8192, "torch", None, 3.0, 3.0),
-    ]
-    (tmp_path / "h100.json").write_text(json.dumps({"name": "h100", "match": "H100", "entries": entries}))
-    monkeypatch.setattr(choice, "TABLES", tmp_path)
-    choice._tables.cache_clear()
-    yield entries
+    _install(tmp_path, monkeypatch, ENTRIES)
+    yield ENTRIES
     choice._tables.cache_clear()
 
 
-def test_a_measured_shape_gets_its_measured_choice(table):
-    c = choice.choose(16, 4096, 14336, "bf16", "t", (9, 0), H100)
+def _choose(M, N=4096, K=14336, dtype="bf16", layout="t", gpu=H100):
+    return choice.choose(M, N, K, dtype, layout, (9, 0), gpu)
+
+
+def _key(c: choice.Choice) -> str:
+    return CUBLAS if c.mode == "torch" else f"{c.mode} {c.config}"
+
+
+def test_the_synthetic_entries_are_what_their_comments_say():
+    assert [_key(choice.Choice(e["mode"], e["config"], "")) for e in ENTRIES] == [
+        SLAB, SWAPAB, SLAB, SPLITK, WARPSPEC, CUBLAS,
+    ]  # fmt: skip
+
+
+def test_a_measured_m_gets_its_entry(table):
+    c = _choose(16)
     assert (c.mode, c.config) == ("swapab", table[1]["config"])
-    assert "measured at M=16" in c.why and "1.10x cuBLAS" in c.why and "M 5..45" in c.why
+    assert c.why == (f"table h100: measured at M=16: {SWAPAB} 41.0 us, 1.12x cuBLAS (46.0 us)")
+    c = _choose(8192)
+    assert (c.mode, c.config) == ("torch", None)
+    assert c.why == (
+        f"table h100: measured at M=8192: cuBLAS 3000.0 us; the fastest Gluon candidate, {WARPSPEC}, "
+        "0.99x: not 3% faster"
+    )
 
 
-def test_nearby_m_shares_the_bucket_far_m_does_not(table):
-    assert choice.choose(40, 4096, 14336, "bf16", "t", (9, 0), H100).mode == "swapab"  # nearer 16 than 128
-    assert choice.choose(100, 4096, 14336, "bf16", "t", (9, 0), H100).mode == "splitk"
-    assert choice.choose(9000, 4096, 14336, "bf16", "t", (9, 0), H100).mode == "torch"
-    far = choice.choose(2048, 4096, 14336, "bf16", "t", (9, 0), H100)  # 16x from 128 and 4x from 8192
-    assert far.mode == "torch" and "M >= 1025" in far.why
+@pytest.mark.parametrize(
+    ("M", "key"),
+    [(2, SLAB), (15, SLAB),  # both held at 1 and 16: slab's worse ratio 1.07x beats swapab's 1.048x
+     (17, SLAB), (63, SLAB),  # slab held at 16 (not its winner) and 64
+     (65, PERSISTENT), (127, PERSISTENT),  # neither neighbour's winner, but it held at both
+     (129, CUBLAS), (1023, CUBLAS),  # winners differ (splitk, warpspec), none held at both
+     (1025, CUBLAS), (8191, CUBLAS),  # warpspec held at 1024 only
+     (8193, CUBLAS), (16384, CUBLAS), (1 << 20, CUBLAS)],  # beyond the largest measured M
+)  # fmt: skip
+def test_between_two_entries_a_candidate_runs_only_where_it_held_at_both(table, M, key):
+    c = _choose(M)
+    assert _key(c) == key
+    if key != CUBLAS:  # what auto.prepare looks the config up with
+        assert c.config in registry.get(c.mode).provider((9, 0)).candidates((9, 0))
+
+
+def test_no_extrapolation_beyond_or_below_the_measured_m(table, tmp_path, monkeypatch):
+    c = _choose(9000)
+    assert c == choice.Choice(
+        "torch",
+        None,
+        "table h100: beyond the table's largest measured M=8192 for this weight: cuBLAS (no extrapolation)",
+    )
+    # a weight measured from M = 16 only: one token is below it, and runs cuBLAS, not the rule's gemv
+    two = [_entry(16, {SLAB: 0.04, CUBLAS: 0.05}), _entry(64, {SLAB: 0.04, CUBLAS: 0.05})]
+    _install(tmp_path, monkeypatch, two)
+    c = _choose(1)
+    assert c == choice.Choice(
+        "torch",
+        None,
+        "table h100: below the table's smallest measured M=16 for this weight: cuBLAS (no extrapolation)",
+    )
+    assert _key(_choose(32)) == SLAB and _key(_choose(65)) == CUBLAS
+
+
+def test_why_names_both_neighbours_and_their_numbers(table):
+    assert _choose(100).why == (
+        f"table h100: between M=64 (cuBLAS 70.0 us; {SLAB} 1.17x) and M=128 (cuBLAS 60.0 us; "
+        f"{SPLITK} 1.20x): {PERSISTENT} held at both (1.13x at M=64, 1.11x at M=128)"
+    )
+    assert _choose(500).why == (
+        f"table h100: between M=128 (cuBLAS 60.0 us; {SPLITK} 1.20x) and M=1024 (cuBLAS 420.0 us; "
+        f"{WARPSPEC} 1.05x): no candidate beat cuBLAS by 3% at both: cuBLAS"
+    )
+
+
+def test_the_margin_is_tunes_and_holds_at_both_neighbours(tmp_path, monkeypatch):
+    """A candidate 3 % faster than cuBLAS holds (t * 1.03 <= cuBLAS); 2.9 % does not; at both."""
+    assert tune.MARGIN is choice.MARGIN and tune.CUBLAS == choice.CUBLAS
+    assert f"{registry.BASELINE} {next(iter(tune.candidates_for(registry.BASELINE, 1, (9, 0))))}" == CUBLAS
+    _install(
+        tmp_path,
+        monkeypatch,
+        [
+            _entry(4, {SLAB: 1.0, SWAPAB: 0.9, CUBLAS: 1.03}),  # 3 % and 14 %
+            _entry(16, {SLAB: 1.0, SWAPAB: 1.03 / 1.029, CUBLAS: 1.03}),  # 3 % and 2.9 %
+            _entry(64, {SLAB: 1.0 / 1.029, CUBLAS: 1.0}),  # 2.9 %
+        ],
+    )
+    assert _key(_choose(8)) == SLAB  # swapab, faster at M = 4, is 2.9 % faster at M = 16
+    assert _key(_choose(32)) == CUBLAS  # slab is 2.9 % faster at M = 64
+
+
+def test_ties_go_to_the_better_other_ratio_then_the_label(tmp_path, monkeypatch):
+    a, b, c = f"slab {'A'}", f"slab {'B'}", f"persistent {'C'}"
+    entries = [  # worse-of-two ratio 1.2 / 1.1 for all three; other 1.2 (a) or 1.2 / 0.9 (b, c)
+        _entry(4, {a: 1.0, b: 1.1, CUBLAS: 1.2}),
+        _entry(16, {a: 1.1, b: 0.9, CUBLAS: 1.2}),
+        _entry(4, {a: 1.1, b: 1.1, c: 1.1, CUBLAS: 1.2}, N=8192),
+        _entry(16, {a: 0.9, b: 0.9, c: 0.9, CUBLAS: 1.2}, N=8192),
+    ]
+    _install(tmp_path, monkeypatch, entries)
+    assert _key(_choose(8)) == b  # the better other ratio
+    assert _key(_choose(8, N=8192)) == c  # all equal: the first label, "persistent C"
+    assert (_choose(8, N=8192).mode, _choose(8, N=8192).config) == ("persistent", "C")
+    # the worse-of-two ratio first: a candidate 1.5x at one neighbour, 1.04x at the other loses
+    _install(
+        tmp_path,
+        monkeypatch,
+        [_entry(4, {a: 0.8, b: 1.1, CUBLAS: 1.2}), _entry(16, {a: 1.15, b: 1.1, CUBLAS: 1.2})],
+    )
+    assert _key(_choose(8)) == b
 
 
 def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
@@ -64,23 +185,24 @@ def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
         (16, 4096, 14336, "bf16", "row"),
     ]:
         c = choice.choose(*args, (9, 0), H100)
-        assert c == choice.Choice("slab", None, c.why) and "has no entry near it" in c.why
+        assert c == choice.Choice("slab", None, c.why) and "has no entry for this weight" in c.why
     c = choice.choose(32, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
     assert c.mode == "torch" and "no table for NVIDIA H200" in c.why
     assert choice.choose(1, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "gemv"
     assert choice.choose(1, 4096, 4096, "bf16", "row", (9, 0), H100).mode == "slab"  # gemv is K-major only
+    assert choice.choose(4096, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "torch"
 
 
 @pytest.mark.parametrize(
     ("M", "capability", "mode"),
     [(1, (9, 0), "gemv"), (1, (10, 0), "gemv"), (2, (9, 0), "slab"), (16, (10, 0), "slab"),
      (17, (9, 0), "torch"), (64, (9, 0), "torch"), (256, (10, 0), "torch"), (2048, (9, 0), "torch"),
-     (2049, (9, 0), "warpspec"), (8192, (10, 0), "warpspec"), (1, (8, 0), "torch"),
+     (2049, (9, 0), "torch"), (4096, (9, 0), "torch"), (8192, (10, 0), "torch"), (1, (8, 0), "torch"),
      (16, (8, 0), "torch"), (16, (12, 0), "torch")],
 )  # fmt: skip
 def test_the_rule(M, capability, mode):
     """fp16/bf16 without a table entry: gemv for one token (of a K-major weight: a row-major one
-    takes slab), slab to 16, cuBLAS to 2048, warpspec."""
+    takes slab), slab to 16, cuBLAS above (no warpspec for prefill sizes)."""
     for dtype in ("fp16", "bf16"):
         c = choice.rule(M, capability, dtype)
         assert (c.mode, c.config) == (mode, None)
@@ -209,6 +331,65 @@ def test_auto_prepares_the_chosen_mode_with_the_chosen_config(table, monkeypatch
     slots = 132 * swapab.CONFIGS[9].blocks_per_sm()
     assert grid == tiles * kwargs["SPLIT_K"] and kwargs["SPLIT_K"] == splitk.split_for(tiles, 224, slots, 4)
     assert kwargs["W_KMAJOR"] is True
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+def test_auto_prepares_a_candidate_chosen_between_two_entries(table, monkeypatch):
+    """Between M = 64 and 128 the table holds persistent's candidate: its label (with spaces) is
+    looked up in the mode's candidates and launched as measured."""
+    log: list = []
+    monkeypatch.setattr(api, "target_of", lambda device: Target((9, 0), 132, H100))
+    recorder = Recorder("persistent_kernel", log)
+    monkeypatch.setattr(persistent, "RUNG", dataclasses.replace(persistent.RUNG, kernel=recorder))
+    with FakeTensorMode():
+        a = torch.empty(100, 14336, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(4096, 14336, dtype=torch.bfloat16, device="cuda")
+        launch = api.prepare("auto", a, w.t(), torch.empty(100, 4096, dtype=torch.bfloat16, device="cuda"))
+        launch.fn()
+    assert launch.config["mode"] == "persistent" and "held at both" in launch.config["why"]
+    cfg = persistent.candidates((9, 0))[PERSISTENT.partition(" ")[2]]
+    assert {k: launch.config[k] for k in cfg.table()} == cfg.table()
+    assert [launched.kernel for launched in log] == ["persistent_kernel"]
+
+
+def _gaps(table: dict):
+    """Per weight of a table: its entries by M, and each pair of adjacent measured M."""
+    weights: dict[tuple, dict[int, dict]] = {}
+    for e in table["entries"]:
+        weights.setdefault((e["N"], e["K"], e["dtype"], e["b_layout"]), {})[e["M"]] = e
+    for weight, entries in weights.items():
+        yield weight, entries, list(itertools.pairwise(sorted(entries)))
+
+
+def test_the_committed_table_runs_gluon_between_entries_only_where_it_held_at_both():
+    """Over tables/h100.json: at every M strictly between two measured M of a weight, a Gluon
+    choice beat cuBLAS by the margin at both neighbours (and names a config its mode still has);
+    cuBLAS only where no candidate did; cuBLAS beyond the largest measured M."""
+    choice._tables.cache_clear()
+    table = choice.table_for(H100)
+    assert table is not None and table["name"] == "h100"
+    gluon = 0
+    for (N, K, dtype, layout), entries, gaps in _gaps(table):
+        for lo, hi in gaps:
+            held = {
+                key
+                for key, t in entries[lo]["candidates"].items()
+                if key != CUBLAS
+                and isinstance(t, float)
+                and t * (1 + choice.MARGIN) <= entries[lo]["cublas_ms"]
+                and isinstance(entries[hi]["candidates"].get(key), float)
+                and entries[hi]["candidates"][key] * (1 + choice.MARGIN) <= entries[hi]["cublas_ms"]
+            }
+            for M in sorted({lo + 1, math.isqrt(lo * hi), hi - 1} - {lo, hi}):
+                c = choice.choose(M, N, K, dtype, layout, (9, 0), H100)
+                assert (_key(c) in held) if held else c.mode == "torch", (N, K, dtype, M, c)
+                assert f"between M={lo} " in c.why and f" and M={hi} " in c.why
+                if c.mode != "torch":
+                    assert c.config in registry.get(c.mode).provider((9, 0)).candidates((9, 0))
+            gluon += bool(held)
+        c = choice.choose(2 * max(entries), N, K, dtype, layout, (9, 0), H100)
+        assert c.mode == "torch" and "no extrapolation" in c.why
+    assert gluon > 0  # the property is not vacuous: some gaps run a Gluon candidate
 
 
 def test_split_for_fills_one_wave_without_empty_slices():

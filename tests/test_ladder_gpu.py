@@ -4,12 +4,14 @@ NaN-poisoned outputs, and every bad input getting its error. Run on the GPU mach
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 
 import pytest
 import torch
 
 from bad_inputs import BAD_INPUTS
-from gluon_survey import api, registry
+from gluon_survey import api, choice, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
 from gluon_survey.kernels import gemv, persistent, slab, splitk, swapab, warpspec
 
@@ -261,6 +263,42 @@ def _assert_relaunches_match_reference(launch, out, a, b):
         _assert_close_to_reference(out, a, b)
         a.copy_(torch.randn_like(a))
         out.fill_(float("nan"))
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _table_gaps() -> list[tuple]:
+    """(M, N, K, dtype, mode) at the middle (in log scale) of each gap between two measured M of
+    the committed H100 table where `choice.choose` runs a Gluon candidate: measured at the two
+    neighbours only, so checked here at an M in between."""
+    table = choice.table_for(H100)
+    weights: dict[tuple, list[int]] = {}
+    for e in table["entries"]:
+        weights.setdefault((e["N"], e["K"], e["dtype"], e["b_layout"]), []).append(e["M"])
+    gaps = []
+    for (N, K, dtype, layout), ms in weights.items():
+        for lo, hi in itertools.pairwise(sorted(ms)):
+            M = max(lo + 1, math.isqrt(lo * hi))
+            c = choice.choose(M, N, K, dtype, layout, (9, 0), H100)
+            if hi > M and c.mode != "torch":
+                gaps.append((M, N, K, dtype, c.mode))
+    return gaps
+
+
+@pytest.mark.parametrize(("M", "N", "K", "dtype", "mode"), _table_gaps(), ids=str)
+def test_a_candidate_chosen_between_two_table_entries_is_right_there(monkeypatch, M, N, K, dtype, mode):
+    """The default as it runs on an H100 (this GPU named one, so the table answers), at an M the
+    table did not measure: the candidate that held at both neighbours, right at this M."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the H100 table's configs are sm_90's")
+    real = api.target_of(torch.device("cuda"))
+    monkeypatch.setattr(api, "target_of", lambda device: dataclasses.replace(real, name=H100))
+    a, b = _inputs(M, N, K, {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype], "t", seed=M)
+    out = torch.full((M, N), float("nan"), dtype=a.dtype, device="cuda")
+    launch = api.prepare("auto", a, b, out)
+    assert launch.config["mode"] == mode and "held at both" in launch.config["why"]
+    _assert_relaunches_match_reference(launch, out, a, b)
 
 
 def test_auto_says_what_it_chose():

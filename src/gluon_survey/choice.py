@@ -1,28 +1,37 @@
 """Which mode and config `matmul(kernel=None)` runs for a shape: a table of measured results per
-GPU, committed in the package (`gluon_survey/tables/*.json`, written by `gluon-survey tune`),
-looked up per (M bucket, N, K, dtype, B layout); a documented rule where the table has nothing.
-A user's call never measures anything: `choose` is a dictionary lookup.
+GPU, committed in the package (`gluon_survey/tables/*.json`, written by `gluon-survey tune`), or a
+documented rule for weights the table has never seen. A user's call never measures anything:
+`choose` is a dictionary lookup.
 
 **The table.** Each entry is one measured shape (M, N, K, dtype, B layout) with the candidate
 that was fastest and correct there (`mode`, `config`: a label from the mode's `candidates`), the
-time of every candidate and of cuBLAS. A query matches the entries of the same N, K, dtype and
-layout, and takes the one whose M is nearest in log scale, if within a factor of 4: an M bucket
-is the range of M nearer to one measured M than to any other (`explain` prints it).
+time of every candidate and of cuBLAS (`candidates`, keyed "mode label"). A weight (N, K, dtype,
+layout) with entries is answered from them alone, and never beyond what they measured:
+- at a measured M: that entry's choice (a Gluon candidate only where it beat cuBLAS by MARGIN);
+- between two adjacent measured M (lo < M < hi): a Gluon candidate only where it held at both, i.e.
+  beat that entry's cuBLAS time by MARGIN at lo and at hi; of several, the best worse-of-the-two
+  ratio to cuBLAS (then the better other ratio, then the label); otherwise cuBLAS. The winners at
+  lo and hi need not be it: each was measured at its own M only;
+- below the smallest or above the largest measured M: cuBLAS (no extrapolation).
+So where a Gluon kernel runs comes from measured crossovers, and a denser M grid
+(`gluon-survey tune --shapes llm-dense`) narrows the gaps. `explain` prints the neighbours and
+their numbers.
 
-**The rule**, where no entry matches (or the GPU has no table): on sm_90 and sm_100, one token
-and a K-major weight (`w.t()`): `gemv` (the weight streamed a row a program, CUDA-core FMAs);
-M <= 16: `slab` (mma.sync's 16-row slabs of the weight, no K split); M <= 2048: cuBLAS
-(`torch`); larger: `warpspec` (its own choice by K). Each threshold is what the H100 table says
-across its weights (the constants below give the counts); the `holdout` preset measures the rule
-on weights the table was not tuned on (results/h100-holdout, docs/perf-notes.md entry 44).
+**The rule**, for a weight without entries (or a GPU without a table): on sm_90 and sm_100, one
+token and a K-major weight (`w.t()`): `gemv` (the weight streamed a row a program, CUDA-core
+FMAs); M <= 16: `slab` (mma.sync's 16-row slabs of the weight, no K split); above: cuBLAS
+(`torch`). Each threshold is measured (the constants below give the counts): the H100 table
+across its weights, and the `holdout` preset on weights the table was not tuned on
+(results/h100-holdout): no Gluon kernel beat cuBLAS by MARGIN across weights at any M above 16.
 
-fp8 (dtype "fp8", per-tensor scales, or "fp8-row"): `warpspec` from M = 2049; at M = 1 with
-K <= 16384, `gemv` (the weight streamed in one chunk a row, CUDA-core FMAs); swapab's whole-K
-tile (one 64-row tile per program over all of K) with row-wise scales at M <= 64 and with
-per-tensor scales at M <= 16, on its shared ring (two programs an SM) where the weight has more
-64-row tiles than the GPU has SMs, but at most four times as many (at 33-64 tokens there a tile
-of 128 weight rows, one program an SM, instead); cuBLAS fp8 otherwise (warpspec lost to it at
-M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor scales).
+fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; the table has no fp8 entries): `warpspec`
+from M = 2049; at M = 1 with K <= 16384, `gemv` (the weight streamed in one chunk a row,
+CUDA-core FMAs); swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise
+scales at M <= 64 and with per-tensor scales at M <= 16, on its shared ring (two programs an SM)
+where the weight has more 64-row tiles than the GPU has SMs, but at most four times as many (at
+33-64 tokens there a tile of 128 weight rows, one program an SM, instead); cuBLAS fp8 otherwise
+(warpspec lost to it at M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor
+scales).
 
 Other GPUs: cuBLAS (`torch`).
 """
@@ -31,12 +40,16 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 TABLES = Path(__file__).resolve().parent / "tables"
-NEAR = 4.0  # an entry answers for M within this factor of its own
+# A Gluon candidate runs instead of cuBLAS only where it measured this much faster (`gluon-survey
+# tune` picks an entry's winner with it, `choose` a candidate between two entries): tune's short
+# timing ranks near-ties by noise (a 1.00x tie picked at 16x4096x4096 fp16 measured 0.85x in the
+# survey's paired run: docs/perf-notes.md entry 20).
+MARGIN = 0.03
+CUBLAS = "torch cuBLAS"  # cuBLAS's key in an entry's `candidates`
 # fp8: warpspec measured 1.01-1.03x cuBLAS fp8 at M = 8192 and 0.87-0.88x at M = 1024 over the
 # llm shapes (results/h100-fp8-llm). So the rule keeps cuBLAS fp8 up to this M and runs warpspec
 # above it.
@@ -61,23 +74,22 @@ FP8_GEMV_M = 1  # at most
 FP8_GEMV_MAX_K = 16384
 # fp16/bf16: where the H100 table (tables/h100.json: the llm preset's 8 weights, GPU time a call,
 # every candidate against cuBLAS) puts each M, per dtype:
-# - M = 1: gemv on all 8 weights, 1.07-1.22x cuBLAS (the one-chunk row where K <= 16384). With
-#   a row-major B (a [K, N] weight, never in the table) gemv measured 0.09-0.95x cuBLAS at M = 1
-#   on the holdout weights, slab 0.87-1.15x (results/h100-holdout-row-m1). So only a K-major
-#   weight takes gemv.
+# - M = 1: gemv on all 8 weights, 1.07-1.22x cuBLAS (the one-chunk row where K <= 16384); on the
+#   holdout weights, outside the table, 1.11-1.62x (results/h100-holdout). With a row-major B (a
+#   [K, N] weight, never in the table) gemv measured 0.09-0.95x cuBLAS at M = 1 on the holdout
+#   weights, slab 0.87-1.15x (results/h100-holdout-row-m1). So only a K-major weight takes gemv.
 GEMV_M = 1  # at most
 # - M = 4 and 16: slab or swapab's whole-K tile on 6 of the 8 (1.03-1.11x); cuBLAS on 8192 x
-#   8192 and 28672 x 4096, where slab measured 0.99-1.03x, inside the table's 3 % margin. Kernel-
-#   only, slab took 0.94-0.99x swapab's time on 31 of 32 pairs at M = 1 and 16 (results/h100-slab).
+#   8192 and 28672 x 4096, where slab measured 0.99-1.03x, inside MARGIN. Kernel-only, slab took
+#   0.94-0.99x swapab's time on 31 of 32 pairs at M = 1 and 16 (results/h100-slab).
 SLAB_M = 16  # at most
-# - M = 64: cuBLAS on 5 of the 8; the Gluon modes' own configs 0.60-1.02x (split swapab, which
-#   the rule ran before, 0.80-1.02x in bf16), the whole-K tile 0.94-1.06x. M = 128: cuBLAS on
-#   7-8 of 8 (splitk, the rule before, 0.83-1.00x in bf16). M = 1024: cuBLAS on 4-7 of 8
-#   (warpspec's cooperative tile 0.88-1.12x in bf16).
-# - M = 8192: a Gluon rung on 4-5 of 8, warpspec's cooperative tile 0.92-1.11x in bf16.
-# So between one slab and the prefill sizes the rule runs cuBLAS, and warpspec above, the same
-# threshold as fp8's.
-CUBLAS_UP_TO_M = 2048  # at most
+# - Above 16 the rule runs cuBLAS: no Gluon kernel beat it by MARGIN across weights at any M there.
+#   M = 64: cuBLAS on 5 of the 8 (the Gluon modes' own configs 0.60-1.02x, the whole-K tile
+#   0.94-1.06x); M = 128: cuBLAS on 7-8 of 8; M = 1024: cuBLAS on 4-7 of 8 (warpspec's
+#   cooperative tile 0.88-1.12x in bf16); M = 8192: a Gluon rung on 4-5 of 8 (warpspec's
+#   cooperative tile 0.92-1.11x in bf16). On the holdout weights warpspec, the rule's choice above
+#   M = 2048 before, measured 0.90-1.07x cuBLAS at M = 4096 (geomean 1.01x in fp16, 1.00x in
+#   bf16), beating it by MARGIN on 13 of the 32 cells (results/h100-holdout).
 
 
 @dataclass(frozen=True)
@@ -148,22 +160,91 @@ def rule(
         return Choice("gemv", None, "rule: one token, a K-major weight: gemv streams it a row a program")
     if M <= SLAB_M:
         return Choice("slab", None, f"rule: M <= {SLAB_M}, mma.sync's 16-row slabs stream the weight unsplit")
-    if M <= CUBLAS_UP_TO_M:
-        return Choice(
-            "torch",
-            None,
-            f"rule: {SLAB_M} < M <= {CUBLAS_UP_TO_M}: cuBLAS, the H100 table's choice on most entries there",
+    return Choice(
+        "torch",
+        None,
+        f"rule: M > {SLAB_M}: cuBLAS (no Gluon kernel beat it by {MARGIN:.0%} across weights there)",
+    )
+
+
+def _entries(table: dict | None, N: int, K: int, dtype: str, layout: str) -> dict[int, dict]:
+    """The table's entries for this weight, by M (a later entry of the same M wins, as tune's
+    merge keeps one)."""
+    return {
+        e["M"]: e
+        for e in (table or {}).get("entries", ())
+        if (e["N"], e["K"], e["dtype"], e["b_layout"]) == (N, K, dtype, layout)
+    }
+
+
+def _measured(entry: dict) -> dict[str, float]:
+    """The Gluon candidates of an entry that ran correctly there: key ("mode label") -> its speed
+    relative to the entry's cuBLAS time (cuBLAS ms / candidate ms)."""
+    return {key: entry["cublas_ms"] / t for key, t in _times(entry).items()}
+
+
+def _held(entry: dict) -> set[str]:
+    """The Gluon candidates of an entry that beat its cuBLAS time by MARGIN: t * (1 + MARGIN) <=
+    cuBLAS, as tune picks a winner."""
+    return {key for key, t in _times(entry).items() if t * (1 + MARGIN) <= entry["cublas_ms"]}
+
+
+def _times(entry: dict) -> dict[str, float]:
+    """The measured times of an entry's Gluon candidates (a failed one's is a message: left out)."""
+    return {
+        key: t
+        for key, t in entry.get("candidates", {}).items()
+        if key != CUBLAS and isinstance(t, int | float) and t > 0
+    }
+
+
+def _mode_config(key: str) -> tuple[str, str | None]:
+    """A `candidates` key split at its first space: (mode, config label); cuBLAS: ("torch", None)."""
+    mode, _, label = key.partition(" ")
+    return (mode, None) if key == CUBLAS else (mode, label)
+
+
+def _neighbour(entry: dict) -> str:
+    """One measured neighbour for `explain`: its M, cuBLAS's time and its fastest Gluon candidate."""
+    text = f"M={entry['M']} (cuBLAS {entry['cublas_ms'] * 1e3:.1f} us"
+    ratios = _measured(entry)
+    if ratios:
+        key = max(ratios, key=lambda k: (ratios[k], k))
+        text += f"; {key} {ratios[key]:.2f}x"
+    return text + ")"
+
+
+def _between(lo: dict, hi: dict) -> tuple[str, str]:
+    """The candidate key that held at both neighbours (module docstring), or cuBLAS; and why."""
+    at_lo, at_hi = _measured(lo), _measured(hi)
+    held = _held(lo) & _held(hi)
+    span = f"between {_neighbour(lo)} and {_neighbour(hi)}"
+    if not held:
+        return CUBLAS, f"{span}: no candidate beat cuBLAS by {MARGIN:.0%} at both: cuBLAS"
+    # the best worse-of-the-two ratio, then the better other ratio, then the label
+    key = min(held, key=lambda k: (-min(at_lo[k], at_hi[k]), -max(at_lo[k], at_hi[k]), k))
+    return key, (
+        f"{span}: {key} held at both ({at_lo[key]:.2f}x at M={lo['M']}, {at_hi[key]:.2f}x at M={hi['M']})"
+    )
+
+
+def _at(entry: dict) -> str:
+    """Why a measured M gets its entry's choice."""
+    where = f"measured at M={entry['M']}"
+    if entry["mode"] == "torch":
+        ratios = _measured(entry)
+        if not ratios:
+            return f"{where}: cuBLAS {entry['cublas_ms'] * 1e3:.1f} us, no Gluon candidate ran"
+        key = max(ratios, key=lambda k: (ratios[k], k))
+        return (
+            f"{where}: cuBLAS {entry['cublas_ms'] * 1e3:.1f} us; the fastest Gluon candidate, {key}, "
+            f"{ratios[key]:.2f}x: not {MARGIN:.0%} faster"
         )
-    return Choice("warpspec", None, f"rule: M > {CUBLAS_UP_TO_M}, enough tiles for the warp-specialized rung")
-
-
-def _bucket(M: int, measured: list[int]) -> tuple[int, int]:
-    """The range of M nearer (log scale) to M's nearest measured value than to the others."""
-    ms = sorted(set(measured))
-    i = min(range(len(ms)), key=lambda j: abs(math.log(ms[j]) - math.log(M)))
-    lo = 1 if i == 0 else math.floor(math.sqrt(ms[i - 1] * ms[i])) + 1
-    hi = None if i == len(ms) - 1 else math.floor(math.sqrt(ms[i] * ms[i + 1]))
-    return lo, hi if hi is not None else 1 << 62
+    ratio = entry["cublas_ms"] / entry["ms"]
+    return (
+        f"{where}: {entry['mode']} {entry['config'] or ''} {entry['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS "
+        f"({entry['cublas_ms'] * 1e3:.1f} us)"
+    )
 
 
 def choose(
@@ -178,23 +259,25 @@ def choose(
 ) -> Choice:
     """The mode and config for this shape on this GPU (module docstring); `sm_count` for the rule."""
     table = table_for(gpu_name)
-    entries = [
-        e
-        for e in (table or {}).get("entries", ())
-        if (e["N"], e["K"], e["dtype"], e["b_layout"]) == (N, K, dtype, layout)
-    ]
+    entries = _entries(table, N, K, dtype, layout)
     if entries:
-        best = min(entries, key=lambda e: abs(math.log(e["M"]) - math.log(max(M, 1))))
-        if max(best["M"], M) <= NEAR * min(best["M"], max(M, 1)):
-            lo, hi = _bucket(max(M, 1), [e["M"] for e in entries])
-            span = f"M {lo}..{hi}" if hi < 1 << 62 else f"M >= {lo}"
-            ratio = best["cublas_ms"] / best["ms"]
-            why = (
-                f"table {table['name']}: measured at M={best['M']} ({span}): {best['mode']} "
-                f"{best['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS ({best['cublas_ms'] * 1e3:.1f} us)"
-            )
-            return Choice(best["mode"], best["config"], why)
+        name = f"table {table['name']}"
+        ms = sorted(entries)
+        if M in entries:
+            entry = entries[M]
+            return Choice(entry["mode"], entry["config"], f"{name}: {_at(entry)}")
+        if ms[0] > M:
+            why = f"below the table's smallest measured M={ms[0]} for this weight: cuBLAS (no extrapolation)"
+            return Choice("torch", None, f"{name}: {why}")
+        if ms[-1] < M:
+            why = f"beyond the table's largest measured M={ms[-1]} for this weight: cuBLAS (no extrapolation)"
+            return Choice("torch", None, f"{name}: {why}")
+        hi = next(m for m in ms if m > M)
+        lo = ms[ms.index(hi) - 1]
+        key, why = _between(entries[lo], entries[hi])
+        return Choice(*_mode_config(key), f"{name}: {why}")
     choice = rule(M, capability, dtype, N, sm_count, K, layout)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
-    return Choice(choice.mode, choice.config, f"{choice.why} (table {table['name']} has no entry near it)")
+    why = f"{choice.why} (table {table['name']} has no entry for this weight)"
+    return Choice(choice.mode, choice.config, why)

@@ -4,6 +4,10 @@
     gluon-survey tune --shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100 \\
         --output src/gluon_survey/tables/h100.json
 
+`matmul` runs a Gluon candidate between two measured M only where it beat cuBLAS at both, and
+cuBLAS beyond the largest or below the smallest; `--shapes llm-dense` measures the same weights at
+every power of two from 1 to 16384 and the midpoints 3 * 2**k between them (shapes.DENSE_M).
+
 `--update` measures only the given shapes and merges them into the table already at --output:
 an entry of the same (M, N, K, dtype, B layout) is replaced, the others are kept, and the run is
 recorded in the table's `updates` (its env and the keys it wrote; its entries carry `update`, the
@@ -11,12 +15,12 @@ recorded in the table's `updates` (its env and the keys it wrote; its entries ca
 
 Per (shape, dtype, B layout): inputs from the seed (rotated copies for a cold L2, as the survey
 times), cuBLAS's time and error, then every candidate (each provider's `candidates(capability)`,
-narrowed to the ones that make sense at this M: `candidates_for`) is prepared, checked against
-the fp32 reference on a NaN-poisoned output with the survey's tolerance, and timed with
-`timing.time_fn`; the fastest correct one is the entry if it beats cuBLAS by MARGIN, else cuBLAS,
-with every candidate's time as evidence. The timing is shorter than the survey's (`--warmup-ms`,
-`--min-ms`), so close calls may be ranked by noise; the survey's own run of the `auto` mode
-(`gluon-survey auto --shapes llm --b-layout t`) is the measurement that counts.
+narrowed to the ones that make sense at this M: `candidates_for`) is prepared, checked against the
+fp32 reference on a NaN-poisoned output with the survey's tolerance, and timed with
+`timing.time_fn`; the fastest correct one is the entry if it beats cuBLAS by choice.MARGIN, else
+cuBLAS, with every candidate's time as evidence. The timing is shorter than the survey's
+(`--warmup-ms`, `--min-ms`), so close calls may be ranked by noise; the survey's own run of the
+`auto` mode (`gluon-survey auto --shapes llm --b-layout t`) is the measurement that counts.
 """
 
 from __future__ import annotations
@@ -30,17 +34,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gluon_survey import registry
+from gluon_survey.choice import CUBLAS, MARGIN
 from gluon_survey.driver import shapes
 from gluon_survey.driver.settings import DEFAULTS
 from gluon_survey.launch import B_LAYOUTS
 
 PROG = "gluon-survey tune"
 MODES = ("slab", "swapab", "splitk", "persistent", "warpspec", "torch")
-# A Gluon candidate is chosen over cuBLAS only when it is this much faster: tune's short timing
-# ranks near-ties by noise (a 1.00x tie picked at 16x4096x4096 fp16 measured 0.85x in the survey's
-# paired run: perf-notes entry 20).
-MARGIN = 0.03
-CUBLAS = f"{registry.BASELINE} cuBLAS"
 
 
 def choose(times: dict[str, float | str], margin: float = MARGIN) -> str:
@@ -157,11 +157,11 @@ def merge(table: dict, update: dict) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="\n\n".join(__doc__.split("\n\n")[:3]),  # what it does, the example, --update
+        description="\n\n".join(__doc__.split("\n\n")[:4]),  # what it does, the example, the M grid, --update
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the example keeps its lines
     )
     parser.add_argument(
-        "--shapes", default="llm", metavar="llm|holdout|FILE.csv", help="shapes (default: llm)"
+        "--shapes", default="llm", metavar="llm|llm-dense|holdout|FILE.csv", help="shapes (default: llm)"
     )
     parser.add_argument(
         "--dtype", default="fp16,bf16", help="comma list of fp16, bf16 (default: %(default)s)"
