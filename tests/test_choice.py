@@ -90,7 +90,7 @@ def test_a_measured_m_gets_its_entry(table):
     assert (c.mode, c.config) == ("torch", None)
     assert c.why == (
         f"table h100: measured at M=8192: cuBLAS 3000.0 us; the fastest Gluon candidate, {WARPSPEC}, "
-        "0.99x: not 3% faster"
+        "0.99x: not 3 % faster"
     )
 
 
@@ -136,7 +136,7 @@ def test_why_names_both_neighbours_and_their_numbers(table):
     )
     assert _choose(500).why == (
         f"table h100: between M=128 (cuBLAS 60.0 us; {SPLITK} 1.20x) and M=1024 (cuBLAS 420.0 us; "
-        f"{WARPSPEC} 1.05x): no candidate beat cuBLAS by 3% at both: cuBLAS"
+        f"{WARPSPEC} 1.05x): no candidate beat cuBLAS by 3 % at both: cuBLAS"
     )
 
 

@@ -163,7 +163,7 @@ def rule(
     return Choice(
         "torch",
         None,
-        f"rule: M > {SLAB_M}: cuBLAS (no Gluon kernel beat it by {MARGIN:.0%} across weights there)",
+        f"rule: M > {SLAB_M}: cuBLAS (no Gluon kernel beat it by {MARGIN * 100:g} % across weights there)",
     )
 
 
@@ -220,7 +220,7 @@ def _between(lo: dict, hi: dict) -> tuple[str, str]:
     held = _held(lo) & _held(hi)
     span = f"between {_neighbour(lo)} and {_neighbour(hi)}"
     if not held:
-        return CUBLAS, f"{span}: no candidate beat cuBLAS by {MARGIN:.0%} at both: cuBLAS"
+        return CUBLAS, f"{span}: no candidate beat cuBLAS by {MARGIN * 100:g} % at both: cuBLAS"
     # the best worse-of-the-two ratio, then the better other ratio, then the label
     key = min(held, key=lambda k: (-min(at_lo[k], at_hi[k]), -max(at_lo[k], at_hi[k]), k))
     return key, (
@@ -238,7 +238,7 @@ def _at(entry: dict) -> str:
         key = max(ratios, key=lambda k: (ratios[k], k))
         return (
             f"{where}: cuBLAS {entry['cublas_ms'] * 1e3:.1f} us; the fastest Gluon candidate, {key}, "
-            f"{ratios[key]:.2f}x: not {MARGIN:.0%} faster"
+            f"{ratios[key]:.2f}x: not {MARGIN * 100:g} % faster"
         )
     ratio = entry["cublas_ms"] / entry["ms"]
     return (
