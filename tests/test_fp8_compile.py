@@ -29,7 +29,7 @@ from gluon_survey.kernels import (
     warpspec_tcgen05,
 )
 from gluon_survey.launch import Scales, Target
-from kernel_reports import compiled_report, specs
+from kernel_reports import compiled_report, config_marks, specs
 from recording import Launched, Recorder
 
 pytestmark = pytest.mark.compile
@@ -42,7 +42,9 @@ SIXTEEN_BIT_MMA = ("HGMMA", "UTCHMMA", "HMMA")
 # 256 elements of a weight row a stage in both (its fp8 stage holds half the bytes).
 K_STEPS = {"slab": (256, 256)}
 SPECS = [
-    pytest.param(mode, arch, i, id=f"{arch}-{spec.kernel.replace(' ', '-')}")
+    pytest.param(
+        mode, arch, i, id=f"{arch}-{spec.kernel.replace(' ', '-')}", marks=config_marks(mode, arch, FP8, i)
+    )
     for arch in MMA
     for mode in FP8_RUNGS
     # slab: mma.sync with fp8 widened to fp16, tests/test_slab_compile.py; gemv: FMAs,

@@ -15,13 +15,19 @@ from factories import INSPECT_JSON_KEYS
 from gluon_survey import registry
 from gluon_survey.driver import inspect as gs_inspect
 from gluon_survey.kernels import common, persistent, warpspec
-from kernel_reports import compiled_report
+from kernel_reports import compiled_report, config_marks
 
 pytestmark = pytest.mark.compile
 
 RUNGS = [m for m in registry.MODES if m.kind == "gluon"]
 SPECS = [
-    pytest.param(mode.name, dtype, i, id=f"{spec.kernel.replace(' ', '-')}-{dtype}")
+    pytest.param(
+        mode.name,
+        dtype,
+        i,
+        id=f"{spec.kernel.replace(' ', '-')}-{dtype}",
+        marks=config_marks(mode.name, "sm_90a", dtype, i),
+    )
     for mode in RUNGS
     for dtype in ("float16", "bfloat16")
     for i, spec in enumerate(mode.provider((9, 0)).compile_specs((9, 0), dtype))
