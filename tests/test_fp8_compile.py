@@ -1,9 +1,10 @@
-"""The fp8 rungs compile for sm_90a and sm_100a on a machine with no GPU (with triton 3.6.0 and,
-through `make test`, 3.9.0), and their machine code is fp8: wgmma with e4m3 operands (QGMMA) on
-Hopper, tcgen05's f8f6f4 kind (UTCQMMA) on Blackwell, and no 16-bit MMA left; no spills with the
-row-wise scales' epilogue (the one that loads the most); the shared memory of the fp8 config (the
-same bytes per stage as 16-bit, K twice as deep, C in bf16), plus the mbarriers and the scratch
-that redistributes the loaded scales. The small-M rungs (splitk, swapab, slab) too: their fp8
+"""The fp8 rungs compile for sm_90a and sm_100a on a machine with no GPU (with triton 3.6.0, every
+config; through `make test`, with 3.9.0, one config per kernel design: tests/kernel_reports.py),
+and their machine code is fp8: wgmma with e4m3 operands (QGMMA) on Hopper, tcgen05's f8f6f4 kind
+(UTCQMMA) on Blackwell, and no 16-bit MMA left; no spills with the row-wise scales' epilogue (the
+one that loads the most); the shared memory of the fp8 config (the same bytes per stage as 16-bit,
+K twice as deep, C in bf16), plus the mbarriers and the scratch that redistributes the loaded
+scales. The small-M rungs (splitk, swapab, slab) too: their fp8
 launch passes the scales after the descriptors (splitk and swapab: the fp32 split-K workspace
 after them), and their providers refuse a row-major B and a config of the other kind themselves.
 (slab's fp8 MMA is mma.sync on operands widened to fp16: its machine code is

@@ -1,9 +1,9 @@
-"""Every Hopper rung compiles for sm_90a on a machine with no GPU (with triton 3.6.0 and, through
-`make test`, 3.9.0), and its machine code is what the rung claims: wgmma (HGMMA), TMA loads and
-stores (UTMALDG/UTMASTG), no local-memory spills, the shared memory its config computes, and, for
-warpspec, the producer giving registers to the MMA warpgroups (USETMAXREG). (slab multiplies with
-mma.sync and gemv with FMAs by design: their machine code is tests/test_slab_compile.py's and
-tests/test_gemv_compile.py's.)"""
+"""Every Hopper rung compiles for sm_90a on a machine with no GPU (with triton 3.6.0, every config;
+through `make test`, with 3.9.0, one config per kernel design: tests/kernel_reports.py), and its
+machine code is what the rung claims: wgmma (HGMMA), TMA loads and stores (UTMALDG/UTMASTG), no
+local-memory spills, the shared memory its config computes, and, for warpspec, the producer giving
+registers to the MMA warpgroups (USETMAXREG). (slab multiplies with mma.sync and gemv with FMAs by
+design: their machine code is tests/test_slab_compile.py's and tests/test_gemv_compile.py's.)"""
 
 from __future__ import annotations
 
