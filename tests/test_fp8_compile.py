@@ -1,9 +1,10 @@
-"""The fp8 rungs compile for sm_90a and sm_100a on a machine with no GPU (with triton 3.6.0 and,
-through `make test`, 3.9.0), and their machine code is fp8: wgmma with e4m3 operands (QGMMA) on
-Hopper, tcgen05's f8f6f4 kind (UTCQMMA) on Blackwell, and no 16-bit MMA left; no spills with the
-row-wise scales' epilogue (the one that loads the most); the shared memory of the fp8 config (the
-same bytes per stage as 16-bit, K twice as deep, C in bf16), plus the mbarriers and the scratch
-that redistributes the loaded scales. The small-M rungs (splitk, swapab, slab) too: their fp8
+"""The fp8 rungs compile for sm_90a and sm_100a on a machine with no GPU (with triton 3.6.0, every
+config; through `make test`, with 3.9.0, one config per kernel design: tests/kernel_reports.py),
+and their machine code is fp8: wgmma with e4m3 operands (QGMMA) on Hopper, tcgen05's f8f6f4 kind
+(UTCQMMA) on Blackwell, and no 16-bit MMA left; no spills with the row-wise scales' epilogue (the
+one that loads the most); the shared memory of the fp8 config (the same bytes per stage as 16-bit,
+K twice as deep, C in bf16), plus the mbarriers and the scratch that redistributes the loaded
+scales. The small-M rungs (splitk, swapab, slab) too: their fp8
 launch passes the scales after the descriptors (splitk and swapab: the fp32 split-K workspace
 after them), and their providers refuse a row-major B and a config of the other kind themselves.
 (slab's fp8 MMA is mma.sync on operands widened to fp16: its machine code is
@@ -29,7 +30,7 @@ from gluon_survey.kernels import (
     warpspec_tcgen05,
 )
 from gluon_survey.launch import Scales, Target
-from kernel_reports import compiled_report, specs
+from kernel_reports import compiled_report, config_marks, specs
 from recording import Launched, Recorder
 
 pytestmark = pytest.mark.compile
@@ -42,7 +43,9 @@ SIXTEEN_BIT_MMA = ("HGMMA", "UTCHMMA", "HMMA")
 # 256 elements of a weight row a stage in both (its fp8 stage holds half the bytes).
 K_STEPS = {"slab": (256, 256)}
 SPECS = [
-    pytest.param(mode, arch, i, id=f"{arch}-{spec.kernel.replace(' ', '-')}")
+    pytest.param(
+        mode, arch, i, id=f"{arch}-{spec.kernel.replace(' ', '-')}", marks=config_marks(mode, arch, FP8, i)
+    )
     for arch in MMA
     for mode in FP8_RUNGS
     # slab: mma.sync with fp8 widened to fp16, tests/test_slab_compile.py; gemv: FMAs,

@@ -11,12 +11,18 @@ import torch
 
 from gluon_survey.kernels import gemv
 from gluon_survey.launch import Scales, Target
-from kernel_reports import compiled_report, specs
+from kernel_reports import compiled_report, config_marks, specs
 
 pytestmark = pytest.mark.compile
 
 CASES = [
-    pytest.param(arch, dtype, i, id=f"{arch}-{dtype}-{spec.kernel.replace(' ', '-')}")
+    pytest.param(
+        arch,
+        dtype,
+        i,
+        id=f"{arch}-{dtype}-{spec.kernel.replace(' ', '-')}",
+        marks=config_marks("gemv", arch, dtype, i),
+    )
     for arch in ("sm_90a", "sm_100a")
     for dtype in ("float16", "bfloat16", "float8_e4m3fn")
     for i, spec in enumerate(specs("gemv", arch, dtype))

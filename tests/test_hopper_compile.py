@@ -1,9 +1,9 @@
-"""Every Hopper rung compiles for sm_90a on a machine with no GPU (with triton 3.6.0 and, through
-`make test`, 3.9.0), and its machine code is what the rung claims: wgmma (HGMMA), TMA loads and
-stores (UTMALDG/UTMASTG), no local-memory spills, the shared memory its config computes, and, for
-warpspec, the producer giving registers to the MMA warpgroups (USETMAXREG). (slab multiplies with
-mma.sync and gemv with FMAs by design: their machine code is tests/test_slab_compile.py's and
-tests/test_gemv_compile.py's.)"""
+"""Every Hopper rung compiles for sm_90a on a machine with no GPU (with triton 3.6.0, every config;
+through `make test`, with 3.9.0, one config per kernel design: tests/kernel_reports.py), and its
+machine code is what the rung claims: wgmma (HGMMA), TMA loads and stores (UTMALDG/UTMASTG), no
+local-memory spills, the shared memory its config computes, and, for warpspec, the producer giving
+registers to the MMA warpgroups (USETMAXREG). (slab multiplies with mma.sync and gemv with FMAs by
+design: their machine code is tests/test_slab_compile.py's and tests/test_gemv_compile.py's.)"""
 
 from __future__ import annotations
 
@@ -15,13 +15,19 @@ from factories import INSPECT_JSON_KEYS
 from gluon_survey import registry
 from gluon_survey.driver import inspect as gs_inspect
 from gluon_survey.kernels import common, persistent, warpspec
-from kernel_reports import compiled_report
+from kernel_reports import compiled_report, config_marks
 
 pytestmark = pytest.mark.compile
 
 RUNGS = [m for m in registry.MODES if m.kind == "gluon"]
 SPECS = [
-    pytest.param(mode.name, dtype, i, id=f"{spec.kernel.replace(' ', '-')}-{dtype}")
+    pytest.param(
+        mode.name,
+        dtype,
+        i,
+        id=f"{spec.kernel.replace(' ', '-')}-{dtype}",
+        marks=config_marks(mode.name, "sm_90a", dtype, i),
+    )
     for mode in RUNGS
     for dtype in ("float16", "bfloat16")
     for i, spec in enumerate(mode.provider((9, 0)).compile_specs((9, 0), dtype))

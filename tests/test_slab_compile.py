@@ -17,14 +17,20 @@ from gluon_survey import api
 from gluon_survey.driver import inspect as gs_inspect
 from gluon_survey.kernels import common, slab
 from gluon_survey.launch import Target
-from kernel_reports import compiled_report, specs
+from kernel_reports import compiled_report, config_marks, specs
 from recording import Launched, Recorder
 
 pytestmark = pytest.mark.compile
 
 FP8 = "float8_e4m3fn"
 CASES = [
-    pytest.param(arch, dtype, i, id=f"{arch}-{dtype}-{spec.kernel.replace(' ', '-')}")
+    pytest.param(
+        arch,
+        dtype,
+        i,
+        id=f"{arch}-{dtype}-{spec.kernel.replace(' ', '-')}",
+        marks=config_marks("slab", arch, dtype, i),
+    )
     for arch in ("sm_90a", "sm_100a")
     for dtype in ("float16", "bfloat16", FP8)
     for i, spec in enumerate(specs("slab", arch, dtype))
@@ -51,6 +57,7 @@ def test_slab_machine_code(arch, dtype, index):
     assert r.shared_bytes <= common.SMEM_LIMIT
 
 
+@pytest.mark.exhaustive  # every config of one design: the triton-3.9 pass compiles one (CASES)
 @pytest.mark.parametrize("dtype", ["bfloat16", FP8])
 def test_every_tune_candidate_compiles_without_spills(dtype):
     """The slabs `tune` tries (16, 32 and 64 rows by every token width), with every ring a launch

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_reports import compiled_report, specs
+from kernel_reports import compiled_report, config_marks, specs
 
 pytestmark = pytest.mark.compile
 
 FP8 = "float8_e4m3fn"
 CASES = [
-    pytest.param(mode, arch, dtype, i, id=f"{mode}-{arch}-{dtype}-{i}")
+    pytest.param(
+        mode, arch, dtype, i, id=f"{mode}-{arch}-{dtype}-{i}", marks=config_marks(mode, arch, dtype, i)
+    )
     for mode in ("splitk", "swapab")
     for arch in ("sm_90a", "sm_100a")
     for dtype in ("float16", "bfloat16", FP8)
