@@ -42,11 +42,11 @@ def _entry(M, candidates, N=4096, K=14336, dtype="bf16", layout="t"):
 
 
 # One weight (4096 x 14336 bf16, K-major) measured at six M; each entry's ratios to cuBLAS:
-# M = 1: slab 1.10x (winner), swapab 1.048x     M = 16: swapab 1.12x (winner), slab 1.07x
+# M = 4: slab 1.10x (winner), swapab 1.048x     M = 16: swapab 1.12x (winner), slab 1.07x
 # M = 64: slab 1.17x (winner), persistent 1.13x  M = 128: splitk 1.20x (winner), persistent 1.11x, slab 0.91x
 # M = 1024: warpspec 1.05x (winner), persistent 1.012x, splitk failed  M = 8192: cuBLAS, warpspec 0.993x
 ENTRIES = [
-    _entry(1, {SLAB: 0.040, SWAPAB: 0.042, CUBLAS: 0.044}),
+    _entry(4, {SLAB: 0.040, SWAPAB: 0.042, CUBLAS: 0.044}),
     _entry(16, {SWAPAB: 0.041, SLAB: 0.043, CUBLAS: 0.046}),
     _entry(64, {SLAB: 0.060, PERSISTENT: 0.062, CUBLAS: 0.070}),
     _entry(128, {SPLITK: 0.050, PERSISTENT: 0.054, SLAB: 0.066, CUBLAS: 0.060}),
@@ -96,11 +96,12 @@ def test_a_measured_m_gets_its_entry(table):
 
 @pytest.mark.parametrize(
     ("M", "key"),
-    [(2, SLAB), (15, SLAB),  # both held at 1 and 16: slab's worse ratio 1.07x beats swapab's 1.048x
+    [(1, CUBLAS), (3, CUBLAS),  # below the smallest measured M
+     (5, SLAB), (15, SLAB),  # both held at 4 and 16: slab's worse ratio 1.07x beats swapab's 1.048x
      (17, SLAB), (63, SLAB),  # slab held at 16 (not its winner) and 64
      (65, PERSISTENT), (127, PERSISTENT),  # neither neighbour's winner, but it held at both
-     (129, CUBLAS), (1023, CUBLAS),  # winners differ (splitk, warpspec), none held at both
-     (1025, CUBLAS), (8191, CUBLAS),  # warpspec held at 1024 only
+     (129, CUBLAS), (1023, CUBLAS),  # 128 and 1024 are 8x apart: no candidate runs across the gap
+     (1025, CUBLAS), (8191, CUBLAS),  # 8x apart again (and warpspec held at 1024 only)
      (8193, CUBLAS), (16384, CUBLAS), (1 << 20, CUBLAS)],  # beyond the largest measured M
 )  # fmt: skip
 def test_between_two_entries_a_candidate_runs_only_where_it_held_at_both(table, M, key):
@@ -135,8 +136,26 @@ def test_why_names_both_neighbours_and_their_numbers(table):
         f"{SPLITK} 1.20x): {PERSISTENT} held at both (1.13x at M=64, 1.11x at M=128)"
     )
     assert _choose(500).why == (
-        f"table h100: between M=128 (cuBLAS 60.0 us; {SPLITK} 1.20x) and M=1024 (cuBLAS 420.0 us; "
-        f"{WARPSPEC} 1.05x): no candidate beat cuBLAS by 3 % at both: cuBLAS"
+        "table h100: between M=128 and M=1024, more than 4x apart: cuBLAS (a crossover can hide there)"
+    )
+
+
+def test_a_gap_wider_than_max_gap_runs_cublas_even_where_a_candidate_held_at_both(tmp_path, monkeypatch):
+    """Two measured M more than MAX_GAP apart say nothing about the M between them (persistent held
+    at 1024 and 8192 and ran 0.76x at 1536: results/h100-offgrid-auto); at most MAX_GAP apart the
+    candidate that held at both runs, and where none held the why says so."""
+    assert choice.MAX_GAP == 4
+    wide = [_entry(1024, {PERSISTENT: 0.40, CUBLAS: 0.44}), _entry(8192, {PERSISTENT: 3.0, CUBLAS: 3.3})]
+    _install(tmp_path, monkeypatch, wide)
+    assert _key(_choose(1536)) == CUBLAS and "more than 4x apart" in _choose(1536).why
+    narrow = [_entry(1024, {PERSISTENT: 0.40, CUBLAS: 0.44}), _entry(4096, {PERSISTENT: 1.5, CUBLAS: 1.65})]
+    _install(tmp_path, monkeypatch, narrow)
+    assert _key(_choose(1536)) == PERSISTENT and _key(_choose(4097)) == CUBLAS
+    none = [_entry(1024, {PERSISTENT: 0.40, CUBLAS: 0.44}), _entry(4096, {PERSISTENT: 1.7, CUBLAS: 1.65})]
+    _install(tmp_path, monkeypatch, none)
+    assert _choose(2048).why == (
+        f"table h100: between M=1024 (cuBLAS 440.0 us; {PERSISTENT} 1.10x) and M=4096 (cuBLAS 1650.0 us; "
+        f"{PERSISTENT} 0.97x): no candidate beat cuBLAS by 3 % at both: cuBLAS"
     )
 
 
@@ -371,6 +390,11 @@ def test_the_committed_table_runs_gluon_between_entries_only_where_it_held_at_bo
     gluon = 0
     for (N, K, dtype, layout), entries, gaps in _gaps(table):
         for lo, hi in gaps:
+            if hi > choice.MAX_GAP * lo:
+                for M in (lo + 1, hi - 1):
+                    c = choice.choose(M, N, K, dtype, layout, (9, 0), H100)
+                    assert c.mode == "torch" and f"between M={lo} and M={hi}, more than" in c.why
+                continue
             held = {
                 key
                 for key, t in entries[lo]["candidates"].items()

@@ -4,7 +4,8 @@ splitk -> swapab for few-token GEMMs) measured against cuBLAS, torch.compile and
 fastest on this GPU); `explain(a, b)` says which kernel and config it would run and why.
 `ops.matmul` is the same as a PyTorch operator (torch.compile, autograd) and `Linear` a drop-in
 `torch.nn.Linear` on it; both live in `gluon_survey.ops`, imported (and the operator registered)
-on first use."""
+on first use. `patch(model)` swaps a model's `nn.Linear` modules for `Linear` on the same
+Parameters and `unpatch(model)` swaps them back (`gluon_survey.patching`, imported on first use)."""
 
 import importlib
 
@@ -12,12 +13,15 @@ from .api import explain, matmul
 from .registry import MODES
 
 __version__ = "0.1.0"
-__all__ = ["MODES", "Linear", "__version__", "explain", "matmul", "ops"]
+__all__ = ["MODES", "Linear", "PatchReport", "__version__", "explain", "matmul", "ops", "patch", "unpatch"]
 
 
 def __getattr__(name: str):
-    """`gluon_survey.Linear` and `gluon_survey.ops`, imported when first asked for."""
+    """`gluon_survey.Linear` and `gluon_survey.ops`, `patch`, `unpatch` and `PatchReport`
+    (`gluon_survey.patching`), imported when first asked for."""
     if name in ("Linear", "ops"):
         ops = importlib.import_module(f"{__name__}.ops")
         return ops if name == "ops" else ops.Linear
+    if name in ("patch", "unpatch", "PatchReport"):
+        return getattr(importlib.import_module(f"{__name__}.patching"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

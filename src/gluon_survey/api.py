@@ -36,9 +36,21 @@ A provider takes part through its `Launch`: when `Launch.fn` carries a `plan` at
 plan on their own tensors; otherwise (the baselines) they call the provider's `prepare` each time
 and launch its `fn`, which for cuBLAS is a lambda. Everything a call does per call can be
 captured in a CUDA graph: no host synchronisation, and its only allocations (`out`, aligned
-copies) come from PyTorch's caching allocator, which serves a capture from the graph's pool. The
-first call of a key (the plan, the kernel's compilation) belongs before the capture, as CUDA-graph
-warm-up always does.
+copies) come from PyTorch's caching allocator, which serves a capture from the graph's pool.
+
+**CUDA graphs and the first call of a key.** A plan may be built where every allocation goes to
+a CUDA graph's private pool: inside `torch.cuda.graph` capture, or in the warm-up run of
+torch.compile's CUDA-graph trees (`mode="reduce-overhead"`, e.g. transformers' static-cache
+`generate`), which sends the thread's allocations to the graph's pool. The rule: a plan keeps no
+tensor that a call allocated. What it builds on stand-ins (the placeholder `out`, the aligned
+buffers' layouts) is dropped before the call returns; the tensors that outlive it, the 1x1 tensor
+its outputs are allocated like (one per dtype and device) and split-K's workspace, come from
+`memory.persistent`, a pool of the package's own that no graph owns. A tensor kept from a
+graph's pool would be memory the graph may hand out again, and CUDA-graph trees refuse it
+("tensor(s) in the cudagraph pool not tracked as outputs"). One thing a capture cannot give:
+zeroed memory (a fill is recorded, not run), so split-K's counters cannot be created or grown
+inside a capture; that call raises a RuntimeError that asks for one call of the shape before the
+capture, the usual CUDA-graph warm-up. CUDA-graph trees always warm up outside a capture.
 
 TMA descriptors are encoded through the CUDA driver API, which needs a context current on the
 calling thread: on a thread that has done no CUDA work yet (autograd's backward threads, say),
@@ -53,7 +65,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import registry
+from . import memory, registry
 from .launch import ALIGN, Launch, Scales, Target, Unaligned, b_layout
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -377,7 +389,8 @@ class MatmulPlan:
     raw_scales: bool = False
     # A 1x1 tensor of the output's dtype on its device, expanded to (M, N): `torch.empty_like` of it
     # is a contiguous (M, N) output, allocated without parsing a shape, dtype and device per call
-    # (about half of `torch.empty`'s Python cost, measured on the CPU).
+    # (about half of `torch.empty`'s Python cost, measured on the CPU). One 1x1 tensor per dtype
+    # and device for all plans, allocated outside CUDA graphs' pools (`memory.one_element`).
     like: torch.Tensor | None = None
     # A plan for aligned bases whose `run` does not check them itself: the call checks them first
     # and raises `Unaligned` (module docstring). A rung's `run` checks them where it reads them.
@@ -502,7 +515,7 @@ def _build_plan(
     m, target = _runnable(mode, a.device, scaling is not None)
     M, K, N = a.shape[0], a.shape[1], b.shape[1]
     dtype = result_dtype(a, out_dtype)
-    like = torch.empty((1, 1), dtype=dtype, device=a.device).expand(M, N)
+    like = memory.one_element(dtype, a.device).expand(M, N)  # no allocation of the plan's own
     plan = functools.partial(MatmulPlan, m.name, (M, N), dtype, a.device, like=like)
     if M == 0 or N == 0 or K == 0:
         return plan(None, scaling=scaling)
@@ -558,7 +571,8 @@ def matmul(
     `torch._scaled_mm` takes them.
 
     The first call of a plan key does the checks and choices; repeated calls only launch (module
-    docstring). Capturable in a CUDA graph once a first call has run outside the capture.
+    docstring). Capturable in a CUDA graph, also where the first call of a key is captured or
+    in CUDA-graph trees' warm-up (module docstring: split-K's first call needs one outside).
     """
     try:
         key = _plan_key(kernel, a, b, out, scale_a, scale_b, out_dtype)

@@ -8,10 +8,11 @@ that was fastest and correct there (`mode`, `config`: a label from the mode's `c
 time of every candidate and of cuBLAS (`candidates`, keyed "mode label"). A weight (N, K, dtype,
 layout) with entries is answered from them alone, and never beyond what they measured:
 - at a measured M: that entry's choice (a Gluon candidate only where it beat cuBLAS by MARGIN);
-- between two adjacent measured M (lo < M < hi): a Gluon candidate only where it held at both, i.e.
-  beat that entry's cuBLAS time by MARGIN at lo and at hi; of several, the best worse-of-the-two
-  ratio to cuBLAS (then the better other ratio, then the label); otherwise cuBLAS. The winners at
-  lo and hi need not be it: each was measured at its own M only;
+- between two adjacent measured M (lo < M < hi) at most MAX_GAP apart: a Gluon candidate only
+  where it held at both, i.e. beat that entry's cuBLAS time by MARGIN at lo and at hi; of several,
+  the best worse-of-the-two ratio to cuBLAS (then the better other ratio, then the label);
+  otherwise cuBLAS. The winners at lo and hi need not be it: each was measured at its own M only;
+- between two measured M further apart than MAX_GAP: cuBLAS (a crossover can hide in between);
 - below the smallest or above the largest measured M: cuBLAS (no extrapolation).
 So where a Gluon kernel runs comes from measured crossovers, and a denser M grid
 (`gluon-survey tune --shapes llm-dense`) narrows the gaps. `explain` prints the neighbours and
@@ -50,6 +51,10 @@ TABLES = Path(__file__).resolve().parent / "tables"
 # survey's paired run: docs/perf-notes.md entry 20).
 MARGIN = 0.03
 CUBLAS = "torch cuBLAS"  # cuBLAS's key in an entry's `candidates`
+# Two measured M further apart than this say nothing about the M between them: persistent held at
+# M = 1024 (1.08x) and 8192 (1.03x) on the 4096 x 14336 bf16 weight and ran 0.76x cuBLAS at
+# M = 1536 (results/h100-offgrid-auto). The dense grid (`--shapes llm-dense`) steps by 2x or less.
+MAX_GAP = 4
 # fp8: warpspec measured 1.01-1.03x cuBLAS fp8 at M = 8192 and 0.87-0.88x at M = 1024 over the
 # llm shapes (results/h100-fp8-llm). So the rule keeps cuBLAS fp8 up to this M and runs warpspec
 # above it.
@@ -274,6 +279,11 @@ def choose(
             return Choice("torch", None, f"{name}: {why}")
         hi = next(m for m in ms if m > M)
         lo = ms[ms.index(hi) - 1]
+        if hi > MAX_GAP * lo:
+            why = (
+                f"between M={lo} and M={hi}, more than {MAX_GAP}x apart: cuBLAS (a crossover can hide there)"
+            )
+            return Choice("torch", None, f"{name}: {why}")
         key, why = _between(entries[lo], entries[hi])
         return Choice(*_mode_config(key), f"{name}: {why}")
     choice = rule(M, capability, dtype, N, sm_count, K, layout)

@@ -32,6 +32,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .. import memory
 from ..compat import cta_barrier
 from ..launch import B_LAYOUTS, CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
@@ -233,17 +234,41 @@ def splitk_kernel(
 class Workspace:
     """fp32 partial slots and zeroed tile counters for split-K launches on one device, grown on
     demand and reused: the kernels leave every counter at 0, so nothing is cleared between calls.
-    (One stream at a time: two concurrent split-K launches must not share it.)"""
+    (One stream at a time: two concurrent split-K launches must not share it.)
+
+    The buffers come from `memory.persistent`, never a CUDA graph's pool (a plan built in
+    CUDA-graph trees' warm-up keeps them), and are never freed: a captured graph launches on
+    their addresses, so buffers replaced by larger ones are kept too (`retired`; each growth at
+    least doubles). The first buffers hold at least `least_floats` partials (a full wave's slots),
+    so that later shapes seldom grow them. Creating or growing them needs counters zeroed now,
+    which a stream capture cannot do (the fill would be recorded, not run): inside one, `get`
+    raises a RuntimeError that asks for one call of the shape before the capture."""
 
     def __init__(self) -> None:
         self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.retired: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def get(self, device: torch.device, partial_floats: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(
+        self, device: torch.device, partial_floats: int, tiles: int, least_floats: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         partials, counters = self._buffers.get(device, (None, None))
-        if partials is None or partials.numel() < partial_floats or counters.numel() < tiles:
-            partials = torch.empty(max(partial_floats, 1), dtype=torch.float32, device=device)
-            counters = torch.zeros(max(tiles, 1), dtype=torch.int32, device=device)
-            self._buffers[device] = (partials, counters)
+        if partials is not None and partials.numel() >= partial_floats and counters.numel() >= tiles:
+            return partials, counters
+        if memory.capturing():
+            raise RuntimeError(
+                f"split-K needs a workspace of {partial_floats} fp32 partials and {tiles} zeroed tile "
+                "counters, which cannot be made inside a CUDA graph capture (zeroing is recorded, not "
+                "run): call matmul (or the model) once with this shape before capturing, as CUDA-graph "
+                "warm-up does"
+            )
+        floats, count = max(partial_floats, least_floats, 1), max(tiles, 1)
+        if partials is not None:
+            self.retired.append((partials, counters))
+            floats, count = max(floats, 2 * partials.numel()), max(count, 2 * counters.numel())
+        with memory.persistent(device):
+            partials = torch.empty(floats, dtype=torch.float32, device=device)
+            counters = torch.zeros(count, dtype=torch.int32, device=device)
+        self._buffers[device] = (partials, counters)
         return partials, counters
 
 
@@ -285,7 +310,13 @@ def launch(
     grid, workspace, as a `Plan` (so `matmul` reuses it) whose kernel takes the fp8 `scales` (None
     for fp16/bf16) after the descriptors; `constexprs(split)` gives the kernel's, SCALING aside."""
     split = plan_split(cfg, tiles, a.shape[1], target.sm_count)
-    partials, counters = WORKSPACE.get(a.device, tiles * split * cfg.BLOCK_M * cfg.BLOCK_N, tiles)
+    tile_floats = cfg.BLOCK_M * cfg.BLOCK_N
+    wave = target.sm_count * cfg.blocks_per_sm() * tile_floats  # the most a split launch asks for
+    if split > 1:
+        partials, counters = WORKSPACE.get(a.device, tiles * split * tile_floats, tiles, wave)
+    else:  # SPLIT_K 1 reads neither: stand-ins of their dtypes, which need no zeroing
+        partials = memory.one_element(torch.float32, a.device)
+        counters = memory.one_element(torch.int32, a.device)
     grid = (tiles * split,)
     plan = Plan(
         Launcher(kernel, grid, constexprs(split) | {"SCALING": scaling_code(scales)}, cfg.num_warps),
