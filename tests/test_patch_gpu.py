@@ -68,14 +68,19 @@ def _assert_like_stock(out: torch.Tensor, stock: torch.Tensor, ref: torch.Tensor
 def test_reduce_overhead_with_first_calls_in_the_graph_trees(first_calls, monkeypatch, kernel):
     """The first call of every key happens in CUDA-graph trees' warm-up, which sends allocations to
     the graph's pool; with the pool check on (torch's default), a plan that kept one of them (the
-    1x1 output template, split-K's workspace) failed with 'tensor(s) in the cudagraph pool not
-    tracked as outputs'."""
+    1x1 output template) failed with 'tensor(s) in the cudagraph pool not tracked as outputs'.
+    `patch` reserves those before any graph; split-K's workspace needs one eager call of its
+    shapes first (the explicit splitk and swapab cases), as a hand-made capture does."""
     monkeypatch.setattr(torch._inductor.config.triton, "slow_path_cudagraph_asserts", True)
     model = _mlp()
     ref_model = copy.deepcopy(model).float()
     stock = copy.deepcopy(model)
     report = gluon_survey.patch(model, kernel=kernel)
     assert len(report) == 3 and report.skipped == {}
+    if kernel is not None:  # split-K's workspace (zeroed counters) is made by an eager call first
+        with torch.no_grad():
+            for M in (1, 16, 300):
+                model(torch.randn(M, 256, device="cuda").bfloat16())
     compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
     gen = torch.Generator(device="cuda").manual_seed(1)
     with torch.no_grad():
@@ -93,14 +98,13 @@ def test_reduce_overhead_with_first_calls_in_the_graph_trees(first_calls, monkey
 def test_a_first_call_captured_by_cuda_graph_then_replayed(first_calls, kernel, M):
     """A plan key whose first call is captured: the plan is built inside the capture, and what it
     keeps is outside the graph's pool. Split-K's workspace (zeroed counters) cannot be made inside a
-    capture: one split-K call of another shape makes it first (next test)."""
-    if kernel in (None, "splitk", "swapab"):
-        w = torch.randn(1024, 4096, device="cuda").bfloat16()
-        gluon_survey.matmul(torch.randn(8, 4096, device="cuda").bfloat16(), w.t(), kernel="splitk")
-    torch.cuda.synchronize()
+    capture: a call of the same shape under another plan key makes it first (next test)."""
     gen = torch.Generator(device="cuda").manual_seed(2)
     a = torch.randn(M, 2048, device="cuda", generator=gen).bfloat16()
     w = torch.randn(1536, 2048, device="cuda", generator=gen).bfloat16()
+    if kernel in (None, "splitk", "swapab"):  # the same shape under another key (out given) first
+        gluon_survey.matmul(a, w.t(), kernel=kernel, out=torch.empty(M, 1536, device="cuda").bfloat16())
+    torch.cuda.synchronize()
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph):

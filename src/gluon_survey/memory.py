@@ -8,9 +8,14 @@ run of torch.compile's CUDA-graph trees (`mode="reduce-overhead"`), which sends 
 allocations to the graph's pool without capturing anything. A tensor allocated there and kept
 belongs to that pool's bookkeeping: CUDA-graph trees refuse it ("tensor(s) in the cudagraph pool
 not tracked as outputs"), and a later graph may reuse its memory. So such tensors are allocated
-under `persistent(device)`: in a `torch.cuda.MemPool` of this package's own per device, which an
-inner `torch.cuda.use_mem_pool` gets in both cases (seen on an H200 with torch 2.11, including a
-new segment allocated mid-capture). Nothing allocated there is ever freed while a graph may
+under `persistent(device)`: in a `torch.cuda.MemPool` of this package's own per device. Inside a
+stream capture (`torch.cuda.graph`) an inner `torch.cuda.use_mem_pool` wins (seen on an H200 with
+torch 2.11, including a new segment allocated mid-capture); in CUDA-graph trees' warm-up it does
+not (measured there: the 1x1 tensor landed in the graph's pool, and the trees refused it). So what
+a plan keeps is made before any graph where the package first meets a model, eagerly:
+`reserve(dtype, device)`, which `Linear.from_linear` (and so `patch`) calls. A bare `matmul`
+whose very first call of an output dtype happens in the trees' warm-up still meets the trees'
+error; one eager call first avoids it. Nothing allocated here is ever freed while a graph may
 hold its address.
 
 What such a pool cannot give inside a stream capture is memory that is *initialized*: a fill on
@@ -68,3 +73,13 @@ def one_element(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if type(t) is torch.Tensor:  # never keep a FakeTensor (tests, tracing) for real calls
             _LIKE[key] = t
     return t
+
+
+def reserve(dtype: torch.dtype, device: torch.device) -> None:
+    """Make now, eagerly and outside every graph, the tensors a first `matmul` on `device` with
+    `dtype` outputs keeps (module docstring): the 1x1 output template, and the fp32 and int32 ones
+    that split-K launches without a split take as their workspace."""
+    if device.type != "cuda" or not _real_cuda():
+        return
+    for dt in (dtype, torch.float32, torch.int32):
+        one_element(dt, device)

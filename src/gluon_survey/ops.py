@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from . import api
+from . import api, memory
 from .launch import b_layout
 
 
@@ -141,6 +141,8 @@ class Linear(nn.Linear):
         )
         new.weight = linear.weight
         new.bias = linear.bias
+        # what a first call keeps, made now, before any CUDA graph (torch.compile's CUDA-graph trees)
+        memory.reserve(linear.weight.dtype, linear.weight.device)
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
