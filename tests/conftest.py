@@ -2,6 +2,8 @@
 
 * Tests marked `gpu` need a CUDA GPU; without one they are skipped, saying why (`pytest -rs` lists
   them; the closing line counts them).
+* Shared fixtures: `hopper_or_blackwell` (GPU tests of the Gluon rungs skip elsewhere, saying
+  why) and `sweeps` (the timing command with its sweep replaced).
 * Tests marked `benchmark` assert on wall time, which a loaded CPU cannot promise: they are left
   out unless the -m expression names them (`pytest -m benchmark -s`).
 * Quiet (-q) runs on pytest-xdist workers print dots, not the workers' start-up status lines
@@ -56,3 +58,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def hopper_or_blackwell():
+    """The Gluon rungs run on sm_90 and sm_100 only: elsewhere their GPU tests skip, saying why."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability()[0] not in (9, 10):
+        pytest.skip("the Gluon rungs need sm_90 or sm_100")
+
+
+@pytest.fixture
+def sweeps(monkeypatch):
+    """The timing command on a machine with a GPU whose sweep is replaced: the calls, no worker."""
+    from gluon_survey.driver import cli, runner
+
+    calls = []
+    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(runner, "run_sweep", lambda *args, **kwargs: calls.append((args, kwargs)) or [])
+    return calls

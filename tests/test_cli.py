@@ -196,17 +196,6 @@ def test_a_failing_mode_exits_1_and_still_names_the_results_file(tmp_path, fake_
 # CLI defects (each of these failed before the fix)
 
 
-@pytest.fixture
-def sweeps(monkeypatch):
-    """The timing command on a machine with a GPU whose sweep is replaced: the calls, no worker."""
-    from gluon_survey.driver import cli, runner
-
-    calls = []
-    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
-    monkeypatch.setattr(runner, "run_sweep", lambda *args, **kwargs: calls.append((args, kwargs)) or [])
-    return calls
-
-
 def test_the_readme_k_range_doubles(sweeps, tmp_path, capsys):
     assert main(["torch", "--k", "512:16384", "--results", str(tmp_path / "r.jsonl")]) == 0
     ((modes, tasks, *_), _) = sweeps[0]

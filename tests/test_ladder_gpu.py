@@ -15,7 +15,7 @@ from gluon_survey import api, choice, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
 from gluon_survey.kernels import gemv, persistent, slab, splitk, swapab, warpspec
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_or_blackwell")]
 
 RUNGS = [m.name for m in registry.MODES if m.kind == "gluon"]
 DTYPES = [torch.float16, torch.bfloat16]
@@ -52,14 +52,6 @@ def _assert_close_to_reference(out, a, b):
     err = rel_error(out, ref)
     assert not torch.isnan(out).any(), "output has NaN: some tile was never written"
     assert err <= tolerance(cublas_err, a.dtype), f"rel error {err:.3e} vs cuBLAS {cublas_err:.3e}"
-
-
-@pytest.fixture(autouse=True)
-def _needs_hopper_or_blackwell():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    if torch.cuda.get_device_capability()[0] not in (9, 10):
-        pytest.skip("the Gluon rungs need sm_90 or sm_100")
 
 
 @pytest.mark.parametrize("b_layout", ["row", "t"])

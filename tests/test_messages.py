@@ -33,17 +33,6 @@ def no_cuda(monkeypatch):
     monkeypatch.setattr(api, "capability", lambda: None)
 
 
-@pytest.fixture
-def sweeps(monkeypatch):
-    """The timing command on a machine with a GPU whose sweep is replaced: the calls, no worker."""
-    from gluon_survey.driver import cli, runner
-
-    calls = []
-    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
-    monkeypatch.setattr(runner, "run_sweep", lambda *args, **kwargs: calls.append((args, kwargs)) or [])
-    return calls
-
-
 def _results_file(tmp_path, rows, name="r.jsonl"):
     path = tmp_path / name
     sample = results(rows)

@@ -20,19 +20,11 @@ from gluon_survey import api, ops, registry
 from gluon_survey.driver.check import reference, rel_error, tolerance
 from gluon_survey.kernels.plan import ENCODED_PER_SLOT
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_or_blackwell")]
 
 RUNGS = [m.name for m in registry.MODES if m.kind == "gluon"]
 KERNELS = [*RUNGS, "torch", None]  # None: matmul's default
 DTYPES = [torch.float16, torch.bfloat16]
-
-
-@pytest.fixture(autouse=True)
-def _needs_hopper_or_blackwell():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    if torch.cuda.get_device_capability()[0] not in (9, 10):
-        pytest.skip("the Gluon rungs need sm_90 or sm_100")
 
 
 def _randn(*shape, dtype=torch.float16, generator=None):

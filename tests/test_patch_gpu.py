@@ -19,15 +19,7 @@ from gluon_survey import api, memory
 from gluon_survey.driver.check import rel_error
 from gluon_survey.kernels import splitk
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _needs_hopper_or_blackwell():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    if torch.cuda.get_device_capability()[0] not in (9, 10):
-        pytest.skip("the Gluon rungs need sm_90 or sm_100")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_or_blackwell")]
 
 
 @pytest.fixture
