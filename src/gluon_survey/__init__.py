@@ -5,7 +5,9 @@ fastest on this GPU); `explain(a, b)` says which kernel and config it would run 
 `ops.matmul` is the same as a PyTorch operator (torch.compile, autograd) and `Linear` a drop-in
 `torch.nn.Linear` on it; both live in `gluon_survey.ops`, imported (and the operator registered)
 on first use. `patch(model)` swaps a model's `nn.Linear` modules for `Linear` on the same
-Parameters and `unpatch(model)` swaps them back (`gluon_survey.patching`, imported on first use)."""
+Parameters and `unpatch(model)` swaps them back (`gluon_survey.patching`, imported on first use).
+`grouped_matmul(x, w, offs)` runs a mixture-of-experts layer's expert GEMMs in one launch
+(`gluon_survey.grouped`, imported on first use; Hopper, compile-checked, not yet run)."""
 
 import importlib
 
@@ -13,15 +15,29 @@ from .api import explain, matmul
 from .registry import MODES
 
 __version__ = "0.1.0"
-__all__ = ["MODES", "Linear", "PatchReport", "__version__", "explain", "matmul", "ops", "patch", "unpatch"]
+__all__ = [
+    "MODES",
+    "Linear",
+    "PatchReport",
+    "__version__",
+    "explain",
+    "grouped_matmul",
+    "matmul",
+    "ops",
+    "patch",
+    "unpatch",
+]
 
 
 def __getattr__(name: str):
     """`gluon_survey.Linear` and `gluon_survey.ops`, `patch`, `unpatch` and `PatchReport`
-    (`gluon_survey.patching`), imported when first asked for."""
+    (`gluon_survey.patching`), `grouped_matmul` (`gluon_survey.grouped`), imported when first
+    asked for."""
     if name in ("Linear", "ops"):
         ops = importlib.import_module(f"{__name__}.ops")
         return ops if name == "ops" else ops.Linear
     if name in ("patch", "unpatch", "PatchReport"):
         return getattr(importlib.import_module(f"{__name__}.patching"), name)
+    if name == "grouped_matmul":
+        return importlib.import_module(f"{__name__}.grouped").grouped_matmul
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,161 @@
+"""`grouped_matmul(x, w, offs)`: a mixture-of-experts layer's expert GEMMs in one launch.
+
+    out[offs[e-1] : offs[e]] = x[offs[e-1] : offs[e]] @ w[e]      for every expert e (offs[-1] = 0)
+
+x [S, K] holds the tokens grouped by expert, w the experts' weights as the [E, K, N] transpose
+view of a contiguous [E, N, K] tensor (`w_nk.transpose(1, 2)`, the layout transformers passes),
+offs the int32 [E] cumulative ends of the experts' token ranges on the GPU, as
+`torch._grouped_mm` takes them. The kernel (`kernels/grouped.py`: one persistent launch over a
+tile list of every expert's output tiles) reads the offsets on the device, so a call does no host
+synchronisation and can be captured in a CUDA graph, with other offsets in the same buffer at
+each replay. Hopper (sm_90) only.
+
+Status: the kernel is compile-checked for sm_90a; it has not been run or measured yet
+(tests/test_grouped_gpu.py is what a GPU session runs first).
+
+Every argument is checked before the GPU, each with an error that names the fix, except what only
+the offsets' values can say: that would need a host sync. The kernel clamps each offset to
+[0, S] and treats an expert whose end is below its start (a decreasing pair) as empty; rows at or
+past offs[-1] are not written. `check_offsets(offs, rows)` checks the values (it syncs), for
+debugging. Where offs is on the CPU, `grouped_matmul` checks offs[-1] against S before it
+refuses the CPU tensor, since that costs nothing there.
+
+Each call builds its launch anew (TMA descriptors, Triton's dispatch): no plan cache yet.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import api
+from .kernels import grouped as kernel
+
+DTYPES = (torch.float16, torch.bfloat16)
+TMA_K = 8  # K a multiple of 8: TMA needs rows of 16-byte multiples (fp16/bf16)
+
+__all__ = ["check_offsets", "grouped_matmul"]
+
+
+def grouped_matmul(
+    x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """out [S, N] with out[rows of expert e] = x[rows of e] @ w[e] (the module docstring).
+
+    x: [S, K] fp16/bf16, row-major; w: [E, K, N], the transpose view of a contiguous [E, N, K]
+    weight, x's dtype; offs: int32 [E], cumulative ends; out: optional [S, N] row-major, x's dtype.
+    K must be a multiple of 8. All on one CUDA device, a Hopper GPU."""
+    S, N = _check(x, w, offs, out)
+    if out is None:
+        out = torch.empty(S, N, dtype=x.dtype, device=x.device)
+    if S == 0 or N == 0:
+        return out
+    if x.shape[1] == 0:  # an empty sum: every expert's rows are zero (and the others too)
+        return out.zero_()
+    target = api.target_of(x.device)
+    reason = kernel.unsupported_reason(target.capability)
+    if reason:
+        name = f" ({target.name})" if target.name else ""
+        raise RuntimeError(f"grouped_matmul cannot run on this GPU{name}: {reason}")
+    for arg, t in (("x", x), ("w", w), ("out", out)):
+        if t.data_ptr() % 16:
+            raise ValueError(
+                f"{arg}'s base address is not 16-byte aligned, which TMA needs: pass {arg}.clone()"
+            )
+    kernel.prepare(x, w, offs, out, target).fn()
+    return out
+
+
+def check_offsets(offs: torch.Tensor, rows: int | None = None) -> None:
+    """Check the offsets' values, which `grouped_matmul` cannot without a host sync: none below 0,
+    none decreasing, and (given `rows`, x's S) the last at most `rows`. Reads offs to the host
+    (a sync), so it is for debugging, not for a CUDA-graph capture. ValueError naming the first
+    offending entry."""
+    api.require_tensor("offs", offs)
+    if offs.dim() != 1:
+        raise ValueError(f"offs must be 1-D, got shape {tuple(offs.shape)}")
+    values = offs.tolist()
+    for e, value in enumerate(values):
+        if value < 0:
+            raise ValueError(f"offs[{e}] is {value}; offsets are token counts, never negative")
+        if e and value < values[e - 1]:
+            raise ValueError(
+                f"offs[{e}] is {value} but offs[{e - 1}] is {values[e - 1]}: offsets are cumulative ends "
+                f"and never decrease (the kernel would run expert {e} as empty)"
+            )
+    if rows is not None and values and values[-1] > rows:
+        raise ValueError(f"offs[-1] is {values[-1]} but x has {rows} rows")
+
+
+def _check(x, w, offs, out) -> tuple[int, int]:
+    """Every check of grouped_matmul's arguments, the devices last; returns (S, N)."""
+    for name, t in (("x", x), ("w", w), ("offs", offs)):
+        api.require_tensor(name, t)
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [S, K] (tokens grouped by expert), got shape {tuple(x.shape)}")
+    if x.dtype not in DTYPES:
+        raise TypeError(
+            f"x is {x.dtype}; grouped_matmul takes float16 or bfloat16 (convert with x.bfloat16())"
+        )
+    if w.dim() != 3:
+        raise ValueError(f"w must be 3-D [E, K, N] (one weight per expert), got shape {tuple(w.shape)}")
+    if w.dtype != x.dtype:
+        raise TypeError(f"x is {x.dtype} but w is {w.dtype}; give both the same dtype")
+    S, K = x.shape
+    E, wk, N = w.shape
+    if wk != K:
+        raise ValueError(
+            f"x has K={K} columns but w is [E, K, N] = {tuple(w.shape)}: w.shape[1] must equal K"
+        )
+    if E == 0:
+        raise ValueError("w has no experts (its shape is [0, K, N]); give at least one")
+    if K % TMA_K:
+        raise ValueError(
+            f"K={K} is not a multiple of {TMA_K}: TMA reads rows of 16-byte multiples; pad x and w "
+            f"along K with zeros to a multiple of {TMA_K}"
+        )
+    if not w.transpose(1, 2).is_contiguous():
+        if w.is_contiguous():
+            raise ValueError(
+                "w is a contiguous [E, K, N]; the kernel reads the [E, N, K] weight behind a transpose "
+                "view: store it once as w_nk = w.transpose(1, 2).contiguous() and pass w_nk.transpose(1, 2)"
+            )
+        raise ValueError(
+            f"w (strides {w.stride()}) must be the [E, K, N] transpose view of a contiguous [E, N, K] "
+            "weight: pass w_nk.transpose(1, 2) for a contiguous w_nk"
+        )
+    if not x.is_contiguous():
+        raise ValueError(f"x (strides {x.stride()}) must be row-major: pass x.contiguous()")
+    if offs.dtype != torch.int32:
+        raise TypeError(f"offs is {offs.dtype}; the kernel reads int32 offsets: pass offs.to(torch.int32)")
+    if offs.dim() != 1:
+        raise ValueError(f"offs must be 1-D [E] (cumulative ends), got shape {tuple(offs.shape)}")
+    if offs.shape[0] != E:
+        raise ValueError(f"offs has {offs.shape[0]} entries but w has {E} experts: give one end per expert")
+    if offs.device.type == "cpu" and offs.numel() and (last := int(offs[-1])) > S:
+        raise ValueError(f"offs[-1] is {last} but x has {S} rows")
+    if out is not None:
+        api.require_tensor("out", out)
+        if tuple(out.shape) != (S, N):
+            raise ValueError(f"out has shape {tuple(out.shape)}, expected ({S}, {N})")
+        if out.dtype != x.dtype:
+            raise TypeError(f"out is {out.dtype}, expected {x.dtype}")
+        if not out.is_contiguous():
+            raise ValueError(f"out (strides {out.stride()}) must be row-major: pass a contiguous out")
+    _check_devices(x, w, offs, out)
+    return S, N
+
+
+def _check_devices(x, w, offs, out) -> None:
+    """All on one CUDA device: the last check."""
+    named = (("x", x), ("w", w), ("offs", offs)) + ((("out", out),) if out is not None else ())
+    for name, t in named:
+        if t.device.type != "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    f"{name} is on {t.device} and grouped_matmul runs on a CUDA GPU, but there is "
+                    f"none here: {api.describe_torch_cuda()}"
+                )
+            raise ValueError(f"{name} is on {t.device}; move it to the GPU with {name}.cuda()")
+    for name, t in named[1:]:
+        if t.device != x.device:
+            raise ValueError(f"x is on {x.device} but {name} is on {t.device}; put them on one GPU")

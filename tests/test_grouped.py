@@ -1,0 +1,252 @@
+"""grouped_matmul's host side without a GPU: every argument check (on CPU tensors, which each check
+meets before the device check), the device checks, the empty cases, and the launch it prepares on a
+faked H100 (FakeTensors, the kernel swapped for a recorder); the kernel config's arithmetic."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import gluon_survey
+from gluon_survey import api
+from gluon_survey import grouped as gg
+from gluon_survey.kernels import common
+from gluon_survey.kernels import grouped as gk
+from gluon_survey.launch import Target
+from recording import Launched, Recorder
+
+pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+
+H100 = Target((9, 0), 132, "NVIDIA H100 80GB HBM3")
+A100 = Target((8, 0), 108, "NVIDIA A100")
+BF16 = torch.bfloat16
+
+
+def _weights(E, K, N, dtype=BF16, device="cpu"):
+    """The [E, K, N] transpose view of a contiguous [E, N, K] weight (transformers' layout)."""
+    return torch.empty(E, N, K, dtype=dtype, device=device).transpose(1, 2)
+
+
+def _operands(S=32, K=64, N=48, E=4, dtype=BF16, device="cpu"):
+    x = torch.empty(S, K, dtype=dtype, device=device)
+    offs = torch.tensor([S * (e + 1) // E for e in range(E)], dtype=torch.int32, device=device)
+    return x, _weights(E, K, N, dtype, device), offs
+
+
+def _args(**changes):
+    x, w, offs = _operands()
+    args = {"x": x, "w": w, "offs": offs, "out": None} | changes
+    return args["x"], args["w"], args["offs"], args["out"]
+
+
+BAD = [
+    pytest.param(_args(x=[[1.0]]), TypeError, r"x must be a torch\.Tensor", id="x-not-a-tensor"),
+    pytest.param(_args(w=None), TypeError, r"w must be a torch\.Tensor", id="w-not-a-tensor"),
+    pytest.param(_args(offs=[8, 16, 24, 32]), TypeError, r"offs must be a torch\.Tensor", id="offs-list"),
+    pytest.param(_args(x=torch.empty(2, 32, 64, dtype=BF16)), ValueError, "x must be 2-D", id="x-3d"),
+    pytest.param(_args(x=torch.empty(32, 64)), TypeError, r"float32.*x\.bfloat16\(\)", id="x-fp32"),
+    pytest.param(
+        _args(w=torch.empty(64, 48, dtype=BF16)), ValueError, r"w must be 3-D \[E, K, N\]", id="w-2d"
+    ),
+    pytest.param(_args(w=_weights(4, 64, 48, torch.float16)), TypeError, "same dtype", id="mixed-dtype"),
+    pytest.param(_args(w=_weights(4, 32, 48)), ValueError, r"K=64 .* w\.shape\[1\] must equal K", id="k"),
+    pytest.param(
+        _args(w=_weights(0, 64, 48), offs=torch.empty(0, dtype=torch.int32)),
+        ValueError,
+        "no experts",
+        id="e0",
+    ),
+    pytest.param(
+        _args(x=torch.empty(32, 60, dtype=BF16), w=_weights(4, 60, 48)),
+        ValueError,
+        "not a multiple of 8.*pad x and w",
+        id="k-tma",
+    ),
+    pytest.param(
+        _args(w=torch.empty(4, 64, 48, dtype=BF16)),
+        ValueError,
+        r"contiguous \[E, K, N\].*w\.transpose\(1, 2\)\.contiguous\(\)",
+        id="w-kn-contiguous",
+    ),
+    pytest.param(
+        _args(w=torch.empty(4, 96, 64, dtype=BF16)[:, ::2].transpose(1, 2)),
+        ValueError,
+        "transpose view of a contiguous",
+        id="w-strided",
+    ),
+    pytest.param(
+        _args(x=torch.empty(64, 32, dtype=BF16).t()),
+        ValueError,
+        r"row-major: pass x\.contiguous\(\)",
+        id="x-t",
+    ),
+    pytest.param(
+        _args(offs=torch.tensor([8, 16, 24, 32])),
+        TypeError,
+        r"int64.*offs\.to\(torch\.int32\)",
+        id="offs-int64",
+    ),
+    pytest.param(
+        _args(offs=torch.zeros(2, 2, dtype=torch.int32)), ValueError, "offs must be 1-D", id="offs-2d"
+    ),
+    pytest.param(
+        _args(offs=torch.tensor([16, 32], dtype=torch.int32)),
+        ValueError,
+        "offs has 2 entries but w has 4 experts",
+        id="offs-length",
+    ),
+    pytest.param(
+        _args(offs=torch.tensor([8, 16, 24, 33], dtype=torch.int32)),
+        ValueError,
+        r"offs\[-1\] is 33 but x has 32 rows",
+        id="offs-past-s",
+    ),
+    pytest.param(_args(out="nope"), TypeError, r"out must be a torch\.Tensor", id="out-not-a-tensor"),
+    pytest.param(
+        _args(out=torch.empty(32, 47, dtype=BF16)), ValueError, r"out has shape \(32, 47\)", id="out-shape"
+    ),
+    pytest.param(
+        _args(out=torch.empty(32, 48, dtype=torch.float16)), TypeError, "out is torch.float16", id="out-dt"
+    ),
+    pytest.param(
+        _args(out=torch.empty(48, 32, dtype=BF16).t()), ValueError, "out .* must be row-major", id="out-t"
+    ),
+    pytest.param(_args(), ValueError, "(?i)cuda", id="cpu"),
+]
+
+
+@pytest.mark.parametrize(("args", "error", "match"), BAD)
+def test_bad_arguments_are_refused_with_the_fix(args, error, match):
+    x, w, offs, out = args
+    with pytest.raises(error, match=match):
+        gg.grouped_matmul(x, w, offs, out=out)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a CUDA GPU")
+def test_cpu_tensors_on_a_cpu_only_torch_name_the_build():
+    x, w, offs = _operands()
+    with pytest.raises(ValueError, match=r"there is none here: torch .*CUDA not available"):
+        gg.grouped_matmul(x, w, offs)
+
+
+# --------------------------------------------------------------------------------------------------
+# On a faked H100: FakeTensors on "cuda", the kernel a recorder.
+
+
+@pytest.fixture
+def fake_h100(monkeypatch) -> list[Launched]:
+    log: list[Launched] = []
+    monkeypatch.setattr(api, "target_of", lambda device: H100)
+    monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log))
+    with FakeTensorMode():
+        yield log
+
+
+def test_the_launch_is_one_persistent_program_per_sm_over_every_experts_tiles(fake_h100):
+    x, w, offs = _operands(S=1000, K=256, N=300, E=8, device="cuda")
+    out = gg.grouped_matmul(x, w, offs)
+    assert (out.shape, out.dtype, out.device.type) == ((1000, 300), BF16, "cuda")
+    (launch,) = fake_h100
+    cfg = gk.CONFIGS[9]
+    a_desc, b_desc, c, o, S, N, E = launch.args
+    assert (c, o, S, N, E) == (out, offs, 1000, 300, 8)
+    assert launch.grid == (132,)  # 8 experts x 8 row tiles x 3 column tiles > 132 SMs
+    assert launch.kwargs["STAGES"] == cfg.STAGES and launch.kwargs["num_warps"] == cfg.num_warps
+    assert launch.kwargs["MMA"].__name__ == "WGMMA"
+    assert list(a_desc.shape) == [1000, 256] and list(a_desc.block_shape) == [cfg.BLOCK_M, cfg.BLOCK_K]
+    # the weight as its [E * N, K] reshape, read K-major
+    assert list(b_desc.shape) == [8 * 300, 256] and list(b_desc.block_shape) == [cfg.BLOCK_N, cfg.BLOCK_K]
+
+
+def test_few_tiles_get_one_program_each(fake_h100):
+    x, w, offs = _operands(S=5, K=64, N=64, E=2, device="cuda")
+    out = torch.empty(5, 64, dtype=BF16, device="cuda")
+    assert gg.grouped_matmul(x, w, offs, out=out) is out
+    assert fake_h100[0].grid == (2,)  # 2 experts x 1 row tile x 1 column tile
+
+
+@pytest.mark.parametrize(("S", "N"), [(0, 64), (16, 0), (0, 0)])
+def test_empty_outputs_launch_nothing(fake_h100, S, N):
+    x, w, offs = _operands(S=S, K=64, N=N, E=4, device="cuda")
+    out = gg.grouped_matmul(x, w, offs)
+    assert tuple(out.shape) == (S, N) and fake_h100 == []
+
+
+def test_k_zero_gives_zeros_without_a_launch(monkeypatch):
+    zeroed = []
+    monkeypatch.setattr(torch.Tensor, "zero_", lambda t: zeroed.append(tuple(t.shape)) or t)
+    monkeypatch.setattr(api, "target_of", lambda device: H100)
+    monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log := []))
+    with FakeTensorMode():
+        x, w, offs = _operands(S=16, K=0, N=32, E=2, device="cuda")
+        gg.grouped_matmul(x, w, offs)
+    assert zeroed == [(16, 32)] and log == []
+
+
+def test_only_hopper_runs_it(monkeypatch):
+    monkeypatch.setattr(api, "target_of", lambda device: A100)
+    monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log := []))
+    with FakeTensorMode():
+        x, w, offs = _operands(device="cuda")
+        with pytest.raises(RuntimeError, match=r"NVIDIA A100.*Hopper \(sm_90\) only; this GPU is sm_80"):
+            gg.grouped_matmul(x, w, offs)
+    assert log == []
+
+
+def test_operands_on_two_gpus_or_the_cpu_are_refused(fake_h100):
+    x, w, offs = _operands(device="cuda")
+    with pytest.raises(ValueError, match=r"x is on cuda:0 but offs is on cuda:1"):
+        gg.grouped_matmul(x.to("cuda:0"), w.to("cuda:0"), offs.to("cuda:1"))
+    with pytest.raises(ValueError, match=r"w is on cpu"):
+        gg.grouped_matmul(x, _weights(4, 64, 48), offs)
+    assert fake_h100 == []
+
+
+def test_the_package_exports_grouped_matmul_lazily():
+    assert gluon_survey.grouped_matmul is gg.grouped_matmul
+    assert "grouped_matmul" in gluon_survey.__all__
+
+
+# --------------------------------------------------------------------------------------------------
+# check_offsets: the values, read on the host
+
+
+def test_check_offsets_accepts_cumulative_ends():
+    gg.check_offsets(torch.tensor([0, 3, 3, 10], dtype=torch.int32), rows=10)
+    gg.check_offsets(torch.tensor([], dtype=torch.int32), rows=0)
+
+
+@pytest.mark.parametrize(
+    ("values", "rows", "match"),
+    [
+        ([4, 2, 6], None, r"offs\[1\] is 2 but offs\[0\] is 4.*expert 1 as empty"),
+        ([-1, 2], None, r"offs\[0\] is -1.*never negative"),
+        ([2, 5], 4, r"offs\[-1\] is 5 but x has 4 rows"),
+    ],
+)
+def test_check_offsets_names_the_first_bad_entry(values, rows, match):
+    with pytest.raises(ValueError, match=match):
+        gg.check_offsets(torch.tensor(values, dtype=torch.int32), rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# The kernel's config and specs
+
+
+def test_the_hopper_config_fits_and_bigger_rings_are_refused():
+    cfg = gk.CONFIGS[9]
+    assert cfg.smem_bytes() == 4 * (128 + 128) * 64 * 2 <= common.SMEM_LIMIT
+    with pytest.raises(ValueError, match="shared memory"):
+        replace(cfg, STAGES=8)
+    with pytest.raises(ValueError, match="STAGES must be at least 2"):
+        replace(cfg, STAGES=1)
+
+
+def test_specs_only_for_hopper_and_16_bit_operands():
+    assert [s.kernel for s in gk.compile_specs((9, 0), "bfloat16")] == ["grouped_kernel 128x128x64 s4 w8 B=t"]
+    assert gk.compile_specs((10, 0), "float16") == []
+    assert gk.compile_specs((9, 0), "float8_e4m3fn") == []
+    assert gk.unsupported_reason((9, 0)) is None and "sm_100" in gk.unsupported_reason((10, 0))
