@@ -10,6 +10,7 @@ others are marked `exhaustive`."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -64,3 +65,18 @@ def test_grouped_machine_code(dtype, index):
     assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
     assert r.spill_bytes == 0 and r.stack_bytes == 0
     assert cfg.smem_bytes() <= r.shared_bytes <= common.SMEM_LIMIT
+
+
+def test_sizes_of_one_compile_as_constexprs():
+    """Triton specializes an int argument equal to 1 as a constexpr: a launch with S = 1 (one
+    token), N = 1 or E = 1 traces the kernel with constants in their place."""
+    spec = gk.compile_specs((9, 0), "bfloat16")[0]
+    ones = {"S": 1, "N": 1, "E": 1}
+    spec = dataclasses.replace(
+        spec,
+        signature=spec.signature | dict.fromkeys(ones, "constexpr"),
+        constexprs=spec.constexprs | ones,
+    )
+    r = gs_inspect.inspect_spec(spec, ARCH)
+    assert r.error is None, r.error
+    assert r.count("HGMMA") > 0 and r.spill_bytes == 0

@@ -1,0 +1,153 @@
+"""grouped_matmul on a Hopper GPU (not yet run: the kernel is compile-checked only). Every expert's
+rows are checked against the fp32 product of its inputs with the driver's rule
+(`driver.check.tolerance`, cuBLAS's error on the same expert as the yardstick), on NaN-poisoned
+outputs: a row of an expert left unwritten shows as NaN, and the rows at or past offs[-1], which no
+expert owns, must still be NaN (nothing writes outside its expert). Cases: empty experts, one
+expert with every token, S = 1, ragged S/N/K tails, E = 1, 8 and 64, fp16 and bf16, a CUDA-graph
+capture replayed with other offsets in the same buffer, and the errors of bad arguments.
+Run on the GPU machine: pytest -m gpu tests/test_grouped_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gluon_survey import grouped as gg
+from gluon_survey.driver.check import rel_error, tolerance
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def hopper():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the grouped kernel runs on sm_90 only")
+
+
+def _problem(counts, K, N, dtype, seed=0, S=None):
+    """x [S, K] (S = sum(counts) unless given larger), w the [E, K, N] transpose view of a
+    contiguous [E, N, K], offs the int32 cumulative ends on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    S = sum(counts) if S is None else S
+    x = torch.randn(S, K, device="cuda", generator=g).to(dtype)
+    w = torch.randn(len(counts), N, K, device="cuda", generator=g).to(dtype).transpose(1, 2)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    return x, w, offs
+
+
+def _nan(S, N, dtype):
+    return torch.full((S, N), float("nan"), device="cuda", dtype=dtype)
+
+
+def _assert_grouped(out, x, w, counts, what=""):
+    """Each expert's rows within tolerance of its fp32 product; the rows past the last expert's
+    end still NaN."""
+    torch.cuda.synchronize()
+    start = 0
+    for e, count in enumerate(counts):
+        end = start + count
+        if count:
+            rows = out[start:end]
+            a, b = x[start:end], w[e]
+            ref = a.float() @ b.float()
+            cublas_err = rel_error(a @ b, ref)
+            assert not torch.isnan(rows).any(), f"{what} expert {e}: NaN, rows left unwritten"
+            err = rel_error(rows, ref)
+            assert err <= tolerance(cublas_err, x.dtype), f"{what} expert {e}: {err:.3e} vs {cublas_err:.3e}"
+        start = end
+    assert torch.isnan(out[start:]).all(), f"{what}: rows past offs[-1] were written"
+
+
+def _random_counts(E, S, seed):
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.sort(torch.randint(0, S + 1, (E - 1,), generator=g)).values.tolist()
+    edges = [0, *cuts, S]
+    return [edges[i + 1] - edges[i] for i in range(E)]
+
+
+CASES = [
+    pytest.param([0, 100, 0, 37, 0, 0, 250, 0], 256, 384, id="empty-experts"),
+    pytest.param([0, 0, 0, 300, 0, 0, 0, 0], 256, 256, id="one-expert-every-token"),
+    pytest.param([0, 1, 0, 0], 64, 64, id="S1"),
+    pytest.param([1], 64, 64, id="E1-S1"),
+    pytest.param([517], 200, 300, id="E1-ragged"),
+    pytest.param(_random_counts(8, 517, 1), 200, 300, id="E8-ragged"),
+    pytest.param(_random_counts(64, 2048, 2), 512, 256, id="E64"),
+    pytest.param([1000, 3, 24], 1024, 136, id="long-k-many-row-tiles"),  # 16 K steps: the ring wraps
+    pytest.param([0, 0, 0], 64, 64, id="all-empty"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("counts", "K", "N"), CASES)
+def test_every_expert_matches_its_fp32_product(counts, K, N, dtype):
+    S = sum(counts) + 5  # 5 rows past offs[-1], owned by no expert: never written
+    x, w, offs = _problem(counts, K, N, dtype, S=S)
+    out = _nan(S, N, dtype)
+    assert gg.grouped_matmul(x, w, offs, out=out) is out
+    _assert_grouped(out, x, w, counts, f"{counts} K={K} N={N}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_an_allocated_output(dtype):
+    counts = [64, 0, 129]
+    x, w, offs = _problem(counts, 128, 192, dtype)
+    out = gg.grouped_matmul(x, w, offs)
+    assert out.shape == (193, 192) and out.dtype == dtype and out.is_contiguous()
+    _assert_grouped(out, x, w, counts)
+
+
+def test_empty_x_gives_an_empty_output():
+    x, w, offs = _problem([0, 0], 64, 96, torch.bfloat16)
+    out = gg.grouped_matmul(x, w, offs)
+    assert out.shape == (0, 96)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_cuda_graph_replays_with_other_offsets(dtype):
+    """The offsets are read on the device: one capture serves every routing of S tokens."""
+    S, K, N, E = 384, 256, 320, 8
+    routings = [_random_counts(E, S, seed) for seed in range(4)] + [[S] + [0] * (E - 1), [0] * (E - 1) + [S]]
+    x, w, offs = _problem(routings[0], K, N, dtype)
+    out = _nan(S, N, dtype)
+    gg.grouped_matmul(x, w, offs, out=out)  # warm-up: compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gg.grouped_matmul(x, w, offs, out=out)
+    for counts in routings:
+        offs.copy_(torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        _assert_grouped(out, x, w, counts, f"replay {counts}")
+
+
+def test_bad_arguments_on_the_gpu():
+    x, w, offs = _problem([8, 8], 64, 32, torch.float16)
+    with pytest.raises(ValueError, match="offs has 3 entries but w has 2 experts"):
+        gg.grouped_matmul(x, w, torch.tensor([4, 8, 16], dtype=torch.int32, device="cuda"))
+    with pytest.raises(TypeError, match="int32"):
+        gg.grouped_matmul(x, w, offs.long())
+    with pytest.raises(ValueError, match="contiguous"):
+        gg.grouped_matmul(x, w.contiguous(), offs)
+    with pytest.raises(ValueError, match="must equal K"):
+        gg.grouped_matmul(x[:, :56].contiguous(), w, offs)
+    with pytest.raises(TypeError, match="same dtype"):
+        gg.grouped_matmul(x, w.bfloat16(), offs)
+    with pytest.raises(ValueError, match="out has shape"):
+        gg.grouped_matmul(x, w, offs, out=_nan(16, 33, torch.float16))
+    with pytest.raises(ValueError, match="offs is on cpu"):
+        gg.grouped_matmul(x, w, torch.tensor([8, 16], dtype=torch.int32))
+    unaligned = torch.empty(16 * 64 + 1, device="cuda", dtype=torch.float16)[1:].view(16, 64)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        gg.grouped_matmul(unaligned, w, offs)
+
+
+def test_check_offsets_reads_device_offsets():
+    gg.check_offsets(torch.tensor([0, 4, 4, 9], dtype=torch.int32, device="cuda"), rows=9)
+    with pytest.raises(ValueError, match="never decrease"):
+        gg.check_offsets(torch.tensor([4, 2], dtype=torch.int32, device="cuda"))
