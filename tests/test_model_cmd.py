@@ -256,3 +256,11 @@ def test_the_table_names_the_run(faked_run, tmp_path, capsys):
 def test_non_finite_figures_are_stored_as_null():
     row = model.fill_agreement(model.Row("prefill", 1, 8, "eager"), "logits", 1e-3, math.inf)
     assert row.to_json()["ours_err"] is None and row.to_json()["err_ratio"] is None
+
+
+def test_the_gradients_error_takes_all_of_them_together():
+    ref = {"a": torch.tensor([3.0, 0.0]), "b": torch.tensor([0.0, 4.0])}
+    got = {"a": torch.tensor([3.0, 0.0], dtype=torch.bfloat16), "b": torch.tensor([0.0, 3.0])}
+    assert model._grads_error(got, ref) == pytest.approx(1 / 5)  # ||(0, 0, 0, 1)|| / ||(3, 0, 0, 4)||
+    assert model._grads_error({"a": ref["a"]}, ref) == math.inf  # a gradient missing
+    assert model._grads_error({**got, "b": torch.tensor([0.0, math.nan])}, ref) == math.inf

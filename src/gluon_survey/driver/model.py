@@ -4,8 +4,7 @@ one of the named architectures below, or a FILE.json as in a Hugging Face reposi
 config.json, with --layers decoder layers, on the GPU in --dtype.
 
     gluon-survey model --config llama3-8b --layers 4
-    gluon-survey model --config qwen2.5-7b --layers 4 --steps decode --decode-batch 1,64 \
-        --compile eager,static
+    gluon-survey model --config qwen2.5-7b --layers 4 --steps decode --compile eager,static
     gluon-survey model --config my-config.json --layers 2 --results out/model.jsonl --format json
 
 The patched model is a twin of the stock one: the same Parameters and buffers (no copy of the
@@ -162,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A transformers model with random weights, stock against gluon_survey.patch, in one "
         "process: prefill, greedy decode and a training step, timed alternately, and the logits' and "
         "gradients' agreement with an fp32 copy.",
-        epilog="\n\n".join(__doc__.split("\n\n")[1:3]),
+        epilog="\n\n".join(__doc__.split("\n\n")[1:5]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -171,11 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="|".join(CONFIGS) + "|FILE.json",
         help="a named architecture or a config.json (as in a Hugging Face repository)",
     )
-    parser.add_argument("--layers", type=argtypes.positive_int, required=True, help="decoder layers (>= 1)")
+    parser.add_argument(
+        "--layers", type=argtypes.positive_int, required=True, metavar="N", help="decoder layers (>= 1)"
+    )
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="(default: %(default)s)")
     parser.add_argument("--kernel", metavar="MODE", help="the survey mode to patch with (default: matmul's)")
     parser.add_argument(
         "--steps",
+        metavar="prefill,decode,train",
         type=_choices(STEPS),
         default=list(STEPS),
         help="comma list (default: prefill,decode,train)",
@@ -187,28 +189,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--decode-batch", type=int_list, default=[1, 16, 64], metavar="B,...", help="(default: 1,16,64)"
     )
     parser.add_argument(
-        "--decode-tokens", type=argtypes.positive_int, default=32, help="new tokens (default: %(default)s)"
+        "--decode-tokens",
+        type=argtypes.positive_int,
+        metavar="N",
+        default=32,
+        help="new tokens (default: %(default)s)",
     )
     parser.add_argument(
         "--train-batch", type=batch_by_tokens, default=(4, 512), metavar="BxT", help="(default: 4x512)"
     )
     parser.add_argument(
         "--compile",
+        metavar="eager,static",
         type=_choices(COMPILES),
         default=["eager"],
         help="decode modes, comma list of eager, static (default: eager)",
     )
     parser.add_argument(
-        "--repeats", type=argtypes.positive_int, default=10, help="medians over (default: %(default)s)"
+        "--repeats",
+        type=argtypes.positive_int,
+        metavar="N",
+        default=10,
+        help="medians over (default: %(default)s)",
     )
     parser.add_argument(
-        "--warmup", type=argtypes.positive_int, default=2, help="untimed calls of each first (default: 2)"
+        "--warmup",
+        type=argtypes.positive_int,
+        metavar="N",
+        default=2,
+        help="untimed calls of each first (default: 2)",
     )
     parser.add_argument(
         "--results", type=Path, metavar="FILE.jsonl", help="(default: out/model-<run id>.jsonl)"
     )
     parser.add_argument("--format", choices=FORMATS, default="table", help="(default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default: %(default)s)")
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="weights and inputs (default: %(default)s)"
+    )
     return parser
 
 
@@ -426,13 +443,19 @@ def _train_step(model: Any, ids: Any, labels: Any) -> None:
 
 
 def _grads(model: Any) -> dict[str, Any]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    """The gradients now held by `model`'s parameters, by name (not copies)."""
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _grads_error(grads: dict[str, Any], ref: dict[str, Any]) -> float:
-    num = sum(float((grads[n].float() - g).norm() ** 2) for n, g in ref.items())
-    den = sum(float(g.norm() ** 2) for g in ref.values())
-    return math.sqrt(num / den) if den > 0 else 0.0
+    """Rel. Frobenius error of all of `grads` together against `ref` (same names); inf when a
+    gradient is missing or not finite."""
+    if grads.keys() != ref.keys():
+        return math.inf
+    num = sum(float((grads[n].double() - g.double()).norm() ** 2) for n, g in ref.items())
+    den = sum(float(g.double().norm() ** 2) for g in ref.values())
+    error = math.sqrt(num / den) if den > 0 else 0.0
+    return error if math.isfinite(error) else math.inf
 
 
 def agreement(models: Models, args: argparse.Namespace, rows: Sequence[Row], device: str) -> None:
@@ -460,14 +483,14 @@ def agreement(models: Models, args: argparse.Namespace, rows: Sequence[Row], dev
             continue
         ids = _tokens(vocab, row.batch, row.tokens, args.seed, device)
         labels = _tokens(vocab, row.batch, row.tokens, args.seed + 1, device)
-        grads = []
+        errors = []  # stock's, then ours: the twins share their Parameters, so one at a time
         for model in (ref, models.stock, models.ours):
             model.train()
             _train_step(model, ids, labels)
             model.eval()
-            grads.append(_grads(model))
-        fill_agreement(row, "grads", _grads_error(grads[1], grads[0]), _grads_error(grads[2], grads[0]))
-        del grads
+            if model is not ref:
+                errors.append(_grads_error(_grads(model), _grads(ref)))
+        fill_agreement(row, "grads", *errors)
     for model in (models.stock, models.ours):
         for p in model.parameters():
             p.grad = None
