@@ -26,7 +26,7 @@ def test_help_works_without_a_gpu(no_cuda, capsys):
     out = capsys.readouterr().out
     assert out.startswith(
         "usage: gluon-survey [MODES] [options] | "
-        "gluon-survey {list,compare,report,inspect,memcpy,overhead,tune}"
+        "gluon-survey {list,compare,report,inspect,memcpy,overhead,tune,model}"
     )
     for text in (
         "--dtype",
@@ -36,7 +36,7 @@ def test_help_works_without_a_gpu(no_cuda, capsys):
         "compare OLD NEW",
     ):
         assert text in out
-    for sub in ("list", "compare", "report", "inspect", "memcpy", "overhead", "tune"):
+    for sub in ("list", "compare", "report", "inspect", "memcpy", "overhead", "tune", "model"):
         assert main([sub, "--help"]) == 0
 
 
