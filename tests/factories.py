@@ -1,7 +1,7 @@
 """Rows and results files for the report, results and CLI tests (no GPU, no worker), and the
 fields every `gluon-survey inspect --format json` row must have."""
 
-from gluon_survey.driver.results import Results, Row, make_header
+from gluon_survey.driver.results import Results, ResultsWriter, Row, make_header
 from gluon_survey.driver.shapes import Shape
 
 ENV = {
@@ -56,6 +56,16 @@ def row(mode="Blocked", M=8192, N=8192, K=512, ms=None, status="OK", spread=0.01
 
 def results(rows):
     return Results(make_header("run", ENV, SETTINGS), list(rows))
+
+
+def results_file(tmp_path, rows, name="r.jsonl"):
+    """A results file in tmp_path holding `rows` under the factories' header, as a run writes it."""
+    path = tmp_path / name
+    sample = results(rows)
+    with ResultsWriter(path, sample.header) as writer:
+        for r in sample.rows:
+            writer.append(r)
+    return path
 
 
 def tflops(M, N, K, ms):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fakes
-from factories import results, row
+from factories import results, results_file, row
 from gluon_survey import api, registry
 from gluon_survey.driver.cli import main
 from gluon_survey.driver.results import ResultsWriter, load
@@ -114,7 +114,7 @@ def test_inspect_is_handed_its_arguments(monkeypatch):
     assert seen == [["triton", "--arch", "sm_90a"]]
 
 
-def test_report_subcommand_rerenders_a_results_file(tmp_path, capsys):
+def test_report_subcommand_rerenders_aresults_file(tmp_path, capsys):
     path = tmp_path / "r.jsonl"
     sample = results([row("Blocked", ms=0.1), row("torch", ms=0.08)])
     with ResultsWriter(path, sample.header) as writer:
@@ -183,7 +183,7 @@ def test_gpu_time_flows_from_the_command_line_to_the_timer_the_header_and_the_re
 
 
 @pytest.mark.timeout(120)
-def test_a_failing_mode_exits_1_and_still_names_the_results_file(tmp_path, fake_modes, capsys):
+def test_a_failing_mode_exits_1_and_still_names_theresults_file(tmp_path, fake_modes, capsys):
     path = tmp_path / "r.jsonl"
     argv = ["_crash", "--m", "32", "--n", "40", "--k", "64", "--results", str(path), "--format", "csv"]
     assert main(argv) == 1
@@ -250,20 +250,11 @@ def test_bad_output_paths_are_usage_errors_before_any_worker_runs(
     assert message.format(path, path.parent) in line
 
 
-def _results_file(tmp_path, rows, name="r.jsonl"):
-    path = tmp_path / name
-    sample = results(rows)
-    with ResultsWriter(path, sample.header) as writer:
-        for r in sample.rows:
-            writer.append(r)
-    return path
-
-
 @pytest.mark.parametrize(
     ("option", "name"), [("--output", "missing/table.md"), ("--plot", "plot.jpeg"), ("--output", ".")]
 )
 def test_report_answers_a_bad_path_in_one_line(tmp_path, capsys, option, name):
-    path = _results_file(tmp_path, [row("Blocked", ms=0.1)])
+    path = results_file(tmp_path, [row("Blocked", ms=0.1)])
     assert main(["report", str(path), option, str(tmp_path / name)]) == 2
     captured = capsys.readouterr()
     (line,) = captured.err.splitlines()
@@ -277,7 +268,7 @@ def test_report_says_when_a_write_fails(tmp_path, monkeypatch, capsys):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(report, "render", full_disk)
-    path = _results_file(tmp_path, [row("Blocked", ms=0.1)])
+    path = results_file(tmp_path, [row("Blocked", ms=0.1)])
     assert main(["report", str(path), "--output", str(tmp_path / "t.md")]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert "cannot write the report" in line and "No space left on device" in line
@@ -314,7 +305,7 @@ def test_a_timing_run_names_its_results_file_when_the_sweep_breaks(tmp_path, mon
 
 
 def test_report_on_a_file_without_rows_says_so(tmp_path, capsys):
-    path = _results_file(tmp_path, [])
+    path = results_file(tmp_path, [])
     assert main(["report", str(path)]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -322,7 +313,7 @@ def test_report_on_a_file_without_rows_says_so(tmp_path, capsys):
 
 
 def test_report_warns_about_a_truncated_last_line(tmp_path, capsys):
-    path = _results_file(tmp_path, [row("Blocked", ms=0.1)])
+    path = results_file(tmp_path, [row("Blocked", ms=0.1)])
     with path.open("a") as f:
         f.write('{"record": "row", "mode": "Bl')  # the writer was killed mid-line
     assert main(["report", str(path), "--format", "csv"]) == 0
@@ -332,9 +323,9 @@ def test_report_warns_about_a_truncated_last_line(tmp_path, capsys):
 
 
 def test_compare_fails_when_the_new_run_lacks_results_of_the_old(tmp_path, capsys):
-    old = _results_file(tmp_path, [row(ms=0.1), row(K=1024, ms=0.2)], "old.jsonl")
-    new = _results_file(tmp_path, [row(ms=0.1)], "new.jsonl")
-    empty = _results_file(tmp_path, [], "empty.jsonl")  # a run that crashed before its first row
+    old = results_file(tmp_path, [row(ms=0.1), row(K=1024, ms=0.2)], "old.jsonl")
+    new = results_file(tmp_path, [row(ms=0.1)], "new.jsonl")
+    empty = results_file(tmp_path, [], "empty.jsonl")  # a run that crashed before its first row
     assert main(["compare", str(old), str(new), "--fail-on-regression", "5"]) == 1
     err = capsys.readouterr().err
     assert "regression: Blocked 8192x8192x1024 fp16 B=row: missing from NEW" in err
@@ -347,7 +338,7 @@ def test_compare_fails_when_the_new_run_lacks_results_of_the_old(tmp_path, capsy
 
 
 def test_compare_rejects_a_negative_threshold(tmp_path, capsys):
-    old = _results_file(tmp_path, [row(ms=0.1)], "old.jsonl")
+    old = results_file(tmp_path, [row(ms=0.1)], "old.jsonl")
     assert main(["compare", str(old), str(old), "--fail-on-regression", "-5"]) == 2
     assert "expected a number >= 0" in capsys.readouterr().err
 
@@ -390,7 +381,7 @@ def test_compare_piped_keeps_the_shape_column_readable(tmp_path, monkeypatch, ca
     old, new = _wide_comparison()
     paths = []
     for name, sample in (("old.jsonl", old), ("new.jsonl", new)):
-        paths.append(_results_file(tmp_path, sample.rows, name))
+        paths.append(results_file(tmp_path, sample.rows, name))
     assert main(["compare", *map(str, paths)]) == 0
     _assert_shapes_intact(capsys.readouterr().out, 3)
 

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from factories import results, row
+from factories import results_file, row
 from gluon_survey import api, ops, registry
 from gluon_survey.driver import inspect as gi
 from gluon_survey.driver import memcpy, report
 from gluon_survey.driver.cli import main
-from gluon_survey.driver.results import ResultsWriter
 from gluon_survey.launch import CompileSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,15 +30,6 @@ def no_cuda(monkeypatch):
     """A machine whose torch sees no CUDA GPU (also when the tests run on one)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(api, "capability", lambda: None)
-
-
-def _results_file(tmp_path, rows, name="r.jsonl"):
-    path = tmp_path / name
-    sample = results(rows)
-    with ResultsWriter(path, sample.header) as writer:
-        for r in sample.rows:
-            writer.append(r)
-    return path
 
 
 def _half(*shape):
@@ -193,7 +183,7 @@ def test_tune_help_shows_its_example_and_update(capsys):
 
 
 def test_a_plot_that_cannot_be_written_is_named_as_the_plot(tmp_path, monkeypatch, capsys):
-    path = _results_file(tmp_path, [row("Blocked", ms=0.1, config=BLOCKS)])
+    path = results_file(tmp_path, [row("Blocked", ms=0.1, config=BLOCKS)])
     plot = tmp_path / "plot.png"
 
     def denied(results, where):
@@ -210,7 +200,7 @@ def _wide_run(tmp_path):
     """One shape, every Gluon mode a column: far wider than 80 columns."""
     modes = [m.name for m in registry.MODES if m.kind == "gluon"] + ["torch"]
     rows = [row(m, ms=0.1, config=dict(BLOCKS)) for m in modes[:-1]] + [row("torch", ms=0.1)]
-    return _results_file(tmp_path, rows), modes
+    return results_file(tmp_path, rows), modes
 
 
 def test_report_to_a_file_keeps_every_cell_whole(tmp_path, monkeypatch, capsys):
@@ -242,8 +232,8 @@ def test_legacy_lines_print_no_zero_blocks_for_an_auto_row_that_ran_cublas(capsy
 
 @pytest.mark.parametrize("flag", [[], ["--fail-on-regression", "5"]])
 def test_compare_of_files_with_nothing_in_common_says_so_in_one_line(tmp_path, capsys, flag):
-    old = _results_file(tmp_path, [row("Blocked", K=k, ms=0.1) for k in (512, 1024, 2048)], "old.jsonl")
-    new = _results_file(tmp_path, [row("auto", M=16, ms=0.1)], "new.jsonl")
+    old = results_file(tmp_path, [row("Blocked", K=k, ms=0.1) for k in (512, 1024, 2048)], "old.jsonl")
+    new = results_file(tmp_path, [row("auto", M=16, ms=0.1)], "new.jsonl")
     assert main(["compare", str(old), str(new), *flag]) == 1
     captured = capsys.readouterr()
     assert "missing from NEW" not in captured.out + captured.err

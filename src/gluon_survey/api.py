@@ -173,16 +173,23 @@ def _check_operands(
     return scaling
 
 
+def require_cuda(name: str, t: torch.Tensor) -> None:
+    """A ValueError unless `t` is on a CUDA device: where torch sees no GPU, one that says so and
+    names the torch build (moving the tensor would fail too); else how to move it."""
+    if t.device.type == "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"{name} is on {t.device}, but the survey's kernels run on a CUDA GPU and there is none "
+            f"here: {describe_torch_cuda()}"
+        )
+    raise ValueError(f"{name} is on {t.device}; move it to the GPU with {name}.cuda()")
+
+
 def _check_devices(a, b, out, scale_a, scale_b) -> None:
     """The operands on one CUDA device, and `out` and the fp8 scales with them: the last checks."""
-    for name, t in (("a", a), ("b", b)):
-        if t.device.type != "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(
-                    f"{name} is on {t.device}, but the survey's kernels run on a CUDA GPU and there is "
-                    f"none here: {describe_torch_cuda()}"
-                )
-            raise ValueError(f"{name} is on {t.device}; move it to the GPU with {name}.cuda()")
+    require_cuda("a", a)
+    require_cuda("b", b)
     if a.device != b.device:
         raise ValueError(f"a is on {a.device} but b is on {b.device}; put both on one GPU")
     if out is not None and out.device != a.device:

@@ -149,13 +149,7 @@ def _check_devices(x, w, offs, out) -> None:
     """All on one CUDA device: the last check."""
     named = (("x", x), ("w", w), ("offs", offs)) + ((("out", out),) if out is not None else ())
     for name, t in named:
-        if t.device.type != "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError(
-                    f"{name} is on {t.device} and grouped_matmul runs on a CUDA GPU, but there is "
-                    f"none here: {api.describe_torch_cuda()}"
-                )
-            raise ValueError(f"{name} is on {t.device}; move it to the GPU with {name}.cuda()")
+        api.require_cuda(name, t)
     for name, t in named[1:]:
         if t.device != x.device:
             raise ValueError(f"x is on {x.device} but {name} is on {t.device}; put them on one GPU")
