@@ -18,6 +18,8 @@
 #     narrow    swapab's whole-K tile on 32/48 weight rows (scripts/narrow_probe.py NARROW_ARGS) -> narrow-probe.csv/.log
 #     readfloor the fastest read of a decode weight's bytes (scripts/read_floor.py) -> read-floor.csv/.log
 #     split     split-K in programs of 4-64 KB at the M <= 64 misses (scripts/split_probe.py) -> split-probe.csv/.log
+#     grouped   grouped_matmul against torch._grouped_mm and a cuBLAS loop, kernel-only
+#               (scripts/grouped_probe.py)                        -> grouped-probe.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
 #   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
@@ -79,6 +81,9 @@ if step readfloor; then
 fi
 if step split; then
   python3 scripts/split_probe.py --output "$OUT/split-probe.csv" 2>&1 | tee "$OUT/split-probe.log" | tail -5
+fi
+if step grouped; then
+  python3 scripts/grouped_probe.py --output "$OUT/grouped-probe.csv" 2>&1 | tee "$OUT/grouped-probe.log" | tail -30
 fi
 if step tune; then
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \

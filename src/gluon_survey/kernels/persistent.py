@@ -101,6 +101,7 @@ FP8_CONFIGS = {
 __all__ = [
     "CONFIGS",
     "FP8_CONFIGS",
+    "MID_M",
     "compile_specs",
     "config_for",
     "persistent_kernel",
@@ -236,6 +237,24 @@ def persistent_kernel(
     invalidate_barriers(ready, STAGES)
 
 
+# More tiles `tune` times on Hopper for M = 24 to 4096 (16-bit): 128x128 tiles make twice as many
+# tiles as 128x256, so a 512-token product on a 4096-wide weight fills 128 of 132 SMs instead of 64
+# (docs/perf-notes.md, entry 55).
+MID_M = {
+    9: (
+        GemmConfig(
+            BLOCK_M=128,
+            BLOCK_N=128,
+            BLOCK_K=64,
+            STAGES=4,
+            num_warps=8,
+            GROUP_M=8,
+            EPILOGUE="deferred",
+            EPILOGUE_N=64,
+        ),
+    ),
+}
+
 # Its constexprs are Pipelined's: the same ring, now walked by a persistent program.
 RUNG = Rung(
     "persistent",
@@ -244,6 +263,7 @@ RUNG = Rung(
     persistent=True,
     configs=CONFIGS,
     fp8_configs=FP8_CONFIGS,
+    more=MID_M,
     scaled=True,
 )
 

@@ -360,6 +360,8 @@ class Rung:
     configs: Mapping[int, GemmConfig] = field(default_factory=dict)
     # The same for fp8 operands (ELEM_BYTES 1), for a rung that takes scales (`scaled`).
     fp8_configs: Mapping[int, GemmConfig] = field(default_factory=dict)
+    # More 16-bit configs per major that `tune` times beside the default (`candidates`, `specs`).
+    more: Mapping[int, tuple[GemmConfig, ...]] = field(default_factory=dict)
     scaled: bool = False
     desc_args: tuple[str, str, str] = DESC_ARGS  # the kernel's names of the A, B and C descriptors
 
@@ -372,9 +374,11 @@ class Rung:
         return self.configs_of(fp8)[capability[0]]
 
     def candidates(self, capability: tuple[int, int], fp8: bool = False) -> dict[str, GemmConfig]:
-        """The configs `gluon-survey tune` may pick, by label."""
+        """The configs `gluon-survey tune` may pick, by label: the default and, for 16-bit
+        operands, `more`."""
         cfg = self.configs_of(fp8)[capability[0]]
-        return {cfg.label: cfg}
+        extra = () if fp8 else self.more.get(capability[0], ())
+        return {c.label: c for c in (cfg, *extra)}
 
     def prepare(
         self, a, b, out, target: Target, cfg: GemmConfig | None = None, scales: Scales | None = None
@@ -383,11 +387,11 @@ class Rung:
         return self.launch(a, b, out, target, cfg, scales)
 
     def specs(self, capability: tuple[int, int], dtype: str) -> list[CompileSpec]:
-        """Compile specs of the config this architecture runs (none where it runs none)."""
-        configs = self.configs_of(dtype == FP8)
-        if capability[0] not in configs:
+        """Compile specs of the configs this architecture may run (`candidates`; none where it runs
+        none)."""
+        if capability[0] not in self.configs_of(dtype == FP8):
             return []
-        return self.compile_specs(capability, dtype, [configs[capability[0]]])
+        return self.compile_specs(capability, dtype, list(self.candidates(capability, dtype == FP8).values()))
 
     def plan(self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None) -> Plan:
         """The launch plan for tensors like these (only their shapes, strides and dtype are read;

@@ -88,6 +88,20 @@ CONFIGS = {
 }
 
 
+# More tiles `tune` times on Hopper for the token counts between decode and large prefill (M = 24 to
+# 4096), where a 64x128 tile reads each operand from L2 too often (A once per 128 weight columns,
+# the weight once per 64 tokens) and a 128x256 tile leaves the GPU part-empty without a K split:
+# 128x128 and 128x256 tiles on two warpgroups, 64x256 on one; each a program an SM, split so that
+# the programs fill the GPU (docs/perf-notes.md, entry 55).
+MID_M = {
+    9: (
+        SplitKConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=8, GROUP_M=8),
+        SplitKConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=3, num_warps=8, GROUP_M=8),
+        SplitKConfig(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, STAGES=4, num_warps=4, GROUP_M=8),
+    ),
+}
+
+
 def fp8_of(cfg: SplitKConfig) -> SplitKConfig:
     """The fp8 (e4m3) config of a 16-bit one: K steps twice as wide, so a stage holds the same bytes
     (128-byte rows, the 128-byte swizzle) and as many programs share an SM."""
@@ -99,6 +113,7 @@ FP8_CONFIGS = {major: fp8_of(cfg) for major, cfg in CONFIGS.items()}
 __all__ = [
     "CONFIGS",
     "FP8_CONFIGS",
+    "MID_M",
     "SplitKConfig",
     "candidates",
     "compile_specs",
@@ -333,9 +348,11 @@ def configs_of(fp8: bool) -> dict[int, SplitKConfig]:
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, object]:
-    """The configs `gluon-survey tune` may pick, by label."""
+    """The configs `gluon-survey tune` may pick, by label: the default and the mid-M tiles (fp16
+    and bf16)."""
     cfg = configs_of(fp8)[capability[0]]
-    return {cfg.label: cfg}
+    more = () if fp8 else MID_M.get(capability[0], ())
+    return {c.label: c for c in (cfg, *more)}
 
 
 def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> SplitKConfig:
@@ -392,13 +409,15 @@ def splitk_specs(mode, kernel, cfg, dtype: str, desc_args, blocks, constexprs) -
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     if unsupported_reason(capability):
         return []
-    cfg = config_for(capability, 0, dtype == FP8)
-    return splitk_specs(
-        "splitk",
-        splitk_kernel,
-        cfg,
-        dtype,
-        ("a_desc", "b_desc", "c_desc"),
-        lambda layout: block_shapes(cfg, layout),
-        lambda layout: _constexprs(cfg, capability, layout, 4),
-    )
+    specs = []
+    for cfg in candidates(capability, dtype == FP8).values():
+        specs += splitk_specs(
+            "splitk",
+            splitk_kernel,
+            cfg,
+            dtype,
+            ("a_desc", "b_desc", "c_desc"),
+            lambda layout, cfg=cfg: block_shapes(cfg, layout),
+            lambda layout, cfg=cfg: _constexprs(cfg, capability, layout, 4),
+        )
+    return specs

@@ -128,12 +128,18 @@ COOPERATIVE = WarpSpecConfig(
 PINGPONG_FP8 = replace(PINGPONG, BLOCK_K=128, ELEM_BYTES=1, CONSUMER_REGS=240, PRODUCER_REGS=24)
 COOPERATIVE_FP8 = replace(COOPERATIVE, BLOCK_K=128, ELEM_BYTES=1)
 COOPERATIVE_FROM_K = 8192  # the measured crossover (entry 17)
+# One more ping-pong tile `tune` times for M = 24 to 4096 (16-bit): two 64-row boxes, 128x128 a
+# consumer, 6 stages of 32 KB. At 1024 tokens on a 4096-wide weight that is 256 tiles, about two a
+# program for 132 programs, where 192x128 tiles leave some programs one tile and others two
+# (docs/perf-notes.md, entry 55).
+PINGPONG_MID = replace(PINGPONG, BOXES=2, STAGES=6)
 
 __all__ = [
     "COOPERATIVE",
     "COOPERATIVE_FP8",
     "PINGPONG",
     "PINGPONG_FP8",
+    "PINGPONG_MID",
     "compile_specs",
     "config_for",
     "prepare",
@@ -405,8 +411,9 @@ def _designs(fp8: bool) -> tuple[WarpSpecConfig, WarpSpecConfig]:
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, WarpSpecConfig]:
-    """The configs `gluon-survey tune` may pick, by label: both designs at any K."""
-    return {cfg.label: cfg for cfg in _designs(fp8)}
+    """The configs `gluon-survey tune` may pick, by label: both designs at any K, and for 16-bit
+    operands the mid-M ping-pong tile."""
+    return {cfg.label: cfg for cfg in (*_designs(fp8), *(() if fp8 else (PINGPONG_MID,)))}
 
 
 def prepare(
@@ -419,4 +426,4 @@ def prepare(
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     if unsupported_reason(capability):
         return []
-    return RUNG.compile_specs(capability, dtype, list(_designs(dtype == FP8)))
+    return RUNG.compile_specs(capability, dtype, list(candidates(capability, dtype == FP8).values()))

@@ -1,0 +1,85 @@
+"""Kernel-only GPU time of `grouped_matmul` against `torch._grouped_mm` and a per-expert loop of
+cuBLAS, on mixture-of-experts expert shapes with uniform routing (a first look before the driver
+measures grouped rows). Each call is preceded by a read of 2x L2 (kernel_time.py's flush); the
+output of each is checked against an fp32 per-expert product first.
+
+    PYTHONPATH=src python3 scripts/grouped_probe.py --output out/grouped-probe.csv
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_time import check_close, flush_buffers, probe_parser, record, timed, write_csv
+
+from gluon_survey import grouped_matmul
+
+# (name, experts, top-k, N, K): each model's gate_up (N = 2I, K = H) and down (N = H, K = I).
+MODELS = (
+    ("mixtral-8x7b", 8, 2, 4096, 14336),
+    ("qwen3-30b-a3b", 128, 8, 2048, 768),
+    ("deepseek-v3", 256, 8, 7168, 2048),
+    ("gpt-oss-20b", 32, 4, 2880, 2880),
+)
+TOKENS = (16, 512, 4096)
+
+
+def problems():
+    for name, E, topk, H, I in MODELS:
+        for proj, N, K in (("gate_up", 2 * I, H), ("down", H, I)):
+            for T in TOKENS:
+                yield f"{name} {proj}", E, topk, N, K, T
+
+
+def ranges(offs: torch.Tensor) -> list[tuple[int, int]]:
+    ends = offs.tolist()
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def calls_of(x, w, offs, out) -> dict:
+    """The three calls on one problem (the loop reads the offsets to the host once, here)."""
+    spans = ranges(offs)
+    return {
+        "gluon": lambda: grouped_matmul(x, w, offs, out=out),
+        "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
+        "loop": lambda: torch.cat([x[s:e] @ w[i] for i, (s, e) in enumerate(spans)]),
+    }
+
+
+def main(argv=None) -> int:
+    args = probe_parser(__doc__).parse_args(argv)
+    flush, sink = flush_buffers()
+    rows: list[dict] = []
+    for label, E, topk, N, K, T in problems():
+        S = T * topk
+        g = torch.Generator(device="cuda").manual_seed(0)
+        counts = torch.full((E,), S // E, dtype=torch.int64)
+        counts[: S % E] += 1
+        x = torch.randn(S, K, device="cuda", generator=g, dtype=torch.bfloat16)
+        w = torch.randn(E, N, K, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
+        offs = counts.cumsum(0).to(torch.int32).cuda()
+        ref = torch.cat([x[s:e].float() @ w[i].float() for i, (s, e) in enumerate(ranges(offs))])
+        out = torch.full((S, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        flops = 2 * S * N * K
+        for mode, fn in calls_of(x, w, offs, out).items():
+            try:
+                check_close(f"{label} {mode}", fn(), ref, 0.02)
+                med, times = timed(fn, args.reps, flush, sink)
+            except Exception as exc:  # a finding, not a crash
+                print(f"{label} T={T} {mode}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            row = {
+                "problem": label, "E": E, "topk": topk, "N": N, "K": K, "T": T, "S": S, "mode": mode,
+                **times, "tflops": round(flops / med / 1e6, 1),
+            }  # fmt: skip
+            record(rows, row)
+    write_csv(args.output, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
