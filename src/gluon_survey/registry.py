@@ -174,7 +174,7 @@ MODES: tuple[Mode, ...] = (
     ),
     Mode(
         "torch",
-        "torch.matmul, i.e. cuBLAS: the reference every ratio is taken against",
+        "torch.matmul, i.e. cuBLAS: the reference every dense ratio is taken against",
         "baseline",
         ("any CUDA GPU",),
         "gluon_survey.baselines.torch_ops",

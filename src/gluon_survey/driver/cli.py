@@ -514,8 +514,8 @@ def list_modes(argv: Sequence[str]) -> int:
     here = api.describe_torch_cuda() + (f", sm_{cap[0]}{cap[1]}" if cap else "")
     table = Table(
         title=f"gluon-survey modes; this machine: {here}",
-        caption="GEMM dense: --m/--n/--k, --shapes llm|llm-dense|holdout; grouped (mixture-of-experts "
-        "expert GEMMs): --shapes moe or a CSV of T,N,K,E,topk,routing rows",
+        caption="dense GEMMs: --m/--n/--k, --shapes llm|llm-dense|holdout or a CSV of M,N,K rows; grouped "
+        "GEMMs (a mixture-of-experts layer's experts): --shapes moe or a CSV of T,N,K,E,topk,routing rows",
     )
     for name in ("mode", "kind", "GEMM", "what it is", "architectures", "runs here"):
         table.add_column(name, no_wrap=name in ("mode", "kind", "GEMM"))
