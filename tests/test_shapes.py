@@ -248,6 +248,7 @@ def test_gate_up_and_down_of_a_layer_share_the_routing_and_seeds_change_it():
     )
     assert routing_counts(gate_up, 0) == routing_counts(down, 0)
     assert routing_counts(gate_up, 0) != routing_counts(gate_up, 1)
+    assert sum(routing_counts(gate_up, -7)) == gate_up.M  # --seed takes any integer
 
 
 def test_skewed_routings_leave_experts_without_rows():

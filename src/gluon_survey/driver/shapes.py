@@ -158,11 +158,12 @@ def routing_counts(shape: GroupedShape, seed: int) -> list[int]:
              slot by slot: with topk > 2 a token would have to pick that expert several times, so
              this is the load imbalance itself, not a router's output
 
-    Drawn with numpy's PCG64 from `seed` (the run's `--seed`)."""
+    Drawn with numpy's PCG64 from `seed` (the run's `--seed`, any integer) and the shape's E, topk,
+    T and routing."""
     import numpy as np
 
     rng = np.random.Generator(
-        np.random.PCG64([seed, shape.E, shape.topk, shape.T, ROUTINGS.index(shape.routing)])
+        np.random.PCG64([seed % 2**64, shape.E, shape.topk, shape.T, ROUTINGS.index(shape.routing)])
     )
     E, S = shape.E, shape.M
     counts = np.zeros(E, dtype=np.int64)
