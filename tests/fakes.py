@@ -7,6 +7,9 @@ worker, hang it, or multiply on the CPU, and the hooks that put them in place of
              host's wall clock; paired with a CPU "cuBLAS" (the same again), so paired timing
              runs too
     _fp16_cpu  _ok_cpu without fp8 kernels (`registry.Mode.fp8` False): its fp8 tasks are SKIPPED
+    _grouped_cpu  a grouped mode (`registry.Mode.grouped`): torch.mm per expert on the CPU, paired
+             with torch._grouped_mm on the CPU; its dense tasks are SKIPPED, as the dense fakes'
+             grouped ones are
 
 `WORKER_COMMAND` starts `fake_worker.py`, a worker whose providers are these (hand it to
 `runner.run_sweep(..., worker_command=...)`); `install(setattr)` makes the CLI of this process use
@@ -26,7 +29,7 @@ import torch
 from gluon_survey import registry
 from gluon_survey.driver import cli, runner
 from gluon_survey.driver.timing import WallClock
-from gluon_survey.driver.worker import Provider, cublas_product
+from gluon_survey.driver.worker import Provider, _grouped_mm_launch, cublas_product, grouped_cublas_product
 from gluon_survey.launch import Launch
 
 HERE = Path(__file__).resolve().parent
@@ -34,14 +37,16 @@ WORKER_COMMAND = (sys.executable, str(HERE / "fake_worker.py"))
 CLI_COMMAND = (sys.executable, str(HERE / "fake_cli.py"))
 CONFIG = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64}  # what the _ok_cpu rows say they ran
 MODES = tuple(
-    registry.Mode(name, summary, "test", ("cpu",), __name__, fp8=fp8)
-    for name, summary, fp8 in (
-        ("_crash", "aborts the worker process", False),
-        ("_hang", "never returns", False),
-        ("_ok_cpu", "torch.matmul (fp8: torch._scaled_mm) on the CPU, wall-clock timer", True),
-        ("_fp16_cpu", "torch.matmul on the CPU, wall-clock timer, no fp8", False),
+    registry.Mode(name, summary, "test", ("cpu",), __name__, fp8=fp8, grouped=grouped)
+    for name, summary, fp8, grouped in (
+        ("_crash", "aborts the worker process", False, False),
+        ("_hang", "never returns", False, False),
+        ("_ok_cpu", "torch.matmul (fp8: torch._scaled_mm) on the CPU, wall-clock timer", True, False),
+        ("_fp16_cpu", "torch.matmul on the CPU, wall-clock timer, no fp8", False, False),
+        ("_grouped_cpu", "torch.mm per expert on the CPU, wall-clock timer", False, True),
     )
 )
+GROUPED_CONFIG = {"impl": "torch.mm per expert (a fake)"}  # what the _grouped_cpu rows say they ran
 
 
 def unsupported_reason(capability: tuple[int, int] | None) -> str | None:
@@ -65,9 +70,22 @@ def fake_provider(mode_name: str) -> Provider:
     def baseline(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor) -> Launch:
         return Launch(lambda: cublas_product(a, b, out, **scales))
 
-    fp8 = any(m.fp8 for m in MODES if m.name == mode_name)
-    no_fp8 = None if fp8 else f"mode {mode_name!r} has no fp8 kernel (a fake)"
-    return Provider("cpu", prepare, WallClock(), None, 0, lambda: 1 << 30, baseline=baseline, no_fp8=no_fp8)
+    def prepare_grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> Launch:
+        return Launch(lambda: grouped_cublas_product(x, w, offs, out), dict(GROUPED_CONFIG))
+
+    mode = next((m for m in MODES if m.name == mode_name), None)
+    if mode is None:
+        raise KeyError(f"not a fake mode: {mode_name!r}")
+    kind = {
+        "no_fp8": None if mode.fp8 else f"mode {mode_name!r} has no fp8 kernel (a fake)",
+        "grouped": mode.grouped,
+        "wrong_shape": registry.wrong_shape_reason(mode, not mode.grouped),
+    }
+    if mode.grouped:
+        return Provider(
+            "cpu", prepare_grouped, WallClock(), None, 0, lambda: 1 << 30, baseline=_grouped_mm_launch, **kind
+        )
+    return Provider("cpu", prepare, WallClock(), None, 0, lambda: 1 << 30, baseline=baseline, **kind)
 
 
 def install(setattr: Callable[[object, str, object], None]) -> None:

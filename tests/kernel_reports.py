@@ -59,7 +59,7 @@ def design(spec: CompileSpec, arch: str) -> tuple:
 def _representatives() -> frozenset[tuple[str, str, str, int]]:
     """(mode, arch, dtype, index) of the first spec of every design, over every Gluon rung."""
     seen, firsts = set(), set()
-    for mode in (m.name for m in registry.MODES if m.kind == "gluon"):
+    for mode in (m.name for m in registry.MODES if m.kind == "gluon" and not m.grouped):
         for arch in ARCHS:
             for dtype in DTYPES:
                 for index, spec in enumerate(specs(mode, arch, dtype)):

@@ -30,7 +30,7 @@ def test_help_works_without_a_gpu(no_cuda, capsys):
     )
     for text in (
         "--dtype",
-        "--shapes llm|llm-dense|holdout|FILE.csv",
+        "--shapes llm|llm-dense|holdout|moe|FILE.csv",
         "--b-layout",
         "--peak-tflops",
         "compare OLD NEW",
@@ -485,3 +485,97 @@ def test_an_fp8_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     assert got[("_fp16_cpu", "fp16", "row")].status == "OK"
     out = capsys.readouterr().out
     assert "_ok_cpu,32,48,64,fp8-row,t,OK" in out and "_fp16_cpu,32,48,64,fp8,t,SKIPPED" in out
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouped GEMMs: --shapes moe and CSVs of grouped shapes
+
+
+def test_moe_runs_the_grouped_modes_in_bf16_with_b_t(sweeps, tmp_path):
+    path = tmp_path / "r.jsonl"
+    assert main(["--shapes", "moe", "--dtype", "bf16", "--results", str(path)]) == 0
+    ((modes, tasks, *_), _) = sweeps[0]
+    assert modes == ["grouped", "grouped_mm", "cublas-loop"] == [m.name for m in registry.MODES if m.grouped]
+    assert len(tasks) == 144 and {(t.dtype, t.b_layout) for t in tasks} == {("bf16", "t")}
+    first = {"M": 2, "N": 28672, "K": 4096, "E": 8, "topk": 2, "routing": "uniform"}  # Mixtral gate_up, T = 1
+    assert tasks[0].to_json() == first | {"dtype": "bf16", "b_layout": "t"}
+    settings = load(path).settings
+    assert settings["shapes"] == "--shapes moe" and settings["b_layouts"] == ["t"]
+
+
+def test_named_modes_of_either_kind_run_on_grouped_shapes_and_dense_sweeps_default_to_dense_modes(
+    sweeps, tmp_path
+):
+    assert main(["grouped,torch", "--shapes", "moe", "--results", str(tmp_path / "a.jsonl")]) == 0
+    assert sweeps[0][0][0] == ["grouped", "torch"]  # torch's grouped rows are SKIPPED by its worker
+    assert main(["--k", "512", "--results", str(tmp_path / "b.jsonl")]) == 0
+    assert sweeps[1][0][0] == [m.name for m in registry.MODES if not m.grouped]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dtype", "bf16,fp8-row"], "--dtype fp8-row: grouped GEMMs are not measured in fp8 yet"),
+        (["--b-layout", "row"], "--b-layout row: grouped shapes run with B layout t only"),
+    ],
+)
+def test_grouped_shapes_refuse_fp8_and_the_row_layout_before_the_gpu(sweeps, tmp_path, capsys, argv, message):
+    path = tmp_path / "r.jsonl"
+    assert main(["grouped", "--shapes", "moe", *argv, "--results", str(path)]) == 2
+    assert sweeps == [] and not path.exists()
+    assert f"gluon-survey: error: {message}" in capsys.readouterr().err
+
+
+def test_a_grouped_csv_needs_n_and_k_multiples_of_8(sweeps, tmp_path, capsys):
+    shapes = tmp_path / "moe.csv"
+    shapes.write_text("T,N,K,E,topk,routing\n16,100,64,4,2,zipf\n")
+    assert main(["--shapes", str(shapes), "--results", str(tmp_path / "r.jsonl")]) == 2
+    assert (
+        "grouped shape 100x64 E=4 top-2 T=16 zipf: N and K must be multiples of 8" in capsys.readouterr().err
+    )
+
+
+def test_list_says_which_modes_compute_grouped_gemms(no_cuda, capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "--shapes moe" in out
+    assert re.search(r"grouped_mm\s*│\s*baseline\s*│\s*grouped", out) and re.search(
+        r"Blocked\s*│\s*gluon\s*│\s*dense", out
+    )
+
+
+@pytest.mark.timeout(180)
+def test_a_grouped_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
+    """A grouped mode and a dense one over a CSV of grouped shapes: the grouped rows carry E, topk,
+    routing and the counts, their x cuBLAS is against torch._grouped_mm (paired), the dense mode's
+    rows are SKIPPED saying why, and every report format renders them."""
+    shapes, path = tmp_path / "moe.csv", tmp_path / "r.jsonl"
+    shapes.write_text("T,N,K,E,topk,routing\n16,48,64,4,2,half\n64,48,64,4,2,zipf\n")
+    argv = shlex.split(
+        f"_grouped_cpu,_ok_cpu --shapes {shapes} --dtype bf16 --warmup-ms 2 --min-ms 5 --rounds 2"
+    )
+    assert (
+        main([*argv, "--format", "markdown", "--results", str(path), "--plot", str(tmp_path / "p.png")]) == 0
+    )
+    out = capsys.readouterr().out
+    rows = {(r.mode, r.M): r for r in load(path).rows}
+    assert list(rows) == [("_grouped_cpu", 32), ("_grouped_cpu", 128), ("_ok_cpu", 32), ("_ok_cpu", 128)]
+    ok = rows[("_grouped_cpu", 32)]
+    assert ok.status == "OK" and (ok.E, ok.topk, ok.routing, ok.b_layout) == (4, 2, "half", "t")
+    assert sum(ok.counts) == 32 and max(ok.counts) == 16 and ok.rel_err <= ok.tol
+    assert len(ok.x_rounds) == 2 and ok.cublas_ms > 0  # torch._grouped_mm, timed alongside
+    assert ok.tflops == pytest.approx(2 * 32 * 48 * 64 / (ok.ms_median * 1e-3) / 1e12)
+    skipped = rows[("_ok_cpu", 128)]
+    assert (
+        skipped.status == "SKIPPED"
+        and "computes dense GEMMs; grouped (mixture-of-experts) problems run in" in skipped.error
+    )
+    assert "| N x K, experts E, top-k, tokens T, routing | _grouped_cpu | _ok_cpu |" in out
+    assert (
+        "| 48x64 E=4 top-2 T=64 zipf | " in out
+        and "x torch._grouped_mm (against torch._grouped_mm timed" in out
+    )
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["report", str(path), "--format", "csv"]) == 0
+    csv_out = capsys.readouterr().out
+    assert ",4,2,half," in csv_out and "_grouped_cpu,32,48,64,bf16,t,OK" in csv_out

@@ -3,7 +3,8 @@ machine code is what its docstring claims: wgmma (HGMMA, one per 16 of BLOCK_K p
 loads (UTMALDG) and no TMA store (the epilogue is a masked register store, STG), no local-memory
 spills, and the shared memory of its ring (plus the epilogue's layout-conversion scratch).
 
-It has no registry mode, so its specs are compiled here rather than through
+It is the registry's `grouped` mode, which the dense rungs' compile tests leave out (a grouped
+mode's kernel is no rung of the dense ladder), so its specs are compiled here rather than through
 tests/kernel_reports.py's `compiled_report`; the same rule holds: the triton-3.9 pass
 (`-m "compile and not exhaustive"`) compiles the first spec of each design (`design`), and the
 others are marked `exhaustive`."""

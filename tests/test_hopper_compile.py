@@ -19,7 +19,7 @@ from kernel_reports import compiled_report, config_marks
 
 pytestmark = pytest.mark.compile
 
-RUNGS = [m for m in registry.MODES if m.kind == "gluon"]
+RUNGS = [m for m in registry.MODES if m.kind == "gluon" and not m.grouped]  # grouped: its own file
 SPECS = [
     pytest.param(
         mode.name,

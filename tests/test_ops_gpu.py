@@ -22,7 +22,7 @@ from gluon_survey.kernels.plan import ENCODED_PER_SLOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_or_blackwell")]
 
-RUNGS = [m.name for m in registry.MODES if m.kind == "gluon"]
+RUNGS = [m.name for m in registry.MODES if m.kind == "gluon" and not m.grouped]  # dense rungs
 KERNELS = [*RUNGS, "torch", None]  # None: matmul's default
 DTYPES = [torch.float16, torch.bfloat16]
 

@@ -353,3 +353,98 @@ def test_a_summary_block_embeds_the_summary(tmp_path):
     out = report.embed_reports(doc, tmp_path)
     assert "| fp16, B row | warpspec |" in out and "####" not in out and "old" not in out
     assert report.embed_reports(out, tmp_path) == out
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouped rows (--shapes moe): labels with E, top-k, T and routing; torch._grouped_mm the reference
+
+
+def grouped_row(mode, T, ms, routing="zipf", **fields):
+    """A grouped row of a Qwen3-30B-A3B down projection (E 128, top-8) at T tokens."""
+    return replace(
+        row(mode, M=T * 8, N=2048, K=768, ms=ms, E=128, topk=8, routing=routing, **fields), b_layout="t"
+    )
+
+
+@pytest.fixture
+def grouped_sample():
+    return results(
+        [
+            grouped_row("grouped", 16, 0.01),
+            grouped_row("grouped_mm", 16, 0.02),  # grouped 2.0x
+            grouped_row("grouped", 512, 0.04),
+            grouped_row("grouped_mm", 512, 0.02),  # grouped 0.5x
+            grouped_row("grouped", 4096, None, status="FAILED", error="rel_err 0.9 > tol 0.01"),
+            grouped_row("torch", 16, 0.001, status="SKIPPED", error="mode 'torch' computes dense GEMMs"),
+        ]
+    )
+
+
+def test_grouped_rows_are_measured_against_grouped_mm_not_cublas(grouped_sample):
+    got = {(r.mode, r.shape.tokens): r.x_cublas for r in report.attach_x_cublas(grouped_sample.rows)}
+    assert got[("grouped", 16)] == pytest.approx(2.0) and got[("grouped", 512)] == pytest.approx(0.5)
+    assert got[("grouped_mm", 16)] == pytest.approx(1.0) and got[("grouped", 4096)] is None
+    dense_torch_alone = results(
+        [row("torch", M=128, N=2048, K=768, ms=0.001), grouped_row("grouped", 16, 0.01)]
+    )
+    assert [r.x_cublas for r in report.attach_x_cublas(dense_torch_alone.rows)] == [1.0, None]
+
+
+def test_grouped_tables_label_shapes_with_experts_top_k_tokens_and_routing(grouped_sample):
+    (pivot,) = report.pivots(grouped_sample)
+    assert pivot.shape_header == "N x K, experts E, top-k, tokens T, routing"
+    assert [s.label for s in pivot.shapes] == [f"2048x768 E=128 top-8 T={t} zipf" for t in (16, 512, 4096)]
+    md = report.format_markdown(grouped_sample)
+    assert "| N x K, experts E, top-k, tokens T, routing | grouped | grouped_mm | torch |" in md
+    assert (
+        "| 2048x768 E=128 top-8 T=16 zipf | **40.3**<br>2.00x | 20.1<br>1.00x | SKIPPED<br>mode 'torch'" in md
+    )
+    assert "x torch._grouped_mm (the grouped_mm row of the same shape)" in md
+    assert "grouped FAILED on 2048x768 E=128 top-8 T=4096 zipf: rel_err 0.9 > tol 0.01" in md
+    buf = io.StringIO()
+    report.print_table(grouped_sample, Console(file=buf, width=200))
+    assert "N x K, experts E, top-k, tokens T, routing" in buf.getvalue()
+
+
+def test_grouped_summary_goes_by_tokens_and_legacy_blocks_keep_routings_apart(grouped_sample):
+    cells = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in report.format_summary(grouped_sample).splitlines()
+    ]
+    assert cells[0] == [
+        "dtype, B",
+        "mode",
+        "TFLOP/s",
+        "x cuBLAS",
+        "T = 16",
+        "T = 512",
+        "T = 4096",
+        "lowest x cuBLAS",
+    ]
+    assert [c[1] for c in cells[2:]] == ["grouped"]  # grouped_mm, the reference, is left out as cuBLAS is
+    assert cells[2][4:] == ["2.00x", "0.50x", "-", "0.50x (2048x768 E=128 top-8 T=512 zipf)"]
+    uniform = results([grouped_row("grouped", 16, 0.01, routing="uniform"), grouped_row("grouped", 16, 0.03)])
+    legacy = report.format_legacy(uniform.rows).splitlines()
+    assert [line for line in legacy if line.startswith("Mode:")] == [
+        "Mode: grouped (fp16, B t, M=128, N=2048, E=128, top-8, uniform)",
+        "Mode: grouped (fp16, B t, M=128, N=2048, E=128, top-8, zipf)",
+    ]
+
+
+def test_a_grouped_run_plots_x_grouped_mm_against_tokens(grouped_sample, tmp_path):
+    grouped_sample.header["settings"] = {**grouped_sample.settings, "shapes": "--shapes moe"}
+    assert report.plot(grouped_sample, tmp_path / "moe.png") == 1  # the grouped mode's panel
+    assert (tmp_path / "moe.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_grouped_rows_round_trip_and_compare_by_routing(tmp_path):
+    from factories import results_file
+    from gluon_survey.driver.results import compare, load
+
+    rows = [
+        grouped_row("grouped", 16, 0.01, counts=[1] * 128),
+        grouped_row("grouped", 16, 0.02, routing="half"),
+    ]
+    loaded = load(results_file(tmp_path, rows)).rows
+    assert loaded == rows and loaded[0].counts == [1] * 128 and loaded[0].shape.routing == "zipf"
+    assert [d.verdict for d in compare(loaded, loaded[::-1])] == ["same", "same"]  # matched by routing

@@ -4,14 +4,18 @@ import pytest
 
 from gluon_survey.driver.shapes import (
     DENSE_M,
+    GroupedShape,
     Shape,
     grid,
     holdout_shapes,
     llm_dense_shapes,
     llm_shapes,
+    moe_shapes,
     parse_dim,
     read_csv,
     resolve,
+    routing_counts,
+    shape_of,
 )
 
 
@@ -97,7 +101,11 @@ def test_tune_takes_the_dense_preset(tmp_path, monkeypatch, capsys):
     assert tune.main(["--shapes", "llm-dense", *args]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert tune.main(["--shapes", "llm-sparse", *args]) == 2
-    assert "expected 'llm', 'llm-dense', 'holdout' or a CSV file" in capsys.readouterr().err
+    assert "expected 'llm', 'llm-dense', 'holdout', 'moe' or a CSV file" in capsys.readouterr().err
+    assert tune.main(["--shapes", "moe", *args]) == 2
+    assert "grouped shapes; tune builds matmul's table of dense GEMMs" in capsys.readouterr().err
+    assert tune.main(["--modes", "grouped,torch", *args]) == 2
+    assert "mode 'grouped' computes grouped (mixture-of-experts) GEMMs" in capsys.readouterr().err
 
 
 def test_holdout_shapes_share_no_weight_with_llm():
@@ -127,10 +135,15 @@ def test_read_csv_without_header(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("1,2\n", ":1: expected 3 fields M,N,K, got 2"),
+        ("1,2\n", ":1: expected 3 fields M,N,K or 6 fields T,N,K,E,topk,routing, got 2"),
+        ("M,N,K\n1,2,3,4,5,6\n", ":2: expected 3 fields M,N,K, got 6"),
+        ("1,2,3\n16,8,8,4,2,uniform\n", ":2: expected 3 fields M,N,K, got 6"),
+        ("16,8,8,4,2,uniform\n1,2,3\n", ":2: expected 6 fields T,N,K,E,topk,routing, got 3"),
+        ("16,8,8,4,2,skewed\n", ":1: unknown routing 'skewed'; use one of uniform, zipf, half"),
+        ("16,8,8,4,8,zipf\n", ":1: topk = 8 is more than the E = 4 experts"),
         ("M,N,K\n1,2,x\n", ":2: 'x' is not an integer"),
         ("1,2,0\n", ":1: 0 must be at least 1"),
-        ("# nothing\n", "no M,N,K rows"),
+        ("# nothing\n", "no M,N,K or T,N,K,E,topk,routing rows"),
     ],
 )
 def test_read_csv_errors_point_at_the_line(tmp_path, text, message):
@@ -155,7 +168,7 @@ def test_resolve(tmp_path):
     assert resolve(str(path), None, None, None) == [Shape(1, 2, 3)]
     with pytest.raises(ValueError, match="either --shapes or --m/--n/--k"):
         resolve("llm", "64", None, None)
-    with pytest.raises(ValueError, match="expected 'llm', 'llm-dense', 'holdout' or a CSV file"):
+    with pytest.raises(ValueError, match="expected 'llm', 'llm-dense', 'holdout', 'moe' or a CSV file"):
         resolve("square", None, None, None)
 
 
@@ -187,3 +200,71 @@ def test_the_default_k_is_a_doubling_range():
 
     assert shapes.DEFAULT_K == "512:16384"
     assert parse_dim(shapes.DEFAULT_K) == [512, 1024, 2048, 4096, 8192, 16384]
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouped shapes: the moe preset, routing counts, grouped CSV rows
+
+
+def test_moe_is_four_models_expert_gemms_in_three_routings_at_six_token_counts():
+    shapes = moe_shapes()
+    assert len(shapes) == 4 * 2 * 3 * 6 and len(set(shapes)) == len(shapes)
+    experts = {(s.E, s.topk, s.N, s.K) for s in shapes}
+    assert experts == {
+        (8, 2, 2 * 14336, 4096), (8, 2, 4096, 14336),  # Mixtral-8x7B gate_up, down
+        (128, 8, 2 * 768, 2048), (128, 8, 2048, 768),  # Qwen3-30B-A3B
+        (256, 8, 2 * 2048, 7168), (256, 8, 7168, 2048),  # DeepSeek-V3
+        (32, 4, 2 * 2880, 2880), (32, 4, 2880, 2880),  # GPT-OSS-20B
+    }  # fmt: skip
+    assert {s.routing for s in shapes} == {"uniform", "zipf", "half"}
+    assert [s.T for s in shapes[:6]] == [1, 16, 64, 512, 4096, 16384]  # T varies fastest
+    first = shapes[0]
+    assert (first.M, first.flops) == (first.T * first.topk, 2 * first.T * first.topk * first.N * first.K)
+    assert first.label == "28672x4096 E=8 top-2 T=1 uniform" and first.tokens == 1
+    assert resolve("moe", None, None, None) == shapes
+
+
+def test_a_grouped_shape_round_trips_through_its_json_and_stays_apart_from_dense():
+    g = GroupedShape(16, 1536, 2048, 128, 8, "zipf")
+    assert g.to_json() == {"M": 128, "N": 1536, "K": 2048, "E": 128, "topk": 8, "routing": "zipf"}
+    assert shape_of(**g.to_json()) == g
+    assert shape_of(128, 1536, 2048) == Shape(128, 1536, 2048) != g
+    with pytest.raises(ValueError, match="topk dividing M"):
+        shape_of(129, 1536, 2048, 128, 8, "zipf")
+
+
+@pytest.mark.parametrize("shape", moe_shapes()[::5], ids=lambda s: s.label)
+def test_routing_counts_sum_to_the_rows_and_repeat_from_the_seed(shape):
+    counts = routing_counts(shape, seed=0)
+    assert len(counts) == shape.E and min(counts) >= 0 and sum(counts) == shape.M
+    assert routing_counts(shape, seed=0) == counts
+    assert max(counts) <= (shape.T if shape.routing != "half" else shape.M)  # a token picks an expert once
+
+
+def test_gate_up_and_down_of_a_layer_share_the_routing_and_seeds_change_it():
+    gate_up, down = (
+        GroupedShape(512, 4096, 7168, 256, 8, "zipf"),
+        GroupedShape(512, 7168, 2048, 256, 8, "zipf"),
+    )
+    assert routing_counts(gate_up, 0) == routing_counts(down, 0)
+    assert routing_counts(gate_up, 0) != routing_counts(gate_up, 1)
+    assert sum(routing_counts(gate_up, -7)) == gate_up.M  # --seed takes any integer
+
+
+def test_skewed_routings_leave_experts_without_rows():
+    half = routing_counts(GroupedShape(512, 64, 64, 32, 4, "half"), seed=3)
+    assert max(half) == 512 * 4 // 2 and 0 in routing_counts(GroupedShape(16, 64, 64, 32, 4, "half"), 3)
+    zipf = sorted(routing_counts(GroupedShape(64, 64, 64, 128, 8, "zipf"), seed=0), reverse=True)
+    uniform = sorted(routing_counts(GroupedShape(64, 64, 64, 128, 8, "uniform"), seed=0), reverse=True)
+    assert zipf.count(0) > uniform.count(0) > 0 and zipf[0] > uniform[0]
+    one_token = routing_counts(GroupedShape(1, 64, 64, 128, 8, "uniform"), seed=0)
+    assert sorted(set(one_token)) == [0, 1] and one_token.count(0) == 120  # 8 distinct experts
+
+
+def test_read_csv_takes_grouped_rows(tmp_path):
+    path = tmp_path / "moe.csv"
+    path.write_text("# tiny\nT,N,K,E,topk,routing\n16,256,128,4,2,uniform\n512,128,256,4,2,ZIPF\n")
+    assert read_csv(path) == [
+        GroupedShape(16, 256, 128, 4, 2, "uniform"),
+        GroupedShape(512, 128, 256, 4, 2, "zipf"),
+    ]

@@ -1,5 +1,6 @@
 """The worker's check-then-time sequence, in process, with CPU providers that misbehave on purpose."""
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -334,3 +335,110 @@ def test_the_paired_cublas_launch_is_scaled_mm_into_bf16(task):
     expected = torch._scaled_mm(inputs.a, inputs.b, inputs.scale_a, inputs.scale_b, out_dtype=torch.bfloat16)
     assert torch.equal(out, expected)
     assert rel_error(out, reference(*inputs, **inputs.scales)) < 2**-8
+
+
+# ------------------------------------------------------------------------------------------------
+# Grouped tasks: a mixture-of-experts layer's expert GEMMs (shapes.GroupedShape)
+
+GROUPED_TASK = {
+    "M": 24 * 2,
+    "N": 40,
+    "K": 64,
+    "E": 6,
+    "topk": 2,
+    "routing": "half",
+    "dtype": "bf16",
+    "b_layout": "t",
+}
+
+
+def per_expert(x, w, offs, out):
+    from gluon_survey.driver.worker import grouped_cublas_product
+
+    return Launch(lambda: grouped_cublas_product(x, w, offs, out), {"impl": "loop"})
+
+
+def grouped_cpu(prepare, **fields):
+    from gluon_survey.driver.worker import _grouped_mm_launch
+
+    return cpu(
+        prepare, grouped=True, wrong_shape="a grouped mode", **({"baseline": _grouped_mm_launch} | fields)
+    )
+
+
+def test_a_grouped_task_is_checked_per_expert_then_timed_against_grouped_mm():
+    seen = []
+
+    def prepare(x, w, offs, out):
+        seen.append((x, w, offs, out))
+        return per_expert(x, w, offs, out)
+
+    row = measure(grouped_cpu(prepare), GROUPED_TASK, PAIRED, lambda _: None)
+    assert row["status"] == "OK" and row["config"] == {"impl": "loop"}
+    assert row["rel_err"] <= row["tol"] and row["cublas_ms"] > 0 and len(row["x_rounds"]) == PAIRED.rounds
+    counts = row["counts"]
+    assert len(counts) == 6 and sum(counts) == 48 and max(counts) == 24  # half: one expert, half the rows
+    x, w, offs, out = seen[0]
+    assert (x.shape, w.shape, out.shape, x.dtype) == ((48, 64), (6, 64, 40), (48, 40), torch.bfloat16)
+    assert w.transpose(1, 2).is_contiguous() and offs.dtype == torch.int32
+    assert offs.tolist() == list(itertools.accumulate(counts))
+
+
+def test_a_grouped_kernel_that_misses_an_expert_or_a_row_fails():
+    def skips_the_busiest(x, w, offs, out):
+        ends = offs.tolist()
+        busiest = max(range(len(ends)), key=lambda e: ends[e] - (ends[e - 1] if e else 0))
+        start = ends[busiest - 1] if busiest else 0
+
+        def fn():
+            per_expert(x, w, offs, out).fn()
+            out[start : ends[busiest]] = 0
+
+        return Launch(fn)
+
+    def one_row_short(x, w, offs, out):
+        return Launch(lambda: (per_expert(x, w, offs, out).fn(), out[-1:].fill_(math.nan)))
+
+    for prepare in (skips_the_busiest, one_row_short):
+        row = measure(grouped_cpu(prepare), GROUPED_TASK, SETTINGS, lambda _: None)
+        assert row["status"] == "FAILED" and row["rel_err"] > row["tol"], prepare.__name__
+
+
+def test_a_launch_returning_its_product_is_judged_on_it_grouped_as_dense():
+    row = measure(grouped_cpu(lambda x, w, offs, out: Launch(lambda: torch._grouped_mm(x, w, offs=offs))),
+                  GROUPED_TASK, SETTINGS, lambda _: None)  # fmt: skip
+    assert row["status"] == "OK"
+
+
+def test_dense_and_grouped_modes_skip_each_others_tasks_and_grouped_fp8_is_not_yet():
+    def never(*args):
+        raise AssertionError("a skipped task is never prepared")
+
+    dense = cpu(never, wrong_shape="mode 'Blocked' computes dense GEMMs")
+    assert run_task(dense, GROUPED_TASK, SETTINGS, lambda _: None) == {
+        "status": "SKIPPED",
+        "error": "mode 'Blocked' computes dense GEMMs",
+    }
+    grouped = grouped_cpu(never)
+    assert run_task(grouped, TASK, SETTINGS, lambda _: None) == {
+        "status": "SKIPPED",
+        "error": "a grouped mode",
+    }
+    fp8 = run_task(grouped, GROUPED_TASK | {"dtype": "fp8-row"}, SETTINGS, lambda _: None)
+    assert fp8["status"] == "SKIPPED" and "not measured in fp8 yet" in fp8["error"]
+
+
+def test_the_cold_l2_rotation_counts_only_the_experts_a_call_reads():
+    """Input sets are made until what the calls touch (x, the weights of experts with rows, the
+    outputs) spans 3x L2, not the whole [E, N, K] weight; every set shares the routing."""
+    task = GROUPED_TASK | {"M": 1 * 2, "E": 64, "routing": "uniform"}  # one token: 2 of 64 experts read
+    sets = []
+
+    def prepare(x, w, offs, out):
+        sets.append(offs.tolist())
+        return per_expert(x, w, offs, out)
+
+    touched = 2 * 64 * 2 + 2 * 40 * 64 * 2 + 64 * 4 + 2 * 40 * 2  # bytes: x, 2 experts' weights, offs, out
+    row = measure(grouped_cpu(prepare, l2_bytes=10 * touched), task, SETTINGS, lambda _: None)
+    assert row["status"] == "OK" and row["l2_copies"] == 30 == len(sets)  # 3x L2 / touched
+    assert all(ends == sets[0] for ends in sets)  # the whole weight (64 experts) would have made 1 set

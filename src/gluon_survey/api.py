@@ -129,8 +129,9 @@ def _check_operands(
     mode: str | None = None,
 ) -> str | None:
     """Every check of matmul's arguments, the devices last: a wrong argument is named as such
-    also on a machine without a GPU. `mode` (a mode name; None: not checked) must exist and, for
-    fp8 operands, take them. Returns the fp8 scaling ("tensor" or "row"), None for fp16/bf16."""
+    also on a machine without a GPU. `mode` (a mode name; None: not checked) must exist, compute
+    dense GEMMs and, for fp8 operands, take them. Returns the fp8 scaling ("tensor" or "row"),
+    None for fp16/bf16."""
     for name, t in (("a", a), ("b", b)):
         require_tensor(name, t)
         if t.dim() != 2:
@@ -167,6 +168,8 @@ def _check_operands(
             raise TypeError(f"out is {out.dtype}, expected {expected}")
     if mode is not None:
         m = registry.get(mode)  # KeyError naming the valid modes
+        if reason := registry.wrong_shape_reason(m, grouped=False):
+            raise TypeError(f"{reason}; a grouped GEMM is gluon_survey.grouped_matmul(x, w, offs)")
         if scaling is not None and (reason := registry.no_fp8_reason(m)):
             raise TypeError(reason)
     _check_devices(a, b, out, scale_a if scaling else None, scale_b if scaling else None)

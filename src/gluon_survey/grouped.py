@@ -21,19 +21,23 @@ debugging. Where offs is on the CPU, `grouped_matmul` checks offs[-1] against S 
 refuses the CPU tensor, since that costs nothing there.
 
 Each call builds its launch anew (TMA descriptors, Triton's dispatch): no plan cache yet.
+
+`prepare(mode, x, w, offs, out)` is what the benchmark driver times: the same checks, then the
+launch of any grouped mode of the registry (`grouped`, this kernel; `grouped_mm`,
+torch._grouped_mm; `cublas-loop`, cuBLAS per expert) on those tensors, not yet called.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import api
-from .kernels import grouped as kernel
+from . import api, registry
+from .launch import Launch
 
 DTYPES = (torch.float16, torch.bfloat16)
 TMA_K = 8  # K a multiple of 8: TMA needs rows of 16-byte multiples (fp16/bf16)
 
-__all__ = ["check_offsets", "grouped_matmul"]
+__all__ = ["check_offsets", "grouped_matmul", "prepare"]
 
 
 def grouped_matmul(
@@ -51,18 +55,42 @@ def grouped_matmul(
         return out
     if x.shape[1] == 0:  # an empty sum: every expert's rows are zero (and the others too)
         return out.zero_()
+    _launch(registry.get("grouped"), x, w, offs, out, "grouped_matmul").fn()
+    return out
+
+
+def prepare(
+    mode: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None
+) -> Launch:
+    """A ready launch of the grouped mode `mode` (a name of the registry: `grouped`, `grouped_mm`,
+    `cublas-loop`) on these tensors, checked as `grouped_matmul` checks them: what the driver
+    times. `Launch.fn()` writes `out` (allocated here when None) or, for `grouped_mm`, returns the
+    product. A dense mode is a TypeError naming the grouped ones."""
+    S, N = _check(x, w, offs, out)
+    m = registry.get(mode)  # KeyError naming the valid modes
+    if reason := registry.wrong_shape_reason(m, grouped=True):
+        raise TypeError(reason)
+    if out is None:
+        out = torch.empty(S, N, dtype=x.dtype, device=x.device)
+    if S == 0 or N == 0 or x.shape[1] == 0:
+        return Launch(lambda: out.zero_(), {"impl": "empty or K=0: zeros"})
+    return _launch(m, x, w, offs, out, f"mode {m.name!r}")
+
+
+def _launch(mode: registry.Mode, x, w, offs, out, who: str) -> Launch:
+    """The launch of a grouped mode on checked, non-empty arguments, once the GPU can run it and
+    every base is 16-byte aligned (TMA's, and torch._grouped_mm's, requirement)."""
     target = api.target_of(x.device)
-    reason = kernel.unsupported_reason(target.capability)
+    reason = mode.unsupported_reason(target.capability)
     if reason:
         name = f" ({target.name})" if target.name else ""
-        raise RuntimeError(f"grouped_matmul cannot run on this GPU{name}: {reason}")
+        raise RuntimeError(f"{who} cannot run on this GPU{name}: {reason}")
     for arg, t in (("x", x), ("w", w), ("out", out)):
         if t.data_ptr() % 16:
             raise ValueError(
                 f"{arg}'s base address is not 16-byte aligned, which TMA needs: pass {arg}.clone()"
             )
-    kernel.prepare(x, w, offs, out, target).fn()
-    return out
+    return mode.provider(target.capability).prepare(x, w, offs, out, target)
 
 
 def check_offsets(offs: torch.Tensor, rows: int | None = None) -> None:

@@ -21,6 +21,20 @@ keyword `scales: launch.Scales` (per-tensor or row-wise dequantization scales, a
 accumulator) and an `out` of bf16 or fp16, and B is always the transpose view of an [N, K] weight
 (fp8 wgmma reads both operands K-major); without fp8 operands `scales` is None or not passed.
 
+A mode with `grouped=True` computes a grouped GEMM (a mixture-of-experts layer's expert GEMMs in
+one call) instead, and its provider's `prepare` is
+
+    prepare(x, w, offs, out, target: launch.Target) -> launch.Launch
+        out[rows of e] = x[rows of e] @ w[e] for every expert e: x [S, K] row-major (the tokens
+        grouped by expert), w the [E, K, N] transpose view of a contiguous [E, N, K] weight, offs
+        int32 [E] cumulative ends on the GPU (torch._grouped_mm's convention), out [S, N]
+        row-major, fp16 or bf16, checked by `gluon_survey.grouped.prepare`. As above, `Launch.fn()`
+        writes `out` or returns the product (torch._grouped_mm has no `out=`).
+
+Dense and grouped modes never meet the other kind of problem: `matmul` refuses a grouped mode,
+`grouped_matmul` and `grouped.prepare` a dense one, and the driver skips such cells
+(`wrong_shape_reason`).
+
 and, where it owns kernels, `compile_specs(capability, dtype) -> list[launch.CompileSpec]` for
 `gluon-survey inspect`. Importing a provider module must not need a GPU, so that `gluon-survey
 list` and `inspect` work anywhere.
@@ -37,12 +51,13 @@ from types import ModuleType
 class Mode:
     name: str  # as typed on the command line (matched case-insensitively)
     summary: str  # one line for `gluon-survey list`
-    kind: str  # "gluon" (a rung of the ladder), "choice" (matmul's default) or "baseline"
+    kind: str  # "gluon" (a Gluon kernel of ours), "choice" (matmul's default) or "baseline"
     archs: tuple[str, ...]  # GPU architectures it supports, for humans: ("sm_90", "sm_100")
     module: str  # provider module, imported lazily
     # Provider modules for particular architectures, by compute-capability major: (10, "...").
     arch_modules: tuple[tuple[int, str], ...] = ()
     fp8: bool = False  # takes fp8 e4m3 operands with scales (module docstring)
+    grouped: bool = False  # a grouped GEMM (mixture-of-experts), not a dense one (module docstring)
 
     def module_for(self, capability: tuple[int, int] | None) -> str:
         """The provider module's name for a GPU of this capability (the default one without a GPU)."""
@@ -132,6 +147,15 @@ MODES: tuple[Mode, ...] = (
         fp8=True,
     ),
     Mode(
+        "grouped",
+        "persistent + a tile list over experts: every expert's GEMM of a mixture-of-experts layer in one "
+        "launch, the experts' rows from device-side offsets (grouped shapes: --shapes moe)",
+        "gluon",
+        ("sm_90",),
+        "gluon_survey.kernels.grouped",
+        grouped=True,
+    ),
+    Mode(
         "auto",
         "what matmul(kernel=None) runs: per shape, the mode the committed table measured fastest, "
         "or the documented rule",
@@ -150,7 +174,7 @@ MODES: tuple[Mode, ...] = (
     ),
     Mode(
         "torch",
-        "torch.matmul, i.e. cuBLAS: the reference every ratio is taken against",
+        "torch.matmul, i.e. cuBLAS: the reference every dense ratio is taken against",
         "baseline",
         ("any CUDA GPU",),
         "gluon_survey.baselines.torch_ops",
@@ -163,9 +187,28 @@ MODES: tuple[Mode, ...] = (
         ("any CUDA GPU",),
         "gluon_survey.baselines.torch_compile",
     ),
+    Mode(
+        "grouped_mm",
+        "torch._grouped_mm (CUTLASS for bf16 on sm_90 / sm_100): the reference every grouped ratio is "
+        "taken against",
+        "baseline",
+        ("any CUDA GPU",),
+        "gluon_survey.baselines.grouped_mm",
+        grouped=True,
+    ),
+    Mode(
+        "cublas-loop",
+        "torch.mm per expert, i.e. a cuBLAS call for each expert with rows (offsets read to the host once, "
+        "when prepared)",
+        "baseline",
+        ("any CUDA GPU",),
+        "gluon_survey.baselines.expert_loop",
+        grouped=True,
+    ),
 )
 
-BASELINE = "torch"
+BASELINE = "torch"  # the reference of dense rows
+GROUPED_BASELINE = "grouped_mm"  # the reference of grouped rows
 
 
 def names() -> list[str]:
@@ -204,6 +247,30 @@ def no_fp8_reason(mode: Mode) -> str | None:
     if mode.fp8:
         return None
     return f"mode {mode.name!r} has no fp8 kernel; fp8 operands run in: {', '.join(fp8_names())}"
+
+
+def baseline_of(grouped: bool) -> str:
+    """The mode every row's ratio is taken against: cuBLAS for dense rows, torch._grouped_mm for
+    grouped ones."""
+    return GROUPED_BASELINE if grouped else BASELINE
+
+
+def modes_of(grouped: bool) -> list[Mode]:
+    """The modes that compute dense GEMMs (grouped False) or grouped ones, in registry order."""
+    return [m for m in MODES if m.grouped == grouped]
+
+
+def wrong_shape_reason(mode: Mode, grouped: bool) -> str | None:
+    """Why `mode` cannot take a problem of this kind (grouped or dense), None when it can: one
+    wording for `matmul`, `grouped_matmul`, the CLI and the worker."""
+    if mode.grouped == grouped:
+        return None
+    others = ", ".join(m.name for m in modes_of(grouped))
+    if grouped:
+        return (
+            f"mode {mode.name!r} computes dense GEMMs; grouped (mixture-of-experts) problems run in: {others}"
+        )
+    return f"mode {mode.name!r} computes grouped (mixture-of-experts) GEMMs; dense problems run in: {others}"
 
 
 def supported_summary() -> str:

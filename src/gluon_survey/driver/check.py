@@ -13,6 +13,13 @@ The survey's dtypes are named in `DTYPE_SPECS`, the one table of what each one m
                 operands K-major).
     fp8-row     the same with row-wise scales: scale_a [M, 1] (one per row of A) and scale_b
                 [1, N] (one per row of the [N, K] weight, i.e. per column of B).
+
+Grouped shapes (`shapes.GroupedShape`, a mixture-of-experts layer's expert GEMMs) take
+`make_grouped_inputs` and `grouped_reference`: x [S, K], the [E, K, N] transpose view of an
+[E, N, K] weight and int32 offsets [E] whose per-expert counts are the routing's; the reference is
+the fp32 product of each expert's rows with its weight, and the tolerance's yardstick is cuBLAS
+called per expert (`gluon_survey.baselines.expert_loop`) on the same inputs. fp16 and bf16 only:
+no grouped mode has an fp8 kernel yet (`GROUPED_FP8`).
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gluon_survey.driver.shapes import Shape
+from gluon_survey.baselines.expert_loop import expert_spans
+from gluon_survey.driver.shapes import GroupedShape, Shape
 from gluon_survey.launch import B_LAYOUTS
 
 FP8 = torch.float8_e4m3fn  # the fp8 operands' type (gluon_survey.api.FP8)
@@ -122,6 +130,11 @@ class Inputs:
         """Every tensor of the set (for its size in bytes)."""
         return (self.a, self.b, *self.scales.values())
 
+    @property
+    def touched_bytes(self) -> int:
+        """What one product reads: every tensor of the set."""
+        return sum(_nbytes(t) for t in self.tensors)
+
 
 def make_inputs(
     shape: Shape, dtype: str | torch.dtype, b_layout: str, seed: int, device: str | torch.device
@@ -159,6 +172,87 @@ def make_inputs(
     w, scale_w = quantize(w, rowwise=spec.scaling == "row")
     scale_b = scale_w if spec.scaling == "tensor" else scale_w.reshape(1, shape.N)
     return Inputs(a, w.t(), scale_a, scale_b)
+
+
+# Why a grouped shape has no fp8 task, one wording for the CLI's usage error and the worker's SKIPPED.
+GROUPED_FP8 = (
+    "grouped GEMMs are not measured in fp8 yet: no grouped mode has an fp8 kernel (run them in fp16 or "
+    "bf16; torch._scaled_grouped_mm, row-wise scales, is the baseline once one does)"
+)
+
+
+@dataclass(frozen=True)
+class GroupedInputs:
+    """One input set of a grouped shape: x [S, K] (the tokens grouped by expert), w the [E, K, N]
+    transpose view of a contiguous [E, N, K] weight, offs int32 [E] (cumulative ends, on x's
+    device) and the per-expert row counts they come from. It unpacks as the operands, `x, w, offs =
+    inputs`, what a grouped mode's `prepare` takes before `out`."""
+
+    x: torch.Tensor
+    w: torch.Tensor
+    offs: torch.Tensor
+    counts: tuple[int, ...]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter((self.x, self.w, self.offs))
+
+    @property
+    def scales(self) -> dict[str, torch.Tensor]:
+        return {}  # no fp8 grouped inputs yet
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor of the set (for its size in bytes)."""
+        return (self.x, self.w, self.offs)
+
+    @property
+    def touched_bytes(self) -> int:
+        """What one product reads: x, the offsets and the weights of the experts with rows (an
+        expert without rows is never read, so it does not count towards the cold-L2 rotation)."""
+        active = sum(1 for c in self.counts if c)
+        per_expert = self.w.shape[1] * self.w.shape[2] * self.w.element_size()
+        return sum(_nbytes(t) for t in (self.x, self.offs)) + active * per_expert
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def make_grouped_inputs(
+    shape: GroupedShape, counts: list[int], dtype: str | torch.dtype, seed: int, device: str | torch.device
+) -> GroupedInputs:
+    """x [S, K] and the [E, N, K] weight: standard normal values rounded to `dtype`, reproducible
+    from `seed` (x first, then each expert's [N, K] in turn, drawn in fp32 on `device` as
+    `make_inputs` draws); offs the cumulative sums of `counts` (`shapes.routing_counts`), int32 on
+    `device`. fp16 and bf16 only (ValueError naming why for the fp8 dtypes)."""
+    spec = dtype_spec(dtype)
+    if spec.scaling is not None:
+        raise ValueError(GROUPED_FP8)
+    if len(counts) != shape.E or sum(counts) != shape.M or min(counts) < 0:
+        raise ValueError(
+            f"counts {counts} are not {shape.E} non-negative row counts summing to S = {shape.M}"
+        )
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, device=device, dtype=torch.float32)
+
+    x = randn(shape.M, shape.K).to(spec.operand)
+    w = torch.empty(shape.E, shape.N, shape.K, dtype=spec.operand, device=device)
+    for e in range(shape.E):  # one expert at a time: an fp32 draw of all of w would be twice its size
+        w[e] = randn(shape.N, shape.K)
+    ends = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return GroupedInputs(x, w.transpose(1, 2), ends.to(device), tuple(counts))
+
+
+def grouped_reference(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The fp32 products of each expert's rows of x with its weight w[e] (TF32 off), in one [S, N]
+    tensor; rows no expert owns (past offs[-1]) are 0. Reads offs to the host."""
+    out = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float32, device=x.device)
+    with _no_tf32():
+        for e, start, end in expert_spans(offs.tolist(), x.shape[0]):
+            out[start:end] = x[start:end].float() @ w[e].float()
+    return out
 
 
 def quantize(x: torch.Tensor, rowwise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

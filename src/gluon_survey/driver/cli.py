@@ -1,6 +1,7 @@
 """`gluon-survey`: time the survey's GEMM modes, and the commands around it.
 
-    gluon-survey [MODES] [options]      time MODES (comma-separated, case-insensitive; default: all)
+    gluon-survey [MODES] [options]      time MODES (comma-separated, case-insensitive; default: every
+                                        mode that computes the sweep's kind of GEMM, dense or grouped)
     gluon-survey list                   every mode, what it is, and whether this machine can run it
     gluon-survey compare OLD NEW        two results files side by side [--fail-on-regression PCT]
     gluon-survey report RESULTS         re-render a results file [--format, --output, --plot]
@@ -15,10 +16,11 @@ out/results-<run id>.jsonl), then prints the report, and ends by naming the resu
 when interrupted or when the report cannot be written). Exit status: 0 when every row is OK or
 SKIPPED, 1 when any is FAILED, ERROR or TIMEOUT or the report or plot cannot be written, 2 for a
 usage error (checked before the GPU is asked for: modes, dtypes and B layouts, a named mode without
-fp8 kernels for fp8 dtypes only, sizes, --output, --plot and --results paths) or a machine without
-a CUDA GPU, 130 when interrupted (the rows measured so far are kept and reported). `report` exits 1
-for a results file without rows, `compare` 1 for two files that share no result and, with
---fail-on-regression, for a regression or a result missing from NEW.
+fp8 kernels for fp8 dtypes only, fp8 or B layout row for grouped shapes, sizes, --output, --plot
+and --results paths) or a machine without a CUDA GPU, 130 when interrupted (the rows measured so
+far are kept and reported). `report` exits 1 for a results file without rows, `compare` 1 for two
+files that share no result and, with --fail-on-regression, for a regression or a result missing
+from NEW.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         "modes",
         nargs="?",
         metavar="MODES",
-        help=f"comma-separated, case-insensitive (default: every mode): {', '.join(registry.names())}",
+        help="comma-separated, case-insensitive (default: every mode that computes the sweep's GEMMs: "
+        f"the dense modes, or for grouped shapes the grouped ones): {', '.join(registry.names())}",
     )
     what = parser.add_argument_group("what to measure")
     what.add_argument(
@@ -101,11 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--shapes",
         type=argtypes.non_empty,
-        metavar="llm|llm-dense|holdout|FILE.csv",
+        metavar="llm|llm-dense|holdout|moe|FILE.csv",
         help="'llm': the linear layers of Llama-3-8B/70B at 1..8192 tokens; 'llm-dense': the same "
         "weights at 28 token counts from 1 to 16384 (powers of two and 3 * 2**k); 'holdout': those of "
         "Llama-3.2-1B/3B and Qwen2.5-7B/14B at 1..4096 tokens (weights the H100 table has no entry "
-        "for); or a CSV of M,N,K rows",
+        "for); 'moe': grouped GEMMs, the expert gate_up and down projections of Mixtral-8x7B, "
+        "Qwen3-30B-A3B, DeepSeek-V3 and GPT-OSS-20B at T = 1..16384 tokens, routed uniform, zipf or "
+        "half (one expert takes half the token-slots), fp16/bf16 with B t, against torch._grouped_mm; "
+        "or a CSV of M,N,K rows, or of grouped T,N,K,E,topk,routing rows",
     )
     what.add_argument(
         "--b-layout",
@@ -240,6 +246,36 @@ def _no_fp8_error(modes: Sequence[str], dtypes: Sequence[str]) -> str | None:
     return None
 
 
+GROUPED_B_LAYOUT = "t"  # a grouped GEMM's B: the [E, K, N] transpose view of an [E, N, K] weight
+GROUPED_ALIGN = 8  # N and K of a grouped shape: TMA's and torch._grouped_mm's 16-byte rows (16-bit types)
+
+
+def _grouped_error(
+    sweep: Sequence[shapes.GroupedShape], dtypes: Sequence[str], layouts: Sequence[str] | None
+) -> str | None:
+    """Why a sweep of grouped shapes cannot run as asked: an fp8 dtype (no grouped fp8 kernel yet),
+    B layout row (the experts' weights are [E, N, K], read through their transpose view), or N or
+    K not a multiple of 8."""
+    from gluon_survey.driver.check import GROUPED_FP8
+
+    fp8 = [d for d in dtypes if d.startswith("fp8")]
+    if fp8:
+        return f"--dtype {','.join(fp8)}: {GROUPED_FP8}"
+    if layouts is not None and layouts != [GROUPED_B_LAYOUT]:
+        return (
+            f"--b-layout {','.join(layouts)}: grouped shapes run with B layout {GROUPED_B_LAYOUT} only (each "
+            f"expert's weight is the transpose view of its [N, K] slice of the [E, N, K] weight, as "
+            f"transformers and torch._grouped_mm take it); pass --b-layout {GROUPED_B_LAYOUT} or leave it out"
+        )
+    for shape in sweep:
+        if shape.N % GROUPED_ALIGN or shape.K % GROUPED_ALIGN:
+            return (
+                f"--shapes: grouped shape {shape.label}: N and K must be multiples of {GROUPED_ALIGN} "
+                "(TMA and torch._grouped_mm read rows of 16-byte multiples)"
+            )
+    return None
+
+
 def _unknown_mode_error(spec: str, message: str) -> str:
     """`registry.parse_modes`'s KeyError `message`, and the closest name to the first unknown one:
     a mode, or a subcommand when it stands alone (`gluon-survey lsit` is a misspelt `list`)."""
@@ -262,7 +298,7 @@ def run(argv: Sequence[str]) -> int:
     from gluon_survey.driver.check import DTYPES
 
     try:
-        modes = [mode.name for mode in registry.parse_modes(args.modes)]
+        named = registry.parse_modes(args.modes) if args.modes else None
     except KeyError as exc:
         return _usage_error(_unknown_mode_error(args.modes, exc.args[0]))
     try:
@@ -271,11 +307,18 @@ def run(argv: Sequence[str]) -> int:
         sweep = shapes.resolve(args.shapes, args.m, args.n, args.k)
     except (KeyError, ValueError) as exc:
         return _usage_error(exc.args[0] if exc.args else str(exc))
-    try:
-        layouts_of = layouts_per_dtype(dtypes, layouts)
-    except ValueError as exc:
-        parser.error(str(exc))
-    problem = (_no_fp8_error(modes, dtypes) if args.modes else None) or _output_path_error(args, args.results)
+    grouped = shapes.is_grouped(sweep)
+    modes = [mode.name for mode in (named or registry.modes_of(grouped))]
+    if grouped:
+        problem = _grouped_error(sweep, dtypes, layouts)
+        layouts_of = {d: [GROUPED_B_LAYOUT] for d in dtypes}
+    else:
+        try:
+            layouts_of = layouts_per_dtype(dtypes, layouts)
+        except ValueError as exc:
+            parser.error(str(exc))
+        problem = _no_fp8_error(modes, dtypes) if args.modes else None
+    problem = problem or _output_path_error(args, args.results)
     if problem:
         return _usage_error(problem)
     if not _cuda_available():
@@ -469,16 +512,21 @@ def list_modes(argv: Sequence[str]) -> int:
 
     cap = api.capability()
     here = api.describe_torch_cuda() + (f", sm_{cap[0]}{cap[1]}" if cap else "")
-    table = Table(title=f"gluon-survey modes; this machine: {here}")
-    for name in ("mode", "kind", "what it is", "architectures", "runs here"):
-        table.add_column(name, no_wrap=name in ("mode", "kind"))
+    table = Table(
+        title=f"gluon-survey modes; this machine: {here}",
+        caption="dense GEMMs: --m/--n/--k, --shapes llm|llm-dense|holdout or a CSV of M,N,K rows; grouped "
+        "GEMMs (a mixture-of-experts layer's experts): --shapes moe or a CSV of T,N,K,E,topk,routing rows",
+    )
+    for name in ("mode", "kind", "GEMM", "what it is", "architectures", "runs here"):
+        table.add_column(name, no_wrap=name in ("mode", "kind", "GEMM"))
     for mode in registry.MODES:
         try:
             reason = mode.unsupported_reason(cap)
         except Exception as exc:  # a provider that cannot even be imported
             reason = f"cannot load {mode.module_for(cap)}: {type(exc).__name__}: {exc}"
         verdict = Text("yes", style="green") if reason is None else Text(f"no: {reason}", style="red")
-        table.add_row(mode.name, mode.kind, mode.summary, ", ".join(mode.archs), verdict)
+        gemm = "grouped" if mode.grouped else "dense"
+        table.add_row(mode.name, mode.kind, gemm, mode.summary, ", ".join(mode.archs), verdict)
     console().print(table)
     return 0
 
@@ -533,6 +581,8 @@ def _holds(rows: Sequence[Row]) -> str:
     kinds = ", ".join(dict.fromkeys(f"{r.dtype} B {r.b_layout}" for r in rows))
     ms = sorted({r.M for r in rows})
     m = f"M {ms[0]}" if len(ms) == 1 else f"M {ms[0]}..{ms[-1]}"
+    if any(r.grouped for r in rows):
+        m += ", grouped"
     return f"{len(rows)} rows ({modes}; {kinds}; {m})"
 
 

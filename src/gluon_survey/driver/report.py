@@ -16,6 +16,11 @@ geometric means and x cuBLAS use measurements only. x cuBLAS is the median of th
 rounds (`x_rounds`: cuBLAS timed on the same inputs in windows alternating with the row's), or,
 for a run without pairing (`--no-paired`), the ratio to the `torch` row of the same shape, dtype
 and layout.
+
+Grouped rows (mixture-of-experts expert GEMMs, `--shapes moe`) render the same way: their shape
+label names N x K, the experts E, top-k, the tokens T and the routing; their x cuBLAS column is
+against torch._grouped_mm (the `grouped_mm` mode, `registry.GROUPED_BASELINE`), and the legend
+says so; summaries and plots go by tokens T instead of M.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from gluon_survey.driver.results import NOISY, Delta, Results, Row
-from gluon_survey.driver.shapes import Shape
+from gluon_survey.driver.shapes import GroupedShape, Shape
 from gluon_survey.driver.timing import round_ratio
-from gluon_survey.registry import BASELINE
+from gluon_survey.registry import BASELINE, GROUPED_BASELINE, baseline_of
 
 FORMATS = ("table", "legacy", "csv", "json", "markdown")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # the plot formats `--plot` accepts (all matplotlib's)
@@ -61,16 +66,17 @@ def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
     """The rows with `x_cublas`, the speed relative to cuBLAS: the median of the row's per-round
     ratios (`x_rounds`: cuBLAS's windows either side / the row's window, timed on the same inputs
     in alternating windows) when it has them; else against the cuBLAS (`torch`) row of the same
-    shape, dtype and layout, where both are measurements."""
+    shape, dtype and layout, where both are measurements. A grouped row's reference is
+    torch._grouped_mm (its paired rounds, or the `grouped_mm` row of the same shape)."""
     rows = list(rows)
-    base = {r.key[1:]: r.tflops for r in rows if r.mode == BASELINE and r.measured}
+    base = {r.problem: r.tflops for r in rows if r.mode == baseline_of(r.grouped) and r.measured}
 
     def ratio(r: Row) -> float | None:
         if not r.measured:
             return None
         if r.x_rounds:
             return round_ratio(r.x_rounds)
-        return r.tflops / base[r.key[1:]] if r.key[1:] in base else None  # type: ignore[operator]
+        return r.tflops / base[r.problem] if r.problem in base else None  # type: ignore[operator]
 
     return [replace(r, x_cublas=ratio(r)) for r in rows]
 
@@ -190,9 +196,26 @@ class Pivot:
     def title(self) -> str:
         return f"{self.dtype}, B {self.b_layout}" + (f", {QUEUED}" if self.queued else "")
 
+    @property
+    def shape_header(self) -> str:
+        """The heading of the shape column: what its labels say."""
+        return shape_header(self.shapes)
+
     def cells_of(self, shape: Shape) -> list[Cell]:
         """The row of `shape`, one cell per mode ("-" where a mode has no row for it)."""
         return [self.cells.get((shape, m), Cell(["-"])) for m in self.modes]
+
+
+GROUPED_HEADER = "N x K, experts E, top-k, tokens T, routing"
+
+
+def shape_header(shapes: Iterable[Shape | GroupedShape]) -> str:
+    """The heading of a column of shape labels: M x N x K, or a grouped shape's fields."""
+    shapes = list(shapes)
+    grouped = [isinstance(s, GroupedShape) for s in shapes]
+    if all(grouped) and shapes:
+        return GROUPED_HEADER
+    return f"M x N x K / {GROUPED_HEADER}" if any(grouped) else "M x N x K"
 
 
 def _headline(error: str) -> str:
@@ -282,17 +305,31 @@ def pivots(results: Results) -> list[Pivot]:
 def legend(rows: Iterable[Row], queued: bool = False) -> str:
     """The line under each table; it says which cuBLAS time the ratios divide and, for a run timed
     in GPU time (`queued`), what the GB/s are."""
+    rows = list(rows)
     rounds = max((len(r.x_rounds or ()) for r in rows), default=0)
+    grouped = [r.grouped for r in rows]
+    reference = "cuBLAS"
+    if grouped and all(grouped):
+        reference = "torch._grouped_mm"
+    elif any(grouped):
+        reference = "cuBLAS; grouped rows: torch._grouped_mm"
     if rounds:
         baseline = (
-            f"against cuBLAS timed on the same inputs in windows alternating with each cell's, "
+            f"against {reference} timed on the same inputs in windows alternating with each cell's, "
             f"median over {rounds} rounds"
         )
-    else:
+    elif reference == "cuBLAS":
         baseline = "the torch row of the same shape"
+    elif all(grouped):
+        baseline = f"the {GROUPED_BASELINE} row of the same shape"
+    else:
+        baseline = f"the {BASELINE} row (grouped: the {GROUPED_BASELINE} row) of the same shape"
+    x_name = {"cuBLAS": "x cuBLAS", "torch._grouped_mm": "x torch._grouped_mm"}.get(
+        reference, "x cuBLAS or, in grouped rows, x torch._grouped_mm"
+    )
     gbps = f"GB/s of A, B and C over the median {QUEUED}, " if queued else ""
     return (
-        f"Cells: TFLOP/s (~ = p20-p80 spread above 5 %), x cuBLAS ({baseline}), {gbps}"
+        f"Cells: TFLOP/s (~ = p20-p80 spread above 5 %), {x_name} ({baseline}), {gbps}"
         "BLOCK_MxNxK; best of each shape in bold; geomean over measured shapes."
     )
 
@@ -315,7 +352,7 @@ def print_table(results: Results, console: Any) -> None:
         console.print(Text(line, style="dim"))
     for pivot in pivots(results):
         table = Table(title=pivot.title, show_lines=True)
-        table.add_column("M x N x K", no_wrap=True)
+        table.add_column(pivot.shape_header, no_wrap=True)
         for mode in pivot.modes:
             table.add_column(mode, justify="right")
         for shape in pivot.shapes:
@@ -339,7 +376,7 @@ def format_markdown(results: Results) -> str:
     out = [f"- {line}" for line in env_lines(results)]
     for pivot in pivots(results):
         out += ["", f"#### {pivot.title}", ""]
-        out.append("| M x N x K | " + " | ".join(pivot.modes) + " |")
+        out.append(f"| {pivot.shape_header} | " + " | ".join(pivot.modes) + " |")
         out.append("|---|" + "---:|" * len(pivot.modes))
         for shape in pivot.shapes:
             out.append(f"| {shape.label} | " + " | ".join(_markdown(c) for c in pivot.cells_of(shape)) + " |")
@@ -354,13 +391,15 @@ def format_summary(results: Results) -> str:
     x cuBLAS over its measured shapes, the geomean x cuBLAS per M (where the run has several) and
     its lowest cell. A headline for a document that shows the full tables elsewhere: `embed_reports`
     writes it for `<!-- report PATH summary -->`. cuBLAS's own row (1.00x by construction) is left
-    out; a mode with no measured shape is left out."""
-    rows = [r for r in attach_x_cublas(results.rows) if r.mode != BASELINE]
-    ms = sorted({r.M for r in rows})
+    out; a mode with no measured shape is left out. Grouped rows go by tokens T (`--shapes moe`),
+    torch._grouped_mm's own row left out as cuBLAS's is."""
+    rows = [r for r in attach_x_cublas(results.rows) if r.mode != baseline_of(r.grouped)]
+    tokens = "T" if any(r.grouped for r in rows) else "M"
+    ms = sorted({r.shape.tokens for r in rows})
     by_m = ms if len(ms) > 1 else []
     out = [
         "| dtype, B | mode | TFLOP/s | x cuBLAS | "
-        + "".join(f"M = {m} | " for m in by_m)
+        + "".join(f"{tokens} = {m} | " for m in by_m)
         + "lowest x cuBLAS |",
         "|---|---|---:|---:|" + "---:|" * len(by_m) + "---|",
     ]
@@ -376,7 +415,7 @@ def format_summary(results: Results) -> str:
         gx = geomean(r.x_cublas for r in paired)  # type: ignore[misc]
         of_m: dict[int, list[float]] = {}
         for r in paired:
-            of_m.setdefault(r.M, []).append(r.x_cublas)  # type: ignore[arg-type]
+            of_m.setdefault(r.shape.tokens, []).append(r.x_cublas)  # type: ignore[arg-type]
         per_m = [geomean(of_m.get(m, [])) for m in by_m]
         low = min(paired, key=lambda r: r.x_cublas, default=None)  # type: ignore[arg-type,return-value]
         cells = [
@@ -431,12 +470,13 @@ def format_legacy(rows: Iterable[Row]) -> str:
     elsewhere (an `auto` row that ran cuBLAS: no block sizes of ours ran). The original swept K
     only, in one dtype; a sweep over more (dtype, layout, M, N) gets one such block per mode and
     combination, and the `Mode:` line names which. Rows that are not measurements are left out."""
-    blocks: dict[tuple[str, int, int, str, str], list[Row]] = {}
+    blocks: dict[tuple[str, int, int, str, str, str], list[Row]] = {}
     for row in rows:
-        blocks.setdefault((row.mode, row.M, row.N, row.dtype, row.b_layout), []).append(row)
+        grouping = f", E={row.E}, top-{row.topk}, {row.routing}" if row.grouped else ""
+        blocks.setdefault((row.mode, row.M, row.N, row.dtype, row.b_layout, grouping), []).append(row)
     out = []
-    for (mode, m, n, dtype, layout), block in blocks.items():
-        out += [f"Mode: {mode} ({dtype}, B {layout}, M={m}, N={n})", LEGACY_HEADER]
+    for (mode, m, n, dtype, layout, grouping), block in blocks.items():
+        out += [f"Mode: {mode} ({dtype}, B {layout}, M={m}, N={n}{grouping})", LEGACY_HEADER]
         for r in block:
             if r.measured:
                 none = 0 if r.mode == BASELINE else "-"
@@ -562,7 +602,11 @@ def plot_by_m(results: Results, path: str | Path) -> int:
     weight (N x K), the geomean over the weights measured at each M thick and black, the band of a
     weight's paired rounds where it has them, cuBLAS at 1.0 dotted. Returns the number of panels
     (0: no row has an x cuBLAS, no file written)."""
-    rows = [r for r in attach_x_cublas(results.rows) if r.x_cublas is not None and r.mode != BASELINE]
+    rows = [
+        r
+        for r in attach_x_cublas(results.rows)
+        if r.x_cublas is not None and r.mode != baseline_of(r.grouped)
+    ]
     panels: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
         panels.setdefault((r.dtype, r.b_layout, r.mode), []).append(r)
@@ -570,29 +614,32 @@ def plot_by_m(results: Results, path: str | Path) -> int:
         return 0
     fig, axes = _panels(len(panels), 2, 8, 5.5)
     for ((dtype, layout, mode), group), ax in zip(panels.items(), axes, strict=False):
-        weights: dict[tuple[int, int], list[Row]] = {}
+        weights: dict[str, list[Row]] = {}
         for r in group:
-            weights.setdefault((r.N, r.K), []).append(r)
-        for i, ((n, k), of_weight) in enumerate(weights.items()):
-            pts = sorted(of_weight, key=lambda r: r.M)
-            ms = [r.M for r in pts]
+            weights.setdefault(r.shape.weight, []).append(r)
+        for i, (weight, of_weight) in enumerate(weights.items()):
+            pts = sorted(of_weight, key=lambda r: r.shape.tokens)
+            ms = [r.shape.tokens for r in pts]
             (line,) = ax.plot(ms, [r.x_cublas for r in pts], marker="o", markersize=3, linewidth=1,
-                              alpha=0.8, label=f"{n}x{k}", color=f"C{i % 10}",
-                              linestyle="-" if i < 10 else "--")  # fmt: skip
+                              alpha=0.8, label=weight, color=f"C{i % 10}",
+                              linestyle=("-", "--", ":")[i // 10 % 3])  # fmt: skip
             if all(r.x_rounds for r in pts):
                 low = [min(r.x_rounds) for r in pts]  # type: ignore[arg-type]
                 high = [max(r.x_rounds) for r in pts]  # type: ignore[arg-type]
                 ax.fill_between(ms, low, high, color=line.get_color(), alpha=0.08, linewidth=0)
         by_m: dict[int, list[float]] = {}
         for r in group:
-            by_m.setdefault(r.M, []).append(r.x_cublas)  # type: ignore[arg-type]
+            by_m.setdefault(r.shape.tokens, []).append(r.x_cublas)  # type: ignore[arg-type]
         ms = sorted(by_m)
+        grouped = all(r.grouped for r in group)
+        reference = "torch._grouped_mm" if grouped else "cuBLAS"
         ax.plot(ms, [geomean(by_m[m]) for m in ms], color="black", linewidth=2.5, marker="s", label="geomean")
-        ax.axhline(1.0, color="gray", linestyle=":", label="cuBLAS")
+        ax.axhline(1.0, color="gray", linestyle=":", label=reference)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("M (tokens)")
-        ax.set_ylabel("x cuBLAS")
-        ax.set_title(f"{mode} {dtype} B={layout}: N x K per line")
+        ax.set_xlabel("T (tokens; x has T * top-k rows)" if grouped else "M (tokens)")
+        ax.set_ylabel(f"x {reference}")
+        per_line = "N x K, E, top-k, routing" if grouped else "N x K"
+        ax.set_title(f"{mode} {dtype} B={layout}: {per_line} per line")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small", ncols=2)
     _save(fig, axes, results, path, dpi=110)

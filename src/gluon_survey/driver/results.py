@@ -6,7 +6,13 @@ and then one line per measured row (``"record": "row"``), appended and fsync'ed 
 row exists, so a crash or Ctrl-C loses nothing already measured. Non-finite floats are stored as
 null so that any JSON reader can load the file.
 
-`compare(old, new)` matches rows by (mode, M, N, K, dtype, B layout). Two measurements are
+A grouped row (a mixture-of-experts layer's expert GEMMs, `shapes.GroupedShape`) carries E, topk
+and routing as well (None in a dense row), M is its S = T * topk rows, `counts` the rows each
+expert got, and its reference is torch._grouped_mm, not cuBLAS: `x_cublas`, `cublas_ms`,
+`x_rounds` and `cublas_drift` are against the paired torch._grouped_mm (the `grouped_mm` mode),
+while `cublas_err`, the tolerance's yardstick, is cuBLAS's called per expert.
+
+`compare(old, new)` matches rows by (mode, M, N, K, dtype, B layout, E, topk, routing). Two measurements are
 "same" when their p20-p80 time intervals overlap, i.e. the difference is inside the measured
 noise; otherwise "faster" or "slower". A row that was measured and now is not (FAILED, ERROR,
 TIMEOUT, or flagged above peak) is "broken", the reverse "fixed". `missing(old, new)` lists the
@@ -25,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import IO, Any
 
-from gluon_survey.driver.shapes import Shape
+from gluon_survey.driver.shapes import GroupedShape, Shape, shape_of
 from gluon_survey.driver.timing import NOISY_SPREAD
 
 SCHEMA_VERSION = 1
@@ -33,7 +39,7 @@ STATUSES = ("OK", "FAILED", "ERROR", "SKIPPED", "TIMEOUT")
 ABOVE_PEAK = "ABOVE_PEAK: measurement error"
 NOISY = "NOISY"
 
-Key = tuple[str, int, int, int, str, str]
+Key = tuple[str, int, int, int, str, str, int | None, int | None, str | None]
 
 
 @dataclass
@@ -41,7 +47,11 @@ class Row:
     """One (mode, shape, dtype, B layout) outcome.
 
     status: OK, FAILED (wrong result; `error` says how wrong), ERROR (an exception; its message),
-    SKIPPED (this GPU cannot run the mode; why), TIMEOUT (no result within the time limit).
+    SKIPPED (this GPU cannot run the mode, or the mode does not take this kind of problem; why),
+    TIMEOUT (no result within the time limit).
+
+    A grouped row (E set) measures a grouped GEMM of S = M rows: its `cublas_*` and `x_*` fields
+    are against torch._grouped_mm (module docstring).
     """
 
     run_id: str
@@ -78,14 +88,29 @@ class Row:
     tol: float | None = None
     cublas_err: float | None = None
     flags: list[str] = field(default_factory=list)
+    # Grouped rows only (None for dense ones): experts, experts per token, the routing
+    # (`shapes.ROUTINGS`) and the rows each expert got (`shapes.routing_counts`, summing to M).
+    E: int | None = None
+    topk: int | None = None
+    routing: str | None = None
+    counts: list[int] | None = None
 
     @property
-    def shape(self) -> Shape:
-        return Shape(self.M, self.N, self.K)
+    def shape(self) -> Shape | GroupedShape:
+        return shape_of(self.M, self.N, self.K, self.E, self.topk, self.routing)
+
+    @property
+    def grouped(self) -> bool:
+        return self.E is not None
 
     @property
     def key(self) -> Key:
-        return (self.mode, self.M, self.N, self.K, self.dtype, self.b_layout)
+        return (self.mode, *self.problem)
+
+    @property
+    def problem(self) -> tuple[int, int, int, str, str, int | None, int | None, str | None]:
+        """What was measured, whatever the mode: the key without the mode."""
+        return (self.M, self.N, self.K, self.dtype, self.b_layout, self.E, self.topk, self.routing)
 
     @property
     def measured(self) -> bool:
@@ -106,7 +131,7 @@ class Row:
         if self.ms_median is None:
             return self
         tflops = self.shape.tflops(self.ms_median)
-        moved = bytes_moved(self.shape, self.dtype)
+        moved = bytes_moved(self.shape, self.dtype, self.counts)
         gbps = None if moved is None else moved / (self.ms_median * 1e-3) / 1e9
         flags = [f for f in self.flags if f not in (NOISY, ABOVE_PEAK)]
         if self.spread is not None and self.spread > NOISY_SPREAD:
@@ -125,16 +150,21 @@ class Row:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def bytes_moved(shape: Shape, dtype: str) -> int | None:
+def bytes_moved(shape: Shape | GroupedShape, dtype: str, counts: list[int] | None = None) -> int | None:
     """The bytes of A, B and C of one product: the operands' element size (fp16 and bf16 2, fp8 1)
-    and the output's (2); None for an unknown dtype."""
+    and the output's (2); None for an unknown dtype. A grouped product reads the weights of the
+    experts with rows only (`counts`; without them, of min(E, S) experts, as many as could have
+    rows)."""
     from gluon_survey.driver.check import dtype_spec
 
     try:
         spec = dtype_spec(dtype)
     except ValueError:
         return None
-    operands = (shape.M + shape.N) * shape.K * spec.operand.itemsize
+    weights = 1
+    if isinstance(shape, GroupedShape):
+        weights = sum(1 for c in counts if c) if counts else min(shape.E, shape.M)
+    operands = (shape.M + weights * shape.N) * shape.K * spec.operand.itemsize
     return operands + shape.M * shape.N * spec.output.itemsize
 
 

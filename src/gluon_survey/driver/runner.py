@@ -25,12 +25,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
 from gluon_survey.driver.results import ResultsWriter, Row
 from gluon_survey.driver.settings import Settings
-from gluon_survey.driver.shapes import Shape
+from gluon_survey.driver.shapes import GroupedShape, Shape
 
 STDERR_TAIL_LINES = 20
 STARTUP_TIMEOUT_S = 120.0  # a worker's start-up (imports, CUDA init) gets at least this long
@@ -40,7 +40,7 @@ WORKER_COMMAND = (sys.executable, "-m", "gluon_survey.driver.worker")
 
 @dataclass(frozen=True)
 class Task:
-    shape: Shape
+    shape: Shape | GroupedShape
     dtype: str
     b_layout: str
 
@@ -48,10 +48,13 @@ class Task:
         return f"{self.shape.label} {self.dtype} B={self.b_layout}"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self.shape), "dtype": self.dtype, "b_layout": self.b_layout}
+        """The shape's fields (M, N, K; a grouped shape's E, topk and routing too), dtype, layout."""
+        return {**self.shape.to_json(), "dtype": self.dtype, "b_layout": self.b_layout}
 
 
-def make_tasks(shapes: Iterable[Shape], dtypes: Iterable[str], b_layouts: Iterable[str]) -> list[Task]:
+def make_tasks(
+    shapes: Iterable[Shape | GroupedShape], dtypes: Iterable[str], b_layouts: Iterable[str]
+) -> list[Task]:
     """Every combination, grouped by dtype, then layout, shapes varying fastest."""
     shapes = list(shapes)
     b_layouts = list(b_layouts)

@@ -1,4 +1,5 @@
-"""GEMM problem sizes: command-line lists and ranges, the LLM preset and CSV files.
+"""GEMM problem sizes: command-line lists and ranges, the LLM presets, the mixture-of-experts
+preset (grouped GEMMs) and CSV files.
 
 `--m/--n/--k` each take a comma list whose items are integers and inclusive ranges:
 
@@ -8,6 +9,12 @@
 (`--k 512:16384` is 512, 1024, ..., 16384; `--k 512:16384:512` is 512, 1024, 1536, ...;
 `--m 1,16,128:1024:128`). The sweep is their cartesian product. The default is the original
 survey's: M = N = 8192, K doubling from 512 to 16384 (`--k 512:16384`).
+
+A dense problem is a `Shape` (M, N, K). A grouped one, a mixture-of-experts layer's expert GEMMs
+in one call, is a `GroupedShape`: T tokens each routed to top-k of E experts, so x has S = T * topk
+rows grouped by expert, each expert's rows times its own [K, N] weight. How many of the S rows
+each expert gets is the routing's (`routing_counts`: uniform, zipf or half, drawn from the run's
+seed); `--shapes moe` is four models' expert GEMMs at six token counts in each routing.
 """
 
 from __future__ import annotations
@@ -41,6 +48,143 @@ class Shape:
     def tflops(self, ms: float) -> float:
         """Throughput in TFLOP/s of one GEMM of this shape taking `ms` milliseconds."""
         return self.flops / (ms * 1e-3) / 1e12
+
+    @property
+    def tokens(self) -> int:
+        """The tokens of a linear layer computing this GEMM: M."""
+        return self.M
+
+    @property
+    def weight(self) -> str:
+        """The weight's label, N x K: what the rows of one line of a plot against tokens share."""
+        return f"{self.N}x{self.K}"
+
+    def to_json(self) -> dict[str, int]:
+        """The fields a task and a results row carry: M, N, K."""
+        return {"M": self.M, "N": self.N, "K": self.K}
+
+
+ROUTINGS = ("uniform", "zipf", "half")
+ZIPF_EXPONENT = 1.0  # zipf routing: expert of rank r (1-based) is picked with weight 1 / r**ZIPF_EXPONENT
+
+
+@dataclass(frozen=True, order=True)
+class GroupedShape:
+    """A mixture-of-experts layer's expert GEMMs in one call: T tokens, each routed to `topk` of
+    `E` experts, give x [S, K] with S = T * topk rows grouped by expert; expert e's rows times its
+    weight [K, N] (the transpose view of an [N, K] slice of the [E, N, K] weight). How the S rows
+    split over the experts is `routing` (one of ROUTINGS; `routing_counts`)."""
+
+    T: int
+    N: int
+    K: int
+    E: int
+    topk: int
+    routing: str
+
+    def __post_init__(self) -> None:
+        for name in ("T", "N", "K", "E", "topk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)} must be at least 1")
+        if self.topk > self.E:
+            raise ValueError(f"topk = {self.topk} is more than the E = {self.E} experts a token picks from")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"unknown routing {self.routing!r}; use one of {', '.join(ROUTINGS)}")
+
+    @property
+    def M(self) -> int:
+        """x's rows: S = T * topk token-slots."""
+        return self.T * self.topk
+
+    @property
+    def label(self) -> str:
+        return f"{self.N}x{self.K} E={self.E} top-{self.topk} T={self.T} {self.routing}"
+
+    @property
+    def flops(self) -> int:
+        """2 S N K: every token-slot's row times its expert's weight."""
+        return 2 * self.M * self.N * self.K
+
+    def tflops(self, ms: float) -> float:
+        """Throughput in TFLOP/s of the grouped GEMM taking `ms` milliseconds."""
+        return self.flops / (ms * 1e-3) / 1e12
+
+    @property
+    def tokens(self) -> int:
+        """The layer's tokens: T (each is `topk` of x's rows)."""
+        return self.T
+
+    @property
+    def weight(self) -> str:
+        """The experts' weight and the routing, what the rows of one line of a plot against T share."""
+        return f"{self.N}x{self.K} E={self.E} top-{self.topk} {self.routing}"
+
+    def to_json(self) -> dict[str, int | str]:
+        """The fields a task and a results row carry: M (= S), N, K, E, topk, routing."""
+        return {
+            "M": self.M,
+            "N": self.N,
+            "K": self.K,
+            "E": self.E,
+            "topk": self.topk,
+            "routing": self.routing,
+        }
+
+
+def shape_of(
+    M: int, N: int, K: int, E: int | None = None, topk: int | None = None, routing: str | None = None
+) -> Shape | GroupedShape:
+    """The shape a task or a results row describes (`to_json`'s fields): grouped when it names E."""
+    if E is None:
+        return Shape(M, N, K)
+    if topk is None or routing is None or M % topk:
+        raise ValueError(
+            f"a grouped shape needs topk dividing M = S and a routing; got topk {topk}, {routing}"
+        )
+    return GroupedShape(M // topk, N, K, E, topk, routing)
+
+
+def routing_counts(shape: GroupedShape, seed: int) -> list[int]:
+    """How many of the S = T * topk rows each of the E experts gets: non-negative, summing to S,
+    the same for the same (shape's E, topk, T and routing, seed), whatever N and K (a layer's
+    gate_up and down GEMMs see the same routing). Experts may get none.
+
+    uniform  each token picks `topk` distinct experts, every expert equally likely, as a router's
+             top-k of random logits would
+    zipf     each token picks `topk` distinct experts, expert of rank r weighted 1 / r**ZIPF_EXPONENT,
+             the ranks a seeded permutation of the experts (the popular ones are not always the
+             first)
+    half     a seeded expert takes S // 2 of the token-slots, the others the rest, drawn uniformly
+             slot by slot: with topk > 2 a token would have to pick that expert several times, so
+             this is the load imbalance itself, not a router's output
+
+    Drawn with numpy's PCG64 from `seed` (the run's `--seed`, any integer) and the shape's E, topk,
+    T and routing."""
+    import numpy as np
+
+    rng = np.random.Generator(
+        np.random.PCG64([seed % 2**64, shape.E, shape.topk, shape.T, ROUTINGS.index(shape.routing)])
+    )
+    E, S = shape.E, shape.M
+    counts = np.zeros(E, dtype=np.int64)
+    if shape.routing == "half":
+        hot = int(rng.integers(E))
+        counts[hot] = S // 2
+        rest = S - S // 2
+        if E == 1:
+            counts[hot] += rest
+        else:
+            others = np.delete(np.arange(E), hot)
+            np.add.at(counts, others[rng.integers(E - 1, size=rest)], 1)
+        return counts.tolist()
+    weights = np.ones(E)
+    if shape.routing == "zipf":
+        weights[rng.permutation(E)] = 1.0 / np.arange(1, E + 1) ** ZIPF_EXPONENT
+    # Top-k without replacement per token: the k largest of log(weight) + Gumbel noise.
+    keys = np.log(weights) + rng.gumbel(size=(shape.T, E))
+    picked = np.argpartition(-keys, shape.topk - 1, axis=1)[:, : shape.topk]
+    np.add.at(counts, picked.ravel(), 1)
+    return counts.tolist()
 
 
 def parse_dim(spec: str, name: str = "k") -> list[int]:
@@ -226,36 +370,109 @@ def holdout_shapes() -> list[Shape]:
     return _linear_shapes(HOLDOUT, HOLDOUT_TOKENS)
 
 
-PRESETS = {"llm": llm_shapes, "llm-dense": llm_dense_shapes, "holdout": holdout_shapes}
+@dataclass(frozen=True)
+class _MoE:
+    """The fields of a mixture-of-experts model's config.json that fix its expert GEMMs (the
+    routed experts; shared experts and attention are dense layers)."""
+
+    name: str
+    experts: int  # num_local_experts / num_experts / n_routed_experts
+    topk: int  # num_experts_per_tok / experts_per_token
+    hidden_size: int
+    intermediate_size: int  # per expert: moe_intermediate_size where the config has one
+
+    def expert_nk(self) -> list[tuple[int, int]]:
+        """(N, K) of the fused gate_up projection (N = 2 I, K = H) and of down (N = H, K = I)."""
+        return [(2 * self.intermediate_size, self.hidden_size), (self.hidden_size, self.intermediate_size)]
 
 
-def read_csv(path: str | Path) -> list[Shape]:
-    """Shapes from a CSV file of M,N,K rows; an optional header row; `#` starts a comment."""
+# From each model's config.json on Hugging Face (mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B,
+# deepseek-ai/DeepSeek-V3, openai/gpt-oss-20b).
+MOE_MODELS = (
+    _MoE("Mixtral-8x7B", experts=8, topk=2, hidden_size=4096, intermediate_size=14336),
+    _MoE("Qwen3-30B-A3B", experts=128, topk=8, hidden_size=2048, intermediate_size=768),
+    _MoE("DeepSeek-V3", experts=256, topk=8, hidden_size=7168, intermediate_size=2048),
+    _MoE("GPT-OSS-20B", experts=32, topk=4, hidden_size=2880, intermediate_size=2880),
+)
+# Tokens per layer call (T; the grouped GEMM has T * topk rows): decode batches, prefill chunks.
+MOE_TOKENS = (1, 16, 64, 512, 4096, 16384)
+
+
+def moe_shapes() -> list[GroupedShape]:
+    """The expert GEMMs of Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3 and GPT-OSS-20B at T = 1, 16,
+    64, 512, 4096, 16384 tokens, in each routing (ROUTINGS), T varying fastest:
+
+    =============  ===  =====  =====================  ====================
+    model          E    top-k  gate_up                down
+    =============  ===  =====  =====================  ====================
+    Mixtral-8x7B   8    2      N=28672 K=4096         N=4096  K=14336
+    Qwen3-30B-A3B  128  8      N=1536  K=2048         N=2048  K=768
+    DeepSeek-V3    256  8      N=4096  K=7168         N=7168  K=2048
+    GPT-OSS-20B    32   4      N=5760  K=2880         N=2880  K=2880
+    =============  ===  =====  =====================  ====================
+
+    gate_up N = 2 * intermediate size (per expert), K = hidden size; down the reverse. 144 shapes.
+    """
+    return [
+        GroupedShape(t, n, k, model.experts, model.topk, routing)
+        for model in MOE_MODELS
+        for n, k in model.expert_nk()
+        for routing in ROUTINGS
+        for t in MOE_TOKENS
+    ]
+
+
+PRESETS = {"llm": llm_shapes, "llm-dense": llm_dense_shapes, "holdout": holdout_shapes, "moe": moe_shapes}
+GROUPED_CSV_HEADER = ["t", "n", "k", "e", "topk", "routing"]  # a CSV of grouped shapes, lower-cased
+
+
+def read_csv(path: str | Path) -> list[Shape] | list[GroupedShape]:
+    """Shapes from a CSV file: dense M,N,K rows, or grouped T,N,K,E,topk,routing rows (T tokens,
+    E experts, topk of them per token, routing one of ROUTINGS), not both in one file; an optional
+    header row; `#` starts a comment."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise ValueError(f"--shapes: cannot read {path}: {exc.strerror}") from None
-    shapes: list[Shape] = []
+    shapes: list = []
+    width = None  # 3 (dense) or 6 (grouped): the first row's
     lines = (line.split("#", 1)[0] for line in text.splitlines())
     for lineno, fields in enumerate(csv.reader(lines), start=1):
         fields = [f.strip() for f in fields]
         if not any(fields):
             continue
-        if not shapes and [f.lower() for f in fields] == ["m", "n", "k"]:
+        where = f"{path}:{lineno}"
+        if not shapes and [f.lower() for f in fields] in (["m", "n", "k"], GROUPED_CSV_HEADER):
+            width = len(fields)
             continue
-        if len(fields) != 3:
-            raise ValueError(
-                f"{path}:{lineno}: expected 3 fields M,N,K, got {len(fields)}: {','.join(fields)}"
-            )
-        shapes.append(Shape(*(_positive(f, f"{path}:{lineno}") for f in fields)))
+        if len(fields) not in (3, 6) or (width is not None and len(fields) != width):
+            expected = {3: "3 fields M,N,K", 6: "6 fields T,N,K,E,topk,routing"}
+            wanted = expected[width] if width else f"{expected[3]} or {expected[6]}"
+            raise ValueError(f"{where}: expected {wanted}, got {len(fields)}: {','.join(fields)}")
+        width = len(fields)
+        if width == 3:
+            shapes.append(Shape(*(_positive(f, where) for f in fields)))
+            continue
+        *sizes, routing = fields
+        try:
+            shapes.append(GroupedShape(*(_positive(f, where) for f in sizes), routing.lower()))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     if not shapes:
-        raise ValueError(f"--shapes: no M,N,K rows in {path}")
+        raise ValueError(f"--shapes: no M,N,K or T,N,K,E,topk,routing rows in {path}")
     return shapes
 
 
-def resolve(shapes: str | None, m: str | None, n: str | None, k: str | None) -> list[Shape]:
-    """The shapes a command line asks for: `--shapes llm|llm-dense|holdout|FILE.csv`, or the
+def is_grouped(shapes: list[Shape] | list[GroupedShape]) -> bool:
+    """Whether a sweep's shapes are grouped (each sweep is one kind: `resolve` makes it so)."""
+    return any(isinstance(s, GroupedShape) for s in shapes)
+
+
+def resolve(
+    shapes: str | None, m: str | None, n: str | None, k: str | None
+) -> list[Shape] | list[GroupedShape]:
+    """The shapes a command line asks for: `--shapes llm|llm-dense|holdout|moe|FILE.csv`, or the
     `--m/--n/--k` grid."""
     if shapes is None:
         return grid(m or DEFAULT_M, n or DEFAULT_N, k or DEFAULT_K)
@@ -266,5 +483,6 @@ def resolve(shapes: str | None, m: str | None, n: str | None, k: str | None) -> 
     if shapes.lower().endswith(".csv") or Path(shapes).exists():
         return read_csv(shapes)
     raise ValueError(
-        f"--shapes: expected 'llm', 'llm-dense', 'holdout' or a CSV file of M,N,K rows, got {shapes!r}"
+        f"--shapes: expected 'llm', 'llm-dense', 'holdout', 'moe' or a CSV file of M,N,K (or "
+        f"T,N,K,E,topk,routing) rows, got {shapes!r}"
     )

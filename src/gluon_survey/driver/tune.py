@@ -206,6 +206,14 @@ def main(argv: Sequence[str]) -> int:
         dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
         layouts = [x.strip() for x in args.b_layout.split(",") if x.strip()]
         modes = [registry.get(m).name for m in args.modes.split(",") if m.strip()]
+        if shapes.is_grouped(sweep):
+            raise ValueError(
+                f"--shapes {args.shapes}: grouped shapes; tune builds matmul's table of dense GEMMs "
+                "(time grouped ones with `gluon-survey grouped,grouped_mm --shapes moe`)"
+            )
+        for name in modes:
+            if reason := registry.wrong_shape_reason(registry.get(name), grouped=False):
+                raise ValueError(f"--modes: {reason}")
         bad = [d for d in dtypes if d not in DTYPES] + [x for x in layouts if x not in B_LAYOUTS]
         if bad:
             raise ValueError(f"unknown dtype or B layout: {', '.join(bad)}")

@@ -30,6 +30,18 @@ NVML's mean SM clock and power over the timed windows go into the row too. A lau
 `fn()` returns its product instead of writing `out` (the torch.compile baseline) is judged on the
 tensor it returns.
 
+Grouped tasks (a task with E, topk and routing: `shapes.GroupedShape`, a mixture-of-experts
+layer's expert GEMMs) run the same way with the grouped pieces: the per-expert row counts from the
+routing and the run's seed (`shapes.routing_counts`, the same for every input set, and kept in the
+row as `counts`), `check.make_grouped_inputs`, `prepare(x, w, offs, out)`, the fp32 per-expert
+reference (`check.grouped_reference`), cuBLAS per expert as the tolerance's yardstick
+(`grouped_cublas_product`) and torch._grouped_mm as the paired baseline (`_grouped_mm_launch`;
+its time goes into `cublas_ms`, its ratio into `x_rounds`). The rotation counts the bytes a call
+touches (x and the weights of the experts with rows), and never holds more whole input sets than
+the memory budget. A grouped mode meeting a dense task, or a dense mode a grouped one, is SKIPPED
+saying which modes take it (`Provider.wrong_shape`); a grouped fp8 task is SKIPPED as not measured
+yet (`check.GROUPED_FP8`).
+
 How a mode is run is a `Provider`, made once per worker by the factory `main` is given:
 `cuda_provider` (the default: a registered mode through `gluon_survey.api` on the current CUDA
 device). A provider's `prepare` and `baseline` take (a, b, out) and, for fp8 tasks, the keywords
@@ -58,7 +70,7 @@ from gluon_survey.driver.settings import Settings
 if TYPE_CHECKING:
     import torch
 
-    from gluon_survey.driver.check import Inputs
+    from gluon_survey.driver.check import GroupedInputs, Inputs
     from gluon_survey.driver.timing import Clock
     from gluon_survey.launch import Launch
 
@@ -81,13 +93,18 @@ class Provider:
     baseline: Callable[..., Launch] | None = None
     telemetry: Callable[[], Any] = contextlib.nullcontext  # a context manager with .result()
     no_fp8: str | None = None  # why the mode cannot take fp8 operands (its fp8 tasks are SKIPPED)
+    # The kind of problem the mode computes: dense (prepare(a, b, out, **scales)) or grouped
+    # (prepare(x, w, offs, out); the baseline likewise). Tasks of the other kind are SKIPPED with
+    # `wrong_shape` as the reason.
+    grouped: bool = False
+    wrong_shape: str | None = None
 
 
 def cuda_provider(mode_name: str) -> Provider:
     """A registered mode, through `gluon_survey.api`, on the current CUDA device."""
     import torch
 
-    from gluon_survey import api, registry
+    from gluon_survey import api, grouped, registry
     from gluon_survey.driver.hardware import telemetry_for_current_device
     from gluon_survey.driver.timing import COPIES_BUDGET_BYTES, CudaEventClock, WallClock
 
@@ -95,6 +112,9 @@ def cuda_provider(mode_name: str) -> Provider:
 
     def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor) -> Launch:
         return api.prepare(mode.name, a, b, out, **scales)
+
+    def prepare_grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> Launch:
+        return grouped.prepare(mode.name, x, w, offs, out)
 
     def budget() -> int:
         return min(COPIES_BUDGET_BYTES, torch.cuda.mem_get_info()[0] // 2)
@@ -106,16 +126,22 @@ def cuda_provider(mode_name: str) -> Provider:
         except RuntimeError:  # a sticky error (illegal address, ...) poisons the context for good
             return False
 
-    no_fp8 = registry.no_fp8_reason(mode)
+    kind = {
+        "no_fp8": registry.no_fp8_reason(mode),
+        "grouped": mode.grouped,
+        "wrong_shape": registry.wrong_shape_reason(mode, not mode.grouped),
+    }
+    run = prepare_grouped if mode.grouped else prepare
     capability = api.capability()
     if capability is None:  # no GPU: every task is SKIPPED, nothing is timed
-        return Provider("cuda", prepare, WallClock(), mode.unsupported_reason(None), 0, budget, no_fp8=no_fp8)
+        return Provider("cuda", run, WallClock(), mode.unsupported_reason(None), 0, budget, **kind)
     l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     reason = mode.unsupported_reason(capability)
-    baseline = None if mode.name == registry.BASELINE else _cublas_launch
+    paired = _grouped_mm_launch if mode.grouped else _cublas_launch
+    baseline = None if mode.name == registry.baseline_of(mode.grouped) else paired
     telemetry = telemetry_for_current_device
     return Provider(
-        "cuda", prepare, CudaEventClock(), reason, l2_bytes, budget, healthy, baseline, telemetry, no_fp8
+        "cuda", run, CudaEventClock(), reason, l2_bytes, budget, healthy, baseline, telemetry, **kind
     )
 
 
@@ -151,6 +177,31 @@ def cublas_product(
     return out
 
 
+def _grouped_mm_launch(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> Launch:
+    """The paired baseline of a grouped task: what the `grouped_mm` mode times,
+    `torch._grouped_mm(x, w, offs=offs)` (its product a new tensor; `out` stays unwritten). Runs on
+    CPU tensors too (the tests' providers)."""
+    from gluon_survey.baselines import grouped_mm
+
+    target = None
+    if x.is_cuda:
+        from gluon_survey import api
+
+        target = api.target_of(x.device)
+    return grouped_mm.prepare(x, w, offs, out, target)
+
+
+def grouped_cublas_product(
+    x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """cuBLAS's grouped product, one `torch.mm` per expert with rows, written into `out` (the
+    `cublas-loop` mode's call): the tolerance's yardstick on grouped tasks."""
+    from gluon_survey.baselines import expert_loop
+
+    expert_loop.prepare(x, w, offs, out).fn()
+    return out
+
+
 @dataclass
 class _Target:
     """One input set, its launch, and where its last result is: `out`, or the tensor `fn()`
@@ -164,17 +215,9 @@ class _Target:
     @classmethod
     def prepared(cls, provider: Provider, inputs: Inputs, out: torch.Tensor) -> _Target:
         """Prepared and called once: the first call compiles or autotunes, outside any timing."""
-        target = cls(inputs, out, provider.prepare(inputs.a, inputs.b, out, **inputs.scales), out)
+        target = cls(inputs, out, provider.prepare(*inputs, out, **inputs.scales), out)
         target.call()
         return target
-
-    @property
-    def a(self) -> torch.Tensor:
-        return self.inputs.a
-
-    @property
-    def b(self) -> torch.Tensor:
-        return self.inputs.b
 
     def call(self) -> None:
         result = self.launch.fn()
@@ -197,17 +240,32 @@ def measure(
     is a `Settings`, or its JSON (fields it lacks take the defaults)."""
     import torch
 
-    from gluon_survey.driver.check import check, make_inputs, output_dtype, reference, rel_error
-    from gluon_survey.driver.shapes import Shape
+    from gluon_survey.driver.check import (
+        check,
+        grouped_reference,
+        make_grouped_inputs,
+        make_inputs,
+        output_dtype,
+        reference,
+        rel_error,
+    )
+    from gluon_survey.driver.shapes import GroupedShape, routing_counts, shape_of
     from gluon_survey.driver.timing import copies_for_cold_l2, time_fn, time_paired
 
     if not isinstance(settings, Settings):
         settings = Settings.from_json(settings)
-    shape = Shape(task["M"], task["N"], task["K"])
+    shape = shape_of(*(task.get(k) for k in ("M", "N", "K", "E", "topk", "routing")))
     dtype, layout, seed = task["dtype"], task["b_layout"], settings.seed
+    row: dict[str, Any] = {}
+    if isinstance(shape, GroupedShape):
+        counts = routing_counts(shape, seed)  # one routing for every input set: the same problem
+        row["counts"] = counts
 
-    def input_set(i: int) -> tuple[Inputs, torch.Tensor]:
-        inputs = make_inputs(shape, dtype, layout, seed + i, provider.device)
+    def input_set(i: int) -> tuple[Inputs | GroupedInputs, torch.Tensor]:
+        if isinstance(shape, GroupedShape):
+            inputs = make_grouped_inputs(shape, counts, dtype, seed + i, provider.device)
+        else:
+            inputs = make_inputs(shape, dtype, layout, seed + i, provider.device)
         return inputs, torch.empty(shape.M, shape.N, dtype=output_dtype(dtype), device=provider.device)
 
     phase("compiling/autotuning")
@@ -215,15 +273,21 @@ def measure(
     start = time.perf_counter()
     first = _Target.prepared(provider, inputs, out)
     provider.clock.synchronize()
-    row: dict[str, Any] = {"compile_s": time.perf_counter() - start, "timer": provider.clock.name}
+    row.update(compile_s=time.perf_counter() - start, timer=provider.clock.name)
     row["config"] = dict(first.launch.config)  # after the first call: autotuned choices included
 
     phase("checking")
-    ref = reference(first.a, first.b, **inputs.scales)
-    try:
-        cublas_out = cublas_product(first.a, first.b, torch.empty_like(out), **inputs.scales)
-    except RuntimeError as exc:  # e.g. torch._scaled_mm wants M, N, K that fp8 cuBLAS can take
-        raise RuntimeError(f"cuBLAS, whose error sets the tolerance, cannot run this task: {exc}") from exc
+    if isinstance(shape, GroupedShape):
+        ref = grouped_reference(*inputs)
+        cublas_out = grouped_cublas_product(*inputs, torch.empty_like(out))
+    else:
+        ref = reference(*inputs, **inputs.scales)
+        try:
+            cublas_out = cublas_product(*inputs, torch.empty_like(out), **inputs.scales)
+        except RuntimeError as exc:  # e.g. torch._scaled_mm wants M, N, K that fp8 cuBLAS can take
+            raise RuntimeError(
+                f"cuBLAS, whose error sets the tolerance, cannot run this task: {exc}"
+            ) from exc
     cublas_err = rel_error(cublas_out, ref)
     first.out.fill_(math.nan)
     first.call()
@@ -236,8 +300,15 @@ def measure(
     phase("timing")
     paired = provider.baseline is not None and settings.paired
     outputs = (out, out) if paired else (out,)  # paired: cuBLAS writes an output of its own
-    bytes_per_set = sum(t.numel() * t.element_size() for t in (*inputs.tensors, *outputs))
-    n_copies = copies_for_cold_l2(bytes_per_set, provider.l2_bytes, provider.memory_budget())
+    out_bytes = sum(t.numel() * t.element_size() for t in outputs)
+    set_bytes = out_bytes + sum(t.numel() * t.element_size() for t in inputs.tensors)
+    budget = provider.memory_budget()
+    # Enough sets that what the calls touch spans 3x L2, but never more whole sets than the budget
+    # holds (a grouped set holds every expert's weight, a call reads only those with rows).
+    n_copies = min(
+        copies_for_cold_l2(inputs.touched_bytes + out_bytes, provider.l2_bytes, budget),
+        max(1, budget // set_bytes),
+    )
     targets = [first] + [_Target.prepared(provider, *input_set(i)) for i in range(1, n_copies)]
     for target in targets:
         target.out.fill_(math.nan)
@@ -246,7 +317,7 @@ def measure(
     launches = [t.timed_call for t in targets]
     if paired:  # cuBLAS on the same inputs, into outputs of its own (ours stay NaN-poisoned)
         cublas = [
-            provider.baseline(t.a, t.b, torch.empty_like(t.out), **t.inputs.scales).fn  # type: ignore[misc]
+            provider.baseline(*t.inputs, torch.empty_like(t.out), **t.inputs.scales).fn  # type: ignore[misc]
             for t in targets
         ]
         with provider.telemetry() as telemetry:
@@ -302,10 +373,20 @@ def run_task(
     settings: Settings | dict[str, Any],
     phase: Callable[[str], None],
 ) -> dict:
-    """`measure`, with an unsupported mode (or an fp8 task of a mode without fp8 kernels) SKIPPED
+    """`measure`, with an unsupported mode, a task of the kind of problem the mode does not compute
+    (dense or grouped), a grouped fp8 task or an fp8 task of a mode without fp8 kernels SKIPPED,
     and an exception turned into an ERROR row."""
     if provider.unsupported:
         return {"status": "SKIPPED", "error": provider.unsupported}
+    grouped = task.get("E") is not None
+    if grouped != provider.grouped:
+        kinds = ("dense", "grouped") if provider.grouped else ("grouped", "dense")
+        generic = "a {} task; this mode computes {} GEMMs".format(*kinds)
+        return {"status": "SKIPPED", "error": provider.wrong_shape or generic}
+    if grouped and _is_fp8(task["dtype"]):
+        from gluon_survey.driver.check import GROUPED_FP8
+
+        return {"status": "SKIPPED", "error": GROUPED_FP8}
     if provider.no_fp8 and _is_fp8(task["dtype"]):
         return {"status": "SKIPPED", "error": provider.no_fp8}
     try:
