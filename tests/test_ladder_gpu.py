@@ -257,6 +257,32 @@ def _assert_relaunches_match_reference(launch, out, a, b):
         out.fill_(float("nan"))
 
 
+MID_M = [
+    pytest.param(module, cfg, id=f"{module.__name__.rsplit('.', 1)[1]} {cfg.label}")
+    for module in (splitk, persistent, warpspec)
+    for cfg in module.candidates((9, 0)).values()
+]
+# Ragged token counts around the tiles (one row, odd, one either side of 64, mid, large) on N and
+# K that are no multiple of the tiles and leave a K tail.
+MID_M_SHAPES = [(1, 1000, 1000), (7, 520, 4104), (63, 1000, 2056), (65, 1000, 2056), (300, 2200, 1032)]
+MID_M_SHAPES += [(3000, 1000, 776)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize(("module", "cfg"), MID_M)
+def test_every_tune_candidate_matches_reference_on_ragged_shapes(module, cfg, dtype):
+    """Each config `tune` may put in a table (the mid-M tiles among them), on ragged shapes, both B
+    layouts; relaunched on fresh inputs."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the candidates are sm_90's")
+    for M, N, K in MID_M_SHAPES:
+        for b_layout in ("row", "t"):
+            a, b = _inputs(M, N, K, dtype, b_layout, seed=M + N)
+            out = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
+            launch = module.prepare(a, b, out, api.target_of(a.device), cfg)
+            _assert_relaunches_match_reference(launch, out, a, b)
+
+
 H100 = "NVIDIA H100 80GB HBM3"
 
 
