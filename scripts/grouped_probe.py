@@ -1,9 +1,11 @@
 """Kernel-only GPU time of `grouped_matmul` against `torch._grouped_mm` and a per-expert loop of
 cuBLAS, on mixture-of-experts expert shapes with uniform routing (a first look before the driver
 measures grouped rows). Each call is preceded by a read of 2x L2 (kernel_time.py's flush); the
-output of each is checked against an fp32 per-expert product first.
+output of each is checked against an fp32 per-expert product first. `--tiles` also times each
+of the kernel's tile configs on every problem (modes `gluon 128x128`, `gluon 128x256`), not only
+the one `grouped_matmul` picks by N.
 
-    PYTHONPATH=src python3 scripts/grouped_probe.py --output out/grouped-probe.csv
+    PYTHONPATH=src python3 scripts/grouped_probe.py --output out/grouped-probe.csv [--tiles]
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernel_time import check_close, flush_buffers, probe_parser, record, timed, write_csv
 
-from gluon_survey import grouped_matmul
+from gluon_survey import api, grouped_matmul
+from gluon_survey.kernels import grouped as kernel
 
 # (name, experts, top-k, N, K): each model's gate_up (N = 2I, K = H) and down (N = H, K = I).
 MODELS = (
@@ -40,18 +43,26 @@ def ranges(offs: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
-def calls_of(x, w, offs, out) -> dict:
-    """The three calls on one problem (the loop reads the offsets to the host once, here)."""
+def calls_of(x, w, offs, out, tiles: bool = False) -> dict:
+    """The three calls on one problem (the loop reads the offsets to the host once, here), and
+    with `tiles` the kernel's launch with each of its configs."""
     spans = ranges(offs)
-    return {
-        "gluon": lambda: grouped_matmul(x, w, offs, out=out),
-        "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
-        "loop": lambda: torch.cat([x[s:e] @ w[i] for i, (s, e) in enumerate(spans)]),
-    }
+    calls = {"gluon": lambda: grouped_matmul(x, w, offs, out=out)}
+    if tiles:
+        target = api.target_of(x.device)
+        major = target.capability[0]
+        for cfg in (kernel.CONFIGS[major], kernel.WIDE_CONFIGS[major]):
+            launch = kernel.prepare(x, w, offs, out, target, cfg)
+            calls[f"gluon {cfg.BLOCK_M}x{cfg.BLOCK_N}"] = lambda fn=launch.fn: fn() or out
+    calls["torch._grouped_mm"] = lambda: torch._grouped_mm(x, w, offs=offs)
+    calls["loop"] = lambda: torch.cat([x[s:e] @ w[i] for i, (s, e) in enumerate(spans)])
+    return calls
 
 
 def main(argv=None) -> int:
-    args = probe_parser(__doc__).parse_args(argv)
+    parser = probe_parser(__doc__)
+    parser.add_argument("--tiles", action="store_true", help="also time each tile config of the kernel")
+    args = parser.parse_args(argv)
     flush, sink = flush_buffers()
     rows: list[dict] = []
     for label, E, topk, N, K, T in problems():
@@ -65,8 +76,9 @@ def main(argv=None) -> int:
         ref = torch.cat([x[s:e].float() @ w[i].float() for i, (s, e) in enumerate(ranges(offs))])
         out = torch.full((S, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         flops = 2 * S * N * K
-        for mode, fn in calls_of(x, w, offs, out).items():
+        for mode, fn in calls_of(x, w, offs, out, args.tiles).items():
             try:
+                out.fill_(float("nan"))  # each kernel mode's check sees only its own writes
                 check_close(f"{label} {mode}", fn(), ref, 0.02)
                 med, times = timed(fn, args.reps, flush, sink)
             except Exception as exc:  # a finding, not a crash

@@ -60,6 +60,12 @@ BAD = [
         id="e0",
     ),
     pytest.param(
+        _args(w=_weights(513, 64, 48), offs=torch.zeros(513, dtype=torch.int32)),
+        ValueError,
+        "w has 513 experts; grouped_matmul takes at most 512.*once per group",
+        id="too-many-experts",
+    ),
+    pytest.param(
         _args(x=torch.empty(32, 60, dtype=BF16), w=_weights(4, 60, 48)),
         ValueError,
         "not a multiple of 8.*pad x and w",
@@ -150,15 +156,29 @@ def test_the_launch_is_one_persistent_program_per_sm_over_every_experts_tiles(fa
     out = gg.grouped_matmul(x, w, offs)
     assert (out.shape, out.dtype, out.device.type) == ((1000, 300), BF16, "cuda")
     (launch,) = fake_h100
-    cfg = gk.CONFIGS[9]
+    cfg = gk.CONFIGS[9]  # N < WIDE_N: the 128-wide tile
     a_desc, b_desc, c, o, S, N, E = launch.args
     assert (c, o, S, N, E) == (out, offs, 1000, 300, 8)
-    assert launch.grid == (132,)  # 8 experts x 8 row tiles x 3 column tiles > 132 SMs
+    # at most 1000 // 128 full row tiles + one partial per expert, x 3 column tiles: 45 < 132 SMs
+    assert launch.grid == (45,)
     assert launch.kwargs["STAGES"] == cfg.STAGES and launch.kwargs["num_warps"] == cfg.num_warps
+    assert launch.kwargs["GROUP_M"] == cfg.GROUP_M and launch.kwargs["EPILOGUE_N"] == cfg.EPILOGUE_N
+    assert launch.kwargs["EXPERTS_PAD"] == 32  # the table is a warp wide at least
     assert launch.kwargs["MMA"].__name__ == "WGMMA"
     assert list(a_desc.shape) == [1000, 256] and list(a_desc.block_shape) == [cfg.BLOCK_M, cfg.BLOCK_K]
     # the weight as its [E * N, K] reshape, read K-major
     assert list(b_desc.shape) == [8 * 300, 256] and list(b_desc.block_shape) == [cfg.BLOCK_N, cfg.BLOCK_K]
+
+
+def test_wide_outputs_take_the_wide_tile_and_the_grid_never_exceeds_the_sms(fake_h100):
+    x, w, offs = _operands(S=4096, K=128, N=gk.WIDE_N, E=200, device="cuda")
+    gg.grouped_matmul(x, w, offs)
+    (launch,) = fake_h100
+    cfg = gk.WIDE_CONFIGS[9]
+    assert (cfg.BLOCK_M, cfg.BLOCK_N) == (128, 256)
+    assert list(launch.args[1].block_shape) == [cfg.BLOCK_N, cfg.BLOCK_K]
+    assert launch.kwargs["EXPERTS_PAD"] == 256 and launch.kwargs["STAGES"] == cfg.STAGES
+    assert launch.grid == (132,)
 
 
 def test_few_tiles_get_one_program_each(fake_h100):
@@ -166,6 +186,39 @@ def test_few_tiles_get_one_program_each(fake_h100):
     out = torch.empty(5, 64, dtype=BF16, device="cuda")
     assert gg.grouped_matmul(x, w, offs, out=out) is out
     assert fake_h100[0].grid == (2,)  # 2 experts x 1 row tile x 1 column tile
+
+
+@pytest.mark.parametrize(
+    ("S", "E", "row_tiles"),
+    [(1000, 8, 7 + 8), (1000, 512, 7 + 512), (300, 512, 300), (128, 1, 2), (5, 2, 2), (4096, 200, 232)],
+)
+def test_the_grid_bound_holds_for_every_routing(S, E, row_tiles):
+    """The grid is sized without the offsets: S // BLOCK_M full row tiles plus at most one partial
+    one per expert, never more row tiles than rows. Random routings, and the worst one (every
+    expert one row past a multiple of BLOCK_M where the rows allow), stay within it."""
+    cfg = gk.CONFIGS[9]
+    assert gk.tile_bound(S, 300, E, cfg) == row_tiles * 3  # 3 column tiles of 128
+    g = torch.Generator().manual_seed(0)
+    routings = []
+    for _ in range(20):
+        cuts = torch.sort(torch.randint(0, S + 1, (E - 1,), generator=g)).values.tolist()
+        routings.append([b - a for a, b in zip([0, *cuts], [*cuts, S], strict=True)])
+    worst = [min(1 + cfg.BLOCK_M * (S // cfg.BLOCK_M // E), S // E)] * E
+    routings.append(worst[:-1] + [S - sum(worst[:-1])])
+    for counts in routings:
+        assert sum(-(-c // cfg.BLOCK_M) for c in counts) <= row_tiles
+
+
+@pytest.mark.parametrize(
+    ("E", "pad"), [(1, 32), (8, 32), (32, 32), (33, 64), (128, 128), (256, 256), (384, 512)]
+)
+def test_the_offsets_table_is_a_power_of_two_a_warp_wide_at_least(E, pad):
+    assert gk.experts_pad(E) == pad
+
+
+def test_more_experts_than_the_table_holds_are_refused():
+    with pytest.raises(ValueError, match="at most 512 experts, got 513"):
+        gk.experts_pad(513)
 
 
 @pytest.mark.parametrize(("S", "N"), [(0, 64), (16, 0), (0, 0)])
@@ -236,17 +289,32 @@ def test_check_offsets_names_the_first_bad_entry(values, rows, match):
 # The kernel's config and specs
 
 
-def test_the_hopper_config_fits_and_bigger_rings_are_refused():
-    cfg = gk.CONFIGS[9]
-    assert cfg.smem_bytes() == 4 * (128 + 128) * 64 * 2 <= common.SMEM_LIMIT
+def test_the_hopper_configs_fit_and_bigger_rings_are_refused():
+    cfg, wide = gk.CONFIGS[9], gk.WIDE_CONFIGS[9]
+    assert cfg.smem_bytes() == 4 * (128 + 128) * 64 * 2
+    assert wide.smem_bytes() == 4 * (128 + 256) * 64 * 2
+    # the ring stays live through the epilogue (the next tile's loads), so its scratch is extra
+    assert wide.smem_bytes() + wide.epilogue_bytes() <= common.SMEM_LIMIT
     with pytest.raises(ValueError, match="shared memory"):
-        replace(cfg, STAGES=8)
+        replace(cfg, STAGES=7)
+    with pytest.raises(ValueError, match="shared memory"):
+        replace(wide, EPILOGUE_N=256)  # 192 KB of ring + 64 KB of scratch
     with pytest.raises(ValueError, match="STAGES must be at least 2"):
         replace(cfg, STAGES=1)
+    with pytest.raises(ValueError, match="EPILOGUE_N"):
+        replace(wide, EPILOGUE_N=96)
+
+
+def test_the_wide_tile_from_wide_n_on():
+    assert gk.config_for((9, 0), gk.WIDE_N - 1) is gk.CONFIGS[9]
+    assert gk.config_for((9, 0), gk.WIDE_N) is gk.WIDE_CONFIGS[9]
 
 
 def test_specs_only_for_hopper_and_16_bit_operands():
-    assert [s.kernel for s in gk.compile_specs((9, 0), "bfloat16")] == ["grouped_kernel 128x128x64 s4 w8 B=t"]
+    assert [s.kernel for s in gk.compile_specs((9, 0), "bfloat16")] == [
+        "grouped_kernel 128x128x64 s4 w8 E<=512 B=t",
+        "grouped_kernel 128x256x64 s4 w8 E<=512 B=t",
+    ]
     assert gk.compile_specs((10, 0), "float16") == []
     assert gk.compile_specs((9, 0), "float8_e4m3fn") == []
     assert gk.unsupported_reason((9, 0)) is None and "sm_100" in gk.unsupported_reason((10, 0))

@@ -1,10 +1,14 @@
-"""grouped_matmul on a Hopper GPU (not yet run: the kernel is compile-checked only). Every expert's
-rows are checked against the fp32 product of its inputs with the driver's rule
-(`driver.check.tolerance`, cuBLAS's error on the same expert as the yardstick), on NaN-poisoned
-outputs: a row of an expert left unwritten shows as NaN, and the rows at or past offs[-1], which no
-expert owns, must still be NaN (nothing writes outside its expert). Cases: empty experts, one
-expert with every token, S = 1, ragged S/N/K tails, E = 1, 8 and 64, fp16 and bf16, a CUDA-graph
-capture replayed with other offsets in the same buffer, and the errors of bad arguments.
+"""grouped_matmul on a Hopper GPU (the kernel's first version passed these on an H100; its compact
+schedule has not run yet). Every expert's rows are checked against the fp32 product of its inputs
+with the driver's rule (`driver.check.tolerance`, cuBLAS's error on the same expert as the
+yardstick), on NaN-poisoned outputs: a row of an expert left unwritten shows as NaN, and the rows
+at or past offs[-1], which no expert owns, must still be NaN (nothing writes outside its expert).
+Cases: empty experts, one expert with every token, S = 1, ragged S/N/K tails, E = 1 to 300 (the
+offsets' table padded to 32, 64, 128 and 512 entries), a Zipf-like skew over 128 experts with
+empty ones and far more tiles than SMs on both tiles (128 and 256 wide: N >= 2048), one expert
+whose 67 row tiles make five tile-order groups (the last partial), one-K-step tiles (the loads
+run ahead across tiles), fp16 and bf16, CUDA-graph captures replayed with other offsets in the
+same buffer (the tile count changes between replays), and the errors of bad arguments.
 Run on the GPU machine: pytest -m gpu tests/test_grouped_gpu.py."""
 
 from __future__ import annotations
@@ -69,6 +73,15 @@ def _random_counts(E, S, seed):
     return [edges[i + 1] - edges[i] for i in range(E)]
 
 
+def _zipf_counts(E, S, empty_every=9):
+    """A Zipf-like routing of S rows over E experts (expert e's share ~ 1 / (e + 1)^1.1, so expert 0
+    has ~ a fifth of them), every `empty_every`-th expert from the 5th on empty."""
+    weights = [0.0 if e % empty_every == 4 else (e + 1) ** -1.1 for e in range(E)]
+    counts = [int(S * w / sum(weights)) for w in weights]
+    counts[0] += S - sum(counts)
+    return counts
+
+
 CASES = [
     pytest.param([0, 100, 0, 37, 0, 0, 250, 0], 256, 384, id="empty-experts"),
     pytest.param([0, 0, 0, 300, 0, 0, 0, 0], 256, 256, id="one-expert-every-token"),
@@ -79,6 +92,15 @@ CASES = [
     pytest.param(_random_counts(64, 2048, 2), 512, 256, id="E64"),
     pytest.param([1000, 3, 24], 1024, 136, id="long-k-many-row-tiles"),  # 16 K steps: the ring wraps
     pytest.param([0, 0, 0], 64, 64, id="all-empty"),
+    # Far more tiles than SMs, skewed: 1809 tiles of 128x256 (N >= 2048, ragged N, not a multiple of
+    # 16: scalar stores), 603 of 128x128 (ragged K); expert 0 has 32 row tiles, two tile-order groups.
+    pytest.param(_zipf_counts(128, 16384), 512, 2120, id="E128-zipf-wide-tile"),
+    pytest.param(_zipf_counts(128, 16384), 200, 384, id="E128-zipf-narrow-tile"),
+    pytest.param(_zipf_counts(128, 8192), 256, 2048, id="E128-zipf-wide-aligned-n"),
+    pytest.param([0] * 5 + [8500] + [0] * 2, 256, 256, id="one-expert-67-row-tiles"),  # groups 16, .., 3
+    pytest.param(_random_counts(16, 4096, 3), 64, 256, id="one-k-step-many-tiles"),
+    pytest.param(_random_counts(300, 3000, 4), 128, 136, id="E300"),
+    pytest.param(_random_counts(33, 1000, 5), 128, 136, id="E33"),
 ]
 
 
@@ -108,10 +130,14 @@ def test_empty_x_gives_an_empty_output():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_a_cuda_graph_replays_with_other_offsets(dtype):
-    """The offsets are read on the device: one capture serves every routing of S tokens."""
-    S, K, N, E = 384, 256, 320, 8
+@pytest.mark.parametrize(
+    ("S", "K", "N", "E"), [(384, 256, 320, 8), (4096, 128, 2048, 128)], ids=["E8", "E128"]
+)
+def test_a_cuda_graph_replays_with_other_offsets(S, K, N, E, dtype):
+    """The offsets are read on the device: one capture serves every routing of S tokens, though
+    the number of tiles, and so each program's share, changes from one to the next."""
     routings = [_random_counts(E, S, seed) for seed in range(4)] + [[S] + [0] * (E - 1), [0] * (E - 1) + [S]]
+    routings += [_zipf_counts(E, S), _zipf_counts(E, S)[::-1]]
     x, w, offs = _problem(routings[0], K, N, dtype)
     out = _nan(S, N, dtype)
     gg.grouped_matmul(x, w, offs, out=out)  # warm-up: compiles outside the capture

@@ -1,36 +1,62 @@
 """Grouped GEMM for mixture-of-experts layers (Hopper): out[rows of expert e] = x[rows of e] @ w[e].
 
-The idea: persistent + a tile list over experts. One persistent launch walks every expert's output
-tiles; each expert's token range comes from device-side offsets (`offs`, int32 [E], cumulative
-ends, as `torch._grouped_mm` and transformers take them), so there is no host sync and the launch
-is CUDA-graph capturable; zero-token experts contribute no tiles.
+The idea: persistent over a compact tile list. One persistent launch walks the output tiles of
+every expert that has rows, and nothing else; each expert's token range comes from device-side
+offsets (`offs`, int32 [E], cumulative ends, as `torch._grouped_mm` and transformers take them),
+so there is no host sync and the launch is CUDA-graph capturable with other offsets at each
+replay. Second version (docs/perf-notes.md, entry 56): the first walked E * cdiv(S, BLOCK_M) *
+tiles_n tile slots, every expert sized as if it had all S tokens, and skipped the empty ones at
+two loads of `offs` each (524k slots at E = 128, S = 32768: about 4,000 a program, where the
+real tiles were 31); it ordered an expert's tiles n fastest, so the 132 tiles in flight on a big
+expert spanned one row strip and 132 weight column blocks and streamed the weight from HBM once
+per strip; and its epilogue ran with the ring empty.
 
-Status: compile-checked for sm_90a on a machine without a GPU (tests/test_grouped_compile.py);
-it has not been run or measured yet (tests/test_grouped_gpu.py is written for a GPU session).
+Status: compile-checked for sm_90a on a machine without a GPU (tests/test_grouped_compile.py).
+The first version passed tests/test_grouped_gpu.py on an H100 and ran at 0.21-0.76x
+torch._grouped_mm at 4096 tokens (results/experiments/h100-grouped-first); this one has not run
+yet.
 
 How the tiles are laid out. x [S, K] holds the tokens grouped by expert (expert e's rows are
 offs[e-1] .. offs[e] - 1, offs[-1] taken as 0), w is the [E, N, K] weight (transformers passes
 its [E, K, N] transpose view) read K-major through one 2-D TMA descriptor over its [E * N, K]
-reshape. Each program loops over a virtual tile index t in [0, E * tiles_m * tiles_n), with
-tiles_m = cdiv(S, BLOCK_M) an upper bound of any expert's row tiles: t names expert e, row tile
-pid_m and column tile pid_n, and a tile whose first row is past the expert's token count is
-skipped (two scalar loads of `offs`), which is how zero-token experts cost nothing but the skip.
-The grid depends on S, N and E only, never on the offsets' values.
+reshape.
+
+The schedule. Each program loads the E offsets once, as a vector of EXPERTS_PAD (a power of two
+>= E, at least 32, a constexpr the host picks) held whole by every warp (32 lanes, EXPERTS_PAD /
+32 entries each, the warps holding copies): each expert's row count, clamped to [0, S] (a
+decreasing pair reads as empty), its tile count cdiv(count, BLOCK_M) * tiles_n, and their
+inclusive prefix sum (`prefix`, a scan); the last is the number of real tiles. The persistent
+loop runs t = pid, pid + P, ... below that number only. Tile t is expert e = the number of
+prefix entries <= t (a compare and a sum, inside one warp since every warp holds the whole
+vector: shuffles and warp reductions, no shared memory, no barrier), its first tile the largest
+such entry, its rows two scalar loads of `offs`. The grid is min(SMs, an upper bound of the
+tile count from S, E and N alone: `tile_bound`), so it never depends on the offsets' values.
+
+Tile order inside an expert: grouped (`grouped_tile`, GROUP_M = 16 row tiles sweep the columns
+together), so that the tiles in flight share weight columns. With GROUP_M row tiles or fewer
+(up to 2048 tokens an expert) that is m fastest: the tiles of one weight column block run at
+the same time and the weight is read from HBM once; the expert's rows, which are fewer bytes
+than its weight, are what L2 keeps between column blocks. Past 16 row tiles (one expert with
+most of a large batch) the groups bound the A rows in flight the same way, which m fastest
+would not (132 row tiles over one column block: A streamed once per column block).
+
+Tiles: 128x128 (8 warps), or from N = WIDE_N on persistent's 128x256 (two warpgroups of 64 x
+256), which reads each A box once for 256 columns instead of 128 and has half as many tiles.
 
 Reads and writes of other experts' rows: an A box starting at offs[e-1] + pid_m * BLOCK_M may run
 past offs[e] into the next expert's rows, and a B box of the last column tile runs past N into the
 next expert's weight rows; both only add to output rows or columns that the epilogue does not
 write. So the epilogue is a masked register store (rows < the expert's count, columns < N), not a
-TMA store. K tails are zero-filled by TMA (past K) and so add nothing.
+TMA store, in slices of EPILOGUE_N columns (each through a layout conversion of its own, whose
+shared-memory scratch now sits beside the ring). K tails are zero-filled by TMA (past K) and so
+add nothing. Rows at or past offs[-1] are not written; checking that the offsets never decrease
+would need a host sync (`gluon_survey.grouped.check_offsets` does it, for debugging).
 
-Offsets are clamped to [0, S] on the device, and an expert whose end is below its start (a
-decreasing pair) is empty: checking that the offsets never decrease would need a host sync
-(`gluon_survey.grouped.check_offsets` does it, for debugging). Rows at or past offs[-1] are not
-written.
-
-The K loop is Pipelined's ring (STAGES - 1 TMA loads in flight behind one wgmma), its position
-counted over the program's whole tile list so the mbarrier phases stay right across tiles. This
-first step keeps the loop plain: no overlap of one tile's epilogue with the next tile's loads.
+The K loop is persistent's flat ring: the producer runs STAGES - 1 (tile, K step) loads ahead of
+the MMAs across tile boundaries, so the next tile's first loads are in flight during a tile's
+last MMAs and its epilogue; the ring position is counted over the program's whole tile list so
+the mbarrier phases stay right. The producer finds its next tile while an MMA runs, and the
+consumer finds the tile it stores while its last MMA runs.
 """
 
 from __future__ import annotations
@@ -43,37 +69,74 @@ from triton.experimental.gluon import language as gl
 
 from ..launch import CompileSpec, Launch, Target
 from .arch import select_mma
-from .common import SMEM_LIMIT, Ring, init_barriers, invalidate_barriers, load_step, mbarrier
+from .common import (
+    SMEM_LIMIT,
+    Ring,
+    column_slice,
+    grouped_tile,
+    init_barriers,
+    invalidate_barriers,
+    load_step,
+    mbarrier,
+)
 from .plan import GL_DTYPES, Launcher, desc_signature, smem_layout
 
-__all__ = ["CONFIGS", "GroupedConfig", "compile_specs", "grouped_kernel", "prepare", "unsupported_reason"]
+__all__ = [
+    "CONFIGS",
+    "MAX_EXPERTS",
+    "WIDE_CONFIGS",
+    "WIDE_N",
+    "GroupedConfig",
+    "compile_specs",
+    "config_for",
+    "experts_pad",
+    "grouped_kernel",
+    "prepare",
+    "tile_bound",
+    "unsupported_reason",
+]
 
 _POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16"}
+OUT_BYTES = 2  # fp16 / bf16 output
+
+# Each warp holds the offsets' table whole, EXPERTS_PAD / 32 int32 a lane for each vector kept
+# live through the loop (the prefix ends): 16 registers at 512 experts.
+MAX_EXPERTS = 512
 
 
 @dataclass(frozen=True)
 class GroupedConfig:
-    """Tile and launch shape of the grouped kernel. Building one whose ring does not fit in a
-    block's shared memory raises ValueError."""
+    """Tile and launch shape of the grouped kernel. Building one whose ring and epilogue scratch
+    do not fit in a block's shared memory raises ValueError."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 128
     BLOCK_K: int = 64
     STAGES: int = 4
     num_warps: int = 8
+    GROUP_M: int = 16  # row tiles of one expert that sweep its columns together
+    EPILOGUE_N: int = 128  # columns stored at a time (one layout conversion each)
 
     def __post_init__(self):
         if self.STAGES < 2:
             raise ValueError(f"STAGES must be at least 2 (loads in flight behind the MMA), got {self.STAGES}")
-        if self.smem_bytes() > SMEM_LIMIT:
+        if self.BLOCK_N % self.EPILOGUE_N:
+            raise ValueError(f"EPILOGUE_N ({self.EPILOGUE_N}) must divide BLOCK_N ({self.BLOCK_N})")
+        need = self.smem_bytes() + self.epilogue_bytes()
+        if need > SMEM_LIMIT:
             raise ValueError(
-                f"{self.label} needs {self.smem_bytes()} B of shared memory; a block has {SMEM_LIMIT}"
+                f"{self.label} needs {need} B of shared memory (ring and epilogue scratch); a block has "
+                f"{SMEM_LIMIT}"
             )
 
     def smem_bytes(self) -> int:
-        """Shared memory of the operand ring (16-bit operands). The epilogue's layout conversion
-        takes scratch memory of its own, which the compiler may lay over the ring."""
+        """Shared memory of the operand ring (16-bit operands)."""
         return self.STAGES * (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K * 2
+
+    def epilogue_bytes(self) -> int:
+        """At most what an epilogue slice's layout conversion takes, beside the ring: the ring is
+        live then (the next tile's loads are in flight), so the two cannot share memory."""
+        return self.BLOCK_M * self.EPILOGUE_N * OUT_BYTES
 
     @property
     def label(self) -> str:
@@ -86,11 +149,18 @@ class GroupedConfig:
             "BLOCK_K": self.BLOCK_K,
             "stages": self.STAGES,
             "warps": self.num_warps,
+            "group_m": self.GROUP_M,
+            "epilogue_n": self.EPILOGUE_N,
         }
 
 
-# Hopper: Pipelined's 128-wide N with a deeper ring: 4 stages of 32 KB.
+# Hopper, N < WIDE_N: Pipelined's 128-wide N with a deeper ring, 4 stages of 32 KB.
 CONFIGS = {9: GroupedConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_warps=8)}
+# Hopper, N >= WIDE_N: persistent's 128x256 tile (two warpgroups of 64 x 256), which reads each A
+# box once for 256 columns instead of 128: half the A traffic from L2. 4 stages of 48 KB and the
+# epilogue's 32 KB of scratch (two 128-column slices) fit in 227 KB.
+WIDE_CONFIGS = {9: GroupedConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=4, num_warps=8, EPILOGUE_N=128)}
+WIDE_N = 2048  # from this N on, the wide tile: 2048 columns make 8 column tiles an expert
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
@@ -100,16 +170,120 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return f"the grouped kernel runs on Hopper (sm_90) only; this GPU is sm_{capability[0]}{capability[1]}"
 
 
+def config_for(capability: tuple[int, int], N: int) -> GroupedConfig:
+    """The config a product with N output columns runs: the wide tile from N = WIDE_N on."""
+    return (WIDE_CONFIGS if N >= WIDE_N else CONFIGS)[capability[0]]
+
+
+def experts_pad(E: int) -> int:
+    """EXPERTS_PAD for E experts: the next power of two, at least 32 (a warp's lanes)."""
+    if E > MAX_EXPERTS:
+        raise ValueError(f"the grouped kernel takes at most {MAX_EXPERTS} experts, got {E}")
+    return max(32, triton.next_power_of_2(E))
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _schedule(offs, S, E, tiles_n, BLOCK_M: gl.constexpr, EXPERTS_PAD: gl.constexpr):
+    """The inclusive prefix sum of the experts' tile counts (EXPERTS_PAD entries, the padding
+    repeating the total) and the total, the number of real tiles. Every warp holds the whole
+    vector, so later reductions over it stay inside a warp."""
+    layout: gl.constexpr = gl.BlockedLayout([EXPERTS_PAD // 32], [32], [gl.num_warps()], [0])
+    e = gl.arange(0, EXPERTS_PAD, layout=layout)
+    ends = gl.load(offs + e, mask=e < E, other=0)
+    starts = gl.load(offs + e - 1, mask=(e > 0) & (e < E), other=0)
+    ends = gl.minimum(gl.maximum(ends, 0), S)
+    starts = gl.minimum(gl.maximum(starts, 0), S)
+    counts = gl.maximum(ends - starts, 0)
+    tiles = (counts + (BLOCK_M - 1)) // BLOCK_M * tiles_n
+    prefix = gl.associative_scan(tiles, 0, _add)
+    return prefix, gl.max(prefix, 0)
+
+
 @gluon.jit
 def _expert_rows(offs, e, S):
     """(first row, row count) of expert e: offs[e-1] (0 for e = 0) to offs[e], clamped to [0, S];
-    a count below zero (decreasing offsets) reads as an empty expert."""
+    decreasing offsets read as an empty expert (count 0), as in `_schedule`."""
     prev = gl.load(offs + gl.maximum(e - 1, 0))
     start = prev * (e > 0).to(gl.int32)
     end = gl.load(offs + e)
     start = gl.minimum(gl.maximum(start, 0), S)
     end = gl.minimum(gl.maximum(end, 0), S)
-    return start, end - start
+    return start, gl.maximum(end - start, 0)
+
+
+@gluon.jit
+def _tile_of(t, prefix, offs, S, E, tiles_n, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
+    """Tile t of the compact list -> (expert's first row, its row count, row tile, column tile).
+    For t past the list (a producer that has run off its last tile) the values are of the last
+    expert and unused: its loads are predicated off."""
+    before = prefix <= t
+    e = gl.minimum(gl.sum(before.to(gl.int32), 0), E - 1)
+    first = gl.max(gl.where(before, prefix, 0), 0)  # the tile list's index of e's first tile
+    start, count = _expert_rows(offs, e, S)
+    row_tiles = gl.maximum(gl.cdiv(count, BLOCK_M), 1)
+    pid_m, pid_n = grouped_tile(t - first, row_tiles, tiles_n, GROUP_M)
+    return e, start, count, pid_m, pid_n
+
+
+@gluon.jit
+def _load_coords(
+    t, prefix, offs, S, N, E, tiles_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr
+):
+    """Tile t -> (A row, weight row) of its first box: rows of x, rows of the [E * N, K] weight."""
+    e, start, _count, pid_m, pid_n = _tile_of(t, prefix, offs, S, E, tiles_n, BLOCK_M, GROUP_M)
+    return start + pid_m * BLOCK_M, e * N + pid_n * BLOCK_N
+
+
+@gluon.jit
+def _next_load(
+    a_desc,
+    b_desc,
+    p,
+    total,
+    prefix,
+    offs,
+    S,
+    N,
+    E,
+    tiles_n,
+    k_steps,
+    a_bufs,
+    b_bufs,
+    ready,
+    GROUP_M: gl.constexpr,
+):
+    """Issue the producer's next load and advance its state p = (tile, K step, ring position, A
+    row, weight row) past it; at the end of a tile it moves to this program's next tile (found
+    once per tile, not per K step), so loads run ahead across tile boundaries. Past the program's
+    last tile the loads are predicated off."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    tile, k, ring, a_row, w_row = p
+    slot = ring.slot()
+    load_step(
+        a_desc,
+        b_desc,
+        a_row,
+        w_row,
+        k * BLOCK_K,
+        ready.index(slot),
+        a_bufs.index(slot),
+        b_bufs.index(slot),
+        True,
+        pred=tile < total,
+    )
+    k += 1
+    if k == k_steps:
+        k = 0
+        tile += gl.num_programs(0)
+        a_row, w_row = _load_coords(tile, prefix, offs, S, N, E, tiles_n, BLOCK_M, BLOCK_N, GROUP_M)
+    return tile, k, ring.next(), a_row, w_row
 
 
 @gluon.jit
@@ -129,79 +303,95 @@ def _store_rows(out, acc, start, count, row0, off_n, N):
 
 
 @gluon.jit
-def grouped_kernel(a_desc, b_desc, out, offs, S, N, E, MMA: gl.constexpr, STAGES: gl.constexpr):
+def grouped_kernel(
+    a_desc,
+    b_desc,
+    out,
+    offs,
+    S,
+    N,
+    E,
+    MMA: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    EPILOGUE_N: gl.constexpr,
+    EXPERTS_PAD: gl.constexpr,
+):
     """a_desc: x [S, K], block [BLOCK_M, BLOCK_K]; b_desc: the weight as [E * N, K], block
-    [BLOCK_N, BLOCK_K]; out: row-major [S, N]; offs: int32 [E], cumulative ends of the experts' rows."""
+    [BLOCK_N, BLOCK_K]; out: row-major [S, N]; offs: int32 [E], cumulative ends of the experts' rows;
+    EXPERTS_PAD: a power of two >= E, at least 32."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     dtype: gl.constexpr = a_desc.dtype
-    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
-    tiles_m = gl.cdiv(S, BLOCK_M)
+    k_steps = gl.cdiv(a_desc.shape[1], a_desc.block_type.shape[1])
     tiles_n = gl.cdiv(N, BLOCK_N)
-    per_expert = tiles_m * tiles_n
+    prefix, total = _schedule(offs, S, E, tiles_n, BLOCK_M, EXPERTS_PAD)
 
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
 
-    base = gl.to_tensor(0)  # the ring's position: K steps this program has run, over all its tiles
-    for t in range(gl.program_id(0), E * per_expert, gl.num_programs(0)):
-        e = t // per_expert
-        r = t - e * per_expert
-        pid_m = r // tiles_n
-        pid_n = r - pid_m * tiles_n
-        start, count = _expert_rows(offs, e, S)
-        row0 = pid_m * BLOCK_M
-        if row0 < count:
-            off_m = start + row0
-            off_n = pid_n * BLOCK_N
-            w_row = e * N + off_n
-            for s in gl.static_range(STAGES - 1):
-                slot = Ring(base + s, STAGES).slot()
-                load_step(
-                    a_desc,
-                    b_desc,
-                    off_m,
-                    w_row,
-                    s * BLOCK_K,
-                    ready.index(slot),
-                    a_bufs.index(slot),
-                    b_bufs.index(slot),
-                    True,
-                    pred=s < k_steps,
-                )
-            mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
-            for k in range(k_steps):
-                ring = Ring(base + k, STAGES)
-                ring.wait_filled(ready)
-                slot = ring.slot()
-                mma = mma.issue(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)))
-                mma = mma.wait(1)  # retires MMA k-1, whose stage is the one refilled next
-                nxt = k + STAGES - 1
-                refill = Ring(base + nxt, STAGES).slot()
-                load_step(
-                    a_desc,
-                    b_desc,
-                    off_m,
-                    w_row,
-                    nxt * BLOCK_K,
-                    ready.index(refill),
-                    a_bufs.index(refill),
-                    b_bufs.index(refill),
-                    True,
-                    pred=nxt < k_steps,
-                )
-            acc, mma = mma.take_result()
-            base = base + k_steps
-            _store_rows(out, acc, start, count, row0, off_n, N)
+    # Producer state: the next load is K step p[1] of tile p[0], into ring position p[2].
+    a_row, w_row = _load_coords(gl.program_id(0), prefix, offs, S, N, E, tiles_n, BLOCK_M, BLOCK_N, GROUP_M)
+    p = (gl.program_id(0), 0, Ring.start(STAGES), a_row, w_row)
+    for _ in gl.static_range(STAGES - 1):
+        p = _next_load(
+            a_desc, b_desc, p, total, prefix, offs, S, N, E, tiles_n, k_steps, a_bufs, b_bufs, ready, GROUP_M
+        )
+
+    mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
+    ring = Ring.start(STAGES)  # the consumer's position, over all of this program's K steps
+    for t in range(gl.program_id(0), total, gl.num_programs(0)):
+        for _k in range(k_steps):
+            ring.wait_filled(ready)
+            slot = ring.slot()
+            mma = mma.issue(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)))
+            mma = mma.wait(1)  # retires MMA k-1, whose stage is the one refilled next
+            # The freed stage gets the producer's next load, which may already be the next tile's.
+            p = _next_load(
+                a_desc,
+                b_desc,
+                p,
+                total,
+                prefix,
+                offs,
+                S,
+                N,
+                E,
+                tiles_n,
+                k_steps,
+                a_bufs,
+                b_bufs,
+                ready,
+                GROUP_M,
+            )
+            ring = ring.next()
+        # Where this tile goes, found while its last MMA runs.
+        _e, start, count, pid_m, pid_n = _tile_of(t, prefix, offs, S, E, tiles_n, BLOCK_M, GROUP_M)
+        acc, mma = mma.take_result()
+        for j in gl.static_range(BLOCK_N // EPILOGUE_N):
+            part = column_slice(acc, j, EPILOGUE_N)
+            _store_rows(out, part, start, count, pid_m * BLOCK_M, pid_n * BLOCK_N + j * EPILOGUE_N, N)
     invalidate_barriers(ready, STAGES)
 
 
-def constexprs(cfg: GroupedConfig, capability: tuple[int, int]) -> dict[str, object]:
+def constexprs(cfg: GroupedConfig, capability: tuple[int, int], E: int) -> dict[str, object]:
     """The kernel's constexprs, for its launch and its compile specs alike."""
-    return {"MMA": select_mma(capability), "STAGES": cfg.STAGES}
+    return {
+        "MMA": select_mma(capability),
+        "STAGES": cfg.STAGES,
+        "GROUP_M": cfg.GROUP_M,
+        "EPILOGUE_N": cfg.EPILOGUE_N,
+        "EXPERTS_PAD": experts_pad(E),
+    }
+
+
+def tile_bound(S: int, N: int, E: int, cfg: GroupedConfig) -> int:
+    """The most tiles offsets that never decrease can make, what the grid is sized by: S //
+    BLOCK_M full row tiles plus at most one partial one per expert, and no more row tiles than
+    rows. (Decreasing offsets may make more; the programs then loop over them all the same.)"""
+    return min(S // cfg.BLOCK_M + E, S) * triton.cdiv(N, cfg.BLOCK_N)
 
 
 def _dtype_name(t) -> str:
@@ -211,54 +401,59 @@ def _dtype_name(t) -> str:
 def prepare(x, w, offs, out, target: Target, cfg: GroupedConfig | None = None) -> Launch:
     """A ready launch of out[rows of e] = x[rows of e] @ w[e] for every expert e. x [S, K]
     row-major, w the [E, K, N] transpose view of a contiguous [E, N, K] weight, offs int32 [E] on
-    the GPU, out row-major [S, N]; S, N, K > 0 and K a multiple of 8 (TMA's 16-byte row stride).
-    `gluon_survey.grouped.grouped_matmul` checks all of that first."""
+    the GPU, out row-major [S, N]; S, N, K > 0, K a multiple of 8 (TMA's 16-byte row stride) and
+    E at most MAX_EXPERTS. `gluon_survey.grouped.grouped_matmul` checks all of that first. `cfg`:
+    the config to run (`config_for`'s by default)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     reason = unsupported_reason(target.capability)
     if reason:
         raise RuntimeError(reason)
-    cfg = cfg or CONFIGS[target.capability[0]]
     S, K = x.shape
     E, _, N = w.shape
+    cfg = cfg or config_for(target.capability, N)
     weight = w.transpose(1, 2).reshape(E * N, K)  # a view of the contiguous [E, N, K] weight
     gdt = GL_DTYPES[_dtype_name(x)]
     a_block, b_block = [cfg.BLOCK_M, cfg.BLOCK_K], [cfg.BLOCK_N, cfg.BLOCK_K]
     a_desc = TensorDescriptor.from_tensor(x, a_block, smem_layout(a_block, gdt))
     b_desc = TensorDescriptor.from_tensor(weight, b_block, smem_layout(b_block, gdt))
-    tiles = E * triton.cdiv(S, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    grid = (max(1, min(target.sm_count, tiles)),)
-    launcher = Launcher(grouped_kernel, grid, constexprs(cfg, target.capability), cfg.num_warps)
+    grid = (max(1, min(target.sm_count, tile_bound(S, N, E, cfg))),)
+    launcher = Launcher(grouped_kernel, grid, constexprs(cfg, target.capability, E), cfg.num_warps)
     args = (a_desc, b_desc, out, offs, S, N, E)
     return Launch(lambda: launcher(*args), cfg.table())
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
-    """The spec of the config this architecture runs, for a compile without a GPU (none where the
-    kernel does not run, or for other dtypes). S, N, E are plain int32 arguments; out and offs are
+    """The specs of the configs this architecture runs (narrow N, then wide), for a compile
+    without a GPU (none where the kernel does not run, or for other dtypes), each for the most
+    experts (MAX_EXPERTS: the largest table a lane holds). S, N, E are plain int32 arguments, so
+    N is not known to be a multiple of 8 and the stores stay scalar (a launch with such an N, as
+    every model's is, specializes it and vectorizes them: fewer registers); out and offs are
     compiled as 16-byte aligned, as torch allocates them."""
     if unsupported_reason(capability) or dtype not in _POINTER_TYPES:
         return []
-    cfg = CONFIGS[capability[0]]
-    values = constexprs(cfg, capability)
-    signature = {
-        "a_desc": desc_signature([cfg.BLOCK_M, cfg.BLOCK_K], dtype),
-        "b_desc": desc_signature([cfg.BLOCK_N, cfg.BLOCK_K], dtype),
-        "out": _POINTER_TYPES[dtype],
-        "offs": "*i32",
-        "S": "i32",
-        "N": "i32",
-        "E": "i32",
-    } | dict.fromkeys(values, "constexpr")
-    return [
-        CompileSpec(
-            "grouped",
-            f"grouped_kernel {cfg.label} B=t",
-            grouped_kernel,
-            signature,
-            values,
-            {"num_warps": cfg.num_warps},
-            config=cfg,
-            divisible=("out", "offs"),
+    specs = []
+    for cfg in (CONFIGS[capability[0]], WIDE_CONFIGS[capability[0]]):
+        values = constexprs(cfg, capability, MAX_EXPERTS)
+        signature = {
+            "a_desc": desc_signature([cfg.BLOCK_M, cfg.BLOCK_K], dtype),
+            "b_desc": desc_signature([cfg.BLOCK_N, cfg.BLOCK_K], dtype),
+            "out": _POINTER_TYPES[dtype],
+            "offs": "*i32",
+            "S": "i32",
+            "N": "i32",
+            "E": "i32",
+        } | dict.fromkeys(values, "constexpr")
+        specs.append(
+            CompileSpec(
+                "grouped",
+                f"grouped_kernel {cfg.label} E<={values['EXPERTS_PAD']} B=t",
+                grouped_kernel,
+                signature,
+                values,
+                {"num_warps": cfg.num_warps},
+                config=cfg,
+                divisible=("out", "offs"),
+            )
         )
-    ]
+    return specs
