@@ -21,6 +21,10 @@ keyword `scales: launch.Scales` (per-tensor or row-wise dequantization scales, a
 accumulator) and an `out` of bf16 or fp16, and B is always the transpose view of an [N, K] weight
 (fp8 wgmma reads both operands K-major); without fp8 operands `scales` is None or not passed.
 
+A mode with `bias=True` adds a bias in its epilogue: its provider's `prepare` then gets a keyword
+`bias` (a contiguous [N] tensor of `out`'s dtype, validated by `gluon_survey.api`), and
+`Launch.fn()` writes a @ b + bias (after any fp8 scales); without one `bias` is not passed.
+
 and, where it owns kernels, `compile_specs(capability, dtype) -> list[launch.CompileSpec]` for
 `gluon-survey inspect`. Importing a provider module must not need a GPU, so that `gluon-survey
 list` and `inspect` work anywhere.
@@ -43,6 +47,7 @@ class Mode:
     # Provider modules for particular architectures, by compute-capability major: (10, "...").
     arch_modules: tuple[tuple[int, str], ...] = ()
     fp8: bool = False  # takes fp8 e4m3 operands with scales (module docstring)
+    bias: bool = False  # adds a bias in its epilogue (module docstring)
 
     def module_for(self, capability: tuple[int, int] | None) -> str:
         """The provider module's name for a GPU of this capability (the default one without a GPU)."""
@@ -69,6 +74,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.blocked",
+        bias=True,
     ),
     Mode(
         "Pipelined",
@@ -77,6 +83,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.pipelined",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "persistent",
@@ -86,6 +93,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.persistent",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "warpspec",
@@ -95,6 +103,7 @@ MODES: tuple[Mode, ...] = (
         "gluon_survey.kernels.warpspec",
         arch_modules=((10, "gluon_survey.kernels.warpspec_tcgen05"),),
         fp8=True,
+        bias=True,
     ),
     Mode(
         "splitk",
@@ -104,6 +113,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.splitk",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "swapab",
@@ -112,6 +122,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.swapab",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "slab",
@@ -121,6 +132,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.slab",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "gemv",
@@ -130,6 +142,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.gemv",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "auto",
@@ -139,6 +152,7 @@ MODES: tuple[Mode, ...] = (
         ("any CUDA GPU",),
         "gluon_survey.auto",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "triton",
@@ -155,6 +169,7 @@ MODES: tuple[Mode, ...] = (
         ("any CUDA GPU",),
         "gluon_survey.baselines.torch_ops",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "torch.compile",
@@ -196,6 +211,17 @@ def parse_modes(spec: str | None) -> list[Mode]:
 
 def fp8_names() -> list[str]:
     return [m.name for m in MODES if m.fp8]
+
+
+def bias_names() -> list[str]:
+    return [m.name for m in MODES if m.bias]
+
+
+def no_bias_reason(mode: Mode) -> str | None:
+    """Why `mode` cannot take a bias, None when it can (one wording for `matmul` and the CLI)."""
+    if mode.bias:
+        return None
+    return f"mode {mode.name!r} adds no bias in its epilogue; a bias runs in: {', '.join(bias_names())}"
 
 
 def no_fp8_reason(mode: Mode) -> str | None:
