@@ -21,7 +21,7 @@ class Launched:
     @property
     def rest(self) -> tuple:
         """What follows the descriptors: (scale_a, scale_b) for the rungs that take fp8 scales,
-        None and None for fp16/bf16 operands."""
+        None and None for fp16/bf16 operands; then the bias, None without one."""
         return self.args[3:]
 
 

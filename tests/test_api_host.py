@@ -97,7 +97,8 @@ def test_a_repeated_call_reuses_its_plan_on_the_new_tensors(host, kernel):
     assert len(host.builds) == 1, "the second call of the same key built a plan again"
     one, two = host.launches
     assert (one.kernel, one.grid, one.kwargs) == (two.kernel, two.grid, two.kwargs)
-    assert two.rest in ((), (None, None))  # no fp8 scales
+    assert two.rest in ((None,), (None, None, None))  # no bias (Blocked), nor fp8 scales
+    assert two.kwargs["HAS_BIAS"] is False
     for desc, tensor in zip(two.descriptors, (second[0], second[1], second[2]), strict=True):
         assert desc.base is tensor  # this call's tensors, not the first call's
     for d1, d2 in zip(one.descriptors, two.descriptors, strict=True):
@@ -525,9 +526,10 @@ def test_linear_shapes_on_fake_tensors_eager_and_compiled(bias):
         assert tuple(y.shape) == (3, 4, 48) and y.dtype == torch.bfloat16
 
 
-def _cpu_matmul(a, b, *, kernel=None, out=None):
-    """`api.matmul` for the numerics tests on the CPU: the fp32 product, rounded."""
-    return (a.float() @ b.float()).to(a.dtype)
+def _cpu_matmul(a, b, *, kernel=None, out=None, bias=None):
+    """`api.matmul` for the numerics tests on the CPU: the fp32 product (+ bias), rounded."""
+    product = a.float() @ b.float()
+    return (product if bias is None else product + bias.float()).to(a.dtype)
 
 
 def test_linear_matches_torch_linear_on_the_cpu(monkeypatch):
@@ -724,3 +726,159 @@ def test_the_operator_refuses_a_non_tensor_as_matmul_does():
     for call in (api.matmul, ops.matmul):
         with pytest.raises(TypeError, match=r"a must be a torch\.Tensor, got list"):
             call([[1.0]], b)
+
+
+# --------------------------------------------------------------------------------------------------
+# The bias: argument checks, the plan key, the launch's bias argument, the operator and Linear
+
+
+def _bias(N: int, dtype=torch.bfloat16, **kw) -> torch.Tensor:
+    return torch.empty(N, dtype=dtype, device=kw.pop("device", "cuda"), **kw)
+
+
+@pytest.mark.parametrize(
+    ("make_bias", "error", "match"),
+    [
+        (lambda: _bias(257), ValueError, r"bias has shape \(257,\).*\(256,\)"),
+        (lambda: _bias(256).view(1, 256), ValueError, r"shape \(1, 256\).*bias\.view\(-1\)"),
+        (lambda: _bias(256, torch.float16), TypeError, "output's dtype, torch.bfloat16"),
+        (lambda: _bias(256, torch.float32), TypeError, r"bias\.to\(torch\.bfloat16\)"),
+        (
+            lambda: torch.empty_strided((256,), (2,), dtype=torch.bfloat16, device="cuda"),
+            ValueError,
+            r"not contiguous.*bias\.contiguous\(\)",
+        ),
+        (lambda: _bias(256, device="cpu"), ValueError, "bias is on cpu"),
+        (lambda: "nope", TypeError, r"bias must be a torch\.Tensor"),
+    ],
+    ids=["length", "2-d", "fp16", "fp32", "strided", "cpu", "not-a-tensor"],
+)
+def test_bad_bias_raises_before_the_gpu_and_caches_nothing(host, make_bias, error, match):
+    a, b, _ = _operands(64, 256, 128)
+    for kernel in ("persistent", "swapab", None, "torch"):
+        with pytest.raises(error, match=match):
+            api.matmul(a, b, kernel=kernel, bias=make_bias())
+    assert host.launches == [] and api._PLANS == {}
+
+
+def test_a_mode_without_a_fused_bias_refuses_one(host):
+    a, b, _ = _operands(64, 256, 128)
+    for kernel in ("triton", "torch.compile"):
+        with pytest.raises(TypeError, match=rf"mode '{kernel}' adds no bias.*warpspec"):
+            api.matmul(a, b, kernel=kernel, bias=_bias(256))
+    assert host.launches == []
+
+
+def test_the_key_holds_whether_there_is_a_bias_and_its_dtype_but_no_address(monkeypatch):
+    monkeypatch.setattr(api, "target_of", lambda device: H100)
+    a, b = torch.empty(64, 128, dtype=torch.float16), torch.empty(128, 32, dtype=torch.float16)
+    flat = torch.empty(64, dtype=torch.float16)
+    one, other = flat[:32], flat[1:33]  # the same shape and strides, at different addresses
+    plain = api._plan_key(None, a, b, None)
+    biased = api._plan_key(None, a, b, None, bias=one)
+    assert biased != plain
+    assert (
+        biased
+        == api._plan_key(None, a, b, None, bias=other)
+        == api._plan_key(None, a, b, None, bias=one.clone())
+    )
+    assert biased != api._plan_key(None, a, b, None, bias=one.bfloat16())
+    assert not any(isinstance(part, int) and part in (one.data_ptr(), other.data_ptr()) for part in biased)
+
+
+@pytest.mark.parametrize("kernel", ["Blocked", "Pipelined", "persistent", "warpspec", "slab", None])
+def test_the_bias_is_each_launchs_argument_and_a_constexpr_says_so(host, kernel):
+    """One plan for the key with a bias, launched with each call's bias (its address is not part of
+    the plan); HAS_BIAS True in its launches, and a key without a bias has a plan of its own."""
+    M = 3000 if kernel else 16
+    a, b, out = _operands(M, 520, 264)
+    biases = [_bias(520) for _ in range(2)]
+    for bias in biases:
+        assert api.matmul(a, b, kernel=kernel, out=out, bias=bias) is out
+    api.matmul(a, b, kernel=kernel, out=out)
+    assert len(host.builds) == 2, "one plan with a bias, one without"
+    first, second, plain = host.launches
+    assert first.kwargs["HAS_BIAS"] is True and plain.kwargs["HAS_BIAS"] is False
+    assert first.rest[-1] is biases[0] and second.rest[-1] is biases[1]
+    assert plain.rest[-1] is None
+    launch = api.prepare(kernel or "auto", a, b, out, bias=biases[0])
+    assert launch.config["bias"] == "fused"
+
+
+def test_swapab_and_splitk_launch_the_bias_before_their_workspace(host, monkeypatch):
+    from gluon_survey.kernels import splitk, swapab
+
+    log: list[Launched] = []
+    for module, kernel in ((splitk, "splitk_kernel"), (swapab, "swapab_kernel")):
+        monkeypatch.setattr(module, f"{kernel}", Recorder(kernel, log))
+    a, b, out = _operands(16, 4096, 4096)
+    bias = _bias(4096)
+    for mode in ("splitk", "swapab"):
+        api.prepare(mode, a, b, out, bias=bias).fn()
+    for launched in log:
+        scale_a, scale_b, passed, partials, counters = launched.rest
+        assert (scale_a, scale_b, passed) == (None, None, bias)
+        assert partials.dtype == torch.float32 and counters.dtype == torch.int32
+        assert launched.kwargs["HAS_BIAS"] is True and launched.kwargs["SPLIT_K"] > 1
+
+
+def test_cublas_fuses_the_bias_through_addmm(host, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "addmm", lambda bias, a, b, out: calls.append((bias, a, b, out)) or out)
+    a, b, out = _operands(64, 256, 128)
+    bias = _bias(256)
+    for _ in range(2):
+        assert api.matmul(a, b, kernel="torch", out=out, bias=bias) is out
+    assert calls == [(bias, a, b, out)] * 2
+    assert api.prepare("torch", a, b, out, bias=bias).config["bias"] == torch_ops.BIAS
+
+
+def test_k0_with_a_bias_is_the_bias(host, copies):
+    a, b, out = _operands(16, 64, 0, "row")
+    bias = _bias(64)
+    assert api.matmul(a, b, kernel="warpspec", out=out, bias=bias) is out
+    ((dst, src),) = copies
+    assert dst is out and tuple(src.shape) == (16, 64) and src.stride() == (0, 1)
+    assert host.launches == []
+
+
+def test_explain_says_the_bias_is_fused(host):
+    a, b, _ = _operands(3000, 520, 264)
+    text = api.explain(a, b, "persistent", bias=_bias(520))
+    assert "bias: fused: added to the fp32 accumulator in the kernel's epilogue" in text
+    assert "bias=" not in text.split("config: ")[1]
+    assert "cuBLASLt's bias epilogue" in api.explain(a, b, "torch", bias=_bias(520))
+    assert "bias" not in api.explain(a, b, "persistent")
+
+
+def test_the_fake_implementation_takes_a_bias():
+    with FakeTensorMode():
+        a = torch.empty(7, 64, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(96, 64, dtype=torch.bfloat16, device="cuda")
+        y = ops.matmul(a, w.t(), "warpspec", _bias(96))
+        assert (tuple(y.shape), y.dtype) == ((7, 96), torch.bfloat16)
+        with pytest.raises(ValueError, match="bias has shape"):
+            ops.matmul(a, w.t(), "warpspec", _bias(95))
+        with pytest.raises(TypeError, match="adds no bias"):
+            ops.matmul(a, w.t(), "triton", _bias(96))
+
+
+def test_linear_passes_its_bias_to_matmul(monkeypatch):
+    """No separate add: the bias goes to matmul (eager) or the operator (autograd), except with a
+    kernel that fuses none, which gets the add."""
+    seen = []
+
+    def recording(a, b, *, kernel=None, out=None, bias=None):
+        seen.append(bias)
+        return _cpu_matmul(a, b, bias=bias)
+
+    monkeypatch.setattr(api, "matmul", recording)
+    monkeypatch.setattr(ops, "_eager_inference", lambda x, weight: True)
+    ref = torch.nn.Linear(40, 24, dtype=torch.bfloat16)
+    x = torch.randn(5, 40, dtype=torch.bfloat16)
+    expected = F.linear(x.float(), ref.weight.float(), ref.bias.float())
+    for kernel in ("warpspec", None, "triton"):
+        seen.clear()
+        y = ops.Linear.from_linear(ref, kernel=kernel)(x)
+        torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2)
+        assert seen == [None] if kernel == "triton" else seen == [ref.bias]

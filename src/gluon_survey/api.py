@@ -55,6 +55,15 @@ capture, the usual CUDA-graph warm-up. CUDA-graph trees always warm up outside a
 TMA descriptors are encoded through the CUDA driver API, which needs a context current on the
 calling thread: on a thread that has done no CUDA work yet (autograd's backward threads, say),
 call `torch.cuda.set_device` first; the operator `gluon_survey.ops.matmul` does.
+
+**Bias.** `matmul(a, b, bias=...)` adds a [N] bias, in the output's dtype, to the fp32
+accumulator in the kernel's epilogue (after the fp8 scales, before the store): no separate add.
+Whether there is a bias, and its shape, strides, dtype and device, join the plan key; its address
+does not: it is an argument of each launch, and the kernels take it at any address (they load it
+an element a thread, and are compiled without assuming its alignment). cuBLAS (the torch mode, and
+where `auto` chooses it) runs `torch.addmm(bias, a, b)`, whose bias cuBLASLt adds in its epilogue
+(PyTorch takes that path for a contiguous output and M, N, K > 1; otherwise it copies the bias
+into the output first), and for fp8 `torch._scaled_mm(..., bias=)`.
 """
 
 from __future__ import annotations
@@ -127,11 +136,12 @@ def _check_operands(
     scale_b: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     mode: str | None = None,
+    bias: torch.Tensor | None = None,
 ) -> str | None:
     """Every check of matmul's arguments, the devices last: a wrong argument is named as such
     also on a machine without a GPU. `mode` (a mode name; None: not checked) must exist, compute
-    dense GEMMs and, for fp8 operands, take them. Returns the fp8 scaling ("tensor" or "row"),
-    None for fp16/bf16."""
+    dense GEMMs and, for fp8 operands or a bias, take them. Returns the fp8 scaling ("tensor" or
+    "row"), None for fp16/bf16."""
     for name, t in (("a", a), ("b", b)):
         require_tensor(name, t)
         if t.dim() != 2:
@@ -166,14 +176,34 @@ def _check_operands(
             raise ValueError(f"out has shape {tuple(out.shape)}, expected ({M}, {N})")
         if out.dtype != expected:
             raise TypeError(f"out is {out.dtype}, expected {expected}")
+    if bias is not None:
+        _check_bias(bias, N, result_dtype(a, out_dtype))
     if mode is not None:
         m = registry.get(mode)  # KeyError naming the valid modes
         if reason := registry.wrong_shape_reason(m, grouped=False):
             raise TypeError(f"{reason}; a grouped GEMM is gluon_survey.grouped_matmul(x, w, offs)")
         if scaling is not None and (reason := registry.no_fp8_reason(m)):
             raise TypeError(reason)
-    _check_devices(a, b, out, scale_a if scaling else None, scale_b if scaling else None)
+        if bias is not None and (reason := registry.no_bias_reason(m)):
+            raise TypeError(reason)
+    _check_devices(a, b, out, scale_a if scaling else None, scale_b if scaling else None, bias)
     return scaling
+
+
+def _check_bias(bias: torch.Tensor, N: int, dtype: torch.dtype) -> None:
+    """A bias is a contiguous [N] tensor of the output's dtype (its device: `_check_devices`)."""
+    require_tensor("bias", bias)
+    if tuple(bias.shape) != (N,):
+        raise ValueError(
+            f"bias has shape {tuple(bias.shape)}; it is one value per output column, shape ({N},)"
+            + (" (flatten it with bias.view(-1))" if bias.numel() == N else "")
+        )
+    if bias.dtype != dtype:
+        raise TypeError(
+            f"bias is {bias.dtype}; it must have the output's dtype, {dtype} (use bias.to({dtype}))"
+        )
+    if N > 1 and bias.stride(0) != 1:
+        raise ValueError(f"bias is not contiguous (stride {bias.stride(0)}); pass bias.contiguous()")
 
 
 def require_cuda(name: str, t: torch.Tensor) -> None:
@@ -189,15 +219,16 @@ def require_cuda(name: str, t: torch.Tensor) -> None:
     raise ValueError(f"{name} is on {t.device}; move it to the GPU with {name}.cuda()")
 
 
-def _check_devices(a, b, out, scale_a, scale_b) -> None:
-    """The operands on one CUDA device, and `out` and the fp8 scales with them: the last checks."""
+def _check_devices(a, b, out, scale_a, scale_b, bias=None) -> None:
+    """The operands on one CUDA device, and `out`, the fp8 scales and the bias with them: the last
+    checks."""
     require_cuda("a", a)
     require_cuda("b", b)
     if a.device != b.device:
         raise ValueError(f"a is on {a.device} but b is on {b.device}; put both on one GPU")
     if out is not None and out.device != a.device:
         raise ValueError(f"out is on {out.device}, expected {a.device}")
-    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias)):
         if t is not None and t.device != a.device:
             raise ValueError(f"{name} is on {t.device}, expected {a.device} (the operands' GPU)")
 
@@ -255,11 +286,17 @@ def _flat_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, kind: str) -> Sca
     return Scales(scale_a.contiguous().view(-1), scale_b.contiguous().view(-1), kind)
 
 
-def _provider_prepare(provider, a, b, out, target: Target, scales: Scales | None) -> Launch:
-    """`provider.prepare`, with `scales=` only for fp8 (providers without fp8 take no such keyword)."""
-    if scales is None:
-        return provider.prepare(a, b, out, target)
-    return provider.prepare(a, b, out, target, scales=scales)
+def _provider_prepare(
+    provider, a, b, out, target: Target, scales: Scales | None, bias: torch.Tensor | None = None
+) -> Launch:
+    """`provider.prepare`, with `scales=` only for fp8 and `bias=` only with a bias (providers
+    without fp8 or bias take no such keyword)."""
+    kwargs = {}
+    if scales is not None:
+        kwargs["scales"] = scales
+    if bias is not None:
+        kwargs["bias"] = bias
+    return provider.prepare(a, b, out, target, **kwargs)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -326,26 +363,29 @@ def prepare(
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
 ) -> Launch:
     """A ready launch of `mode` computing out = a @ b (validated, aligned, compiled lazily); for
-    fp8 operands out = (a @ b) * scale_a * scale_b.
+    fp8 operands out = (a @ b) * scale_a * scale_b; with a bias, + bias.
 
     This is what the driver times: when an operand needs an aligned copy, that copy is made here,
     once, and is not part of `Launch.fn`; an output that needs one is copied back inside `fn`.
     """
-    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype, mode)
+    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype, mode, bias)
     m, target = _runnable(mode, a.device, scaling is not None)
     M, N = a.shape[0], b.shape[1]
     if out is None:
         out = torch.empty((M, N), dtype=result_dtype(a, out_dtype), device=a.device)
     if M == 0 or N == 0 or a.shape[1] == 0:
+        if bias is not None:
+            return Launch(lambda: out.copy_(bias.expand(M, N)), {"impl": "empty or K=0: the bias"})
         return Launch(lambda: out.zero_(), {"impl": "empty or K=0: zeros"})
 
     a2, copied_a = _aligned(a)
     b2, copied_b = _aligned_b(b)
     c2 = out if _tma_ok(out) else _aligned_empty(M, N, out)
     scales = None if scaling is None else _flat_scales(scale_a, scale_b, scaling)
-    launch = _provider_prepare(m.provider(target.capability), a2, b2, c2, target, scales)
+    launch = _provider_prepare(m.provider(target.capability), a2, b2, c2, target, scales, bias)
     config = launch.config  # the provider's own dict: autotuned modes fill it in on the first call
     if scaling is not None:
         config["scales"] = scaling
@@ -405,6 +445,8 @@ class MatmulPlan:
     # A plan for aligned bases whose `run` does not check them itself: the call checks them first
     # and raises `Unaligned` (module docstring). A rung's `run` checks them where it reads them.
     check_bases: bool = False
+    # The key has a bias: `run` takes it last, and adds it in the epilogue (module docstring).
+    biased: bool = False
 
     def __call__(
         self,
@@ -413,21 +455,23 @@ class MatmulPlan:
         out: torch.Tensor | None = None,
         scale_a: torch.Tensor | None = None,
         scale_b: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self.check_bases and _alignment(a, b, out) != _ALIGNED:
             raise Unaligned(_UNALIGNED)
         if out is None:
             out = torch.empty_like(self.like)
-        if self.run is None:
-            return out.zero_()
+        if self.run is None:  # M, N or K is 0
+            return out.zero_() if bias is None else out.copy_(bias.expand(*self.shape))
         a2 = _aligned_copy(a) if self.copy_a else a
         b2 = _aligned_copy_b(b) if self.copy_b else b
         c2 = _aligned_empty(*self.shape, like=out) if self.copy_out else out
+        tail = (bias,) if self.biased else ()
         if self.raw_scales:
-            result = self.run(a2, b2, c2, scale_a, scale_b)
+            result = self.run(a2, b2, c2, scale_a, scale_b, *tail)
         else:
             scales = None if self.scaling is None else _flat_scales(scale_a, scale_b, self.scaling)
-            result = self.run(a2, b2, c2, scales)
+            result = self.run(a2, b2, c2, scales, *tail)
         if not isinstance(result, torch.Tensor):  # the product is in c2
             result = c2
         if result is not out:
@@ -441,6 +485,8 @@ class MatmulPlan:
         `__call__`. `caller().plan` is the plan."""
         if self.run is None or not self.in_place or self.copy_a or self.copy_b or self.copy_out:
             call = functools.partial(MatmulPlan.__call__, self)
+        elif self.biased:
+            call = _launch_biased(self.run, self.like, self.scaling, self.check_bases, self.raw_scales)
         else:
             call = _launch_in_place(self.run, self.like, self.scaling, self.check_bases, self.raw_scales)
         call.plan = self
@@ -457,7 +503,7 @@ def _launch_in_place(
 
     if raw_scales:
 
-        def call_raw(a, b, out=None, scale_a=None, scale_b=None):
+        def call_raw(a, b, out=None, scale_a=None, scale_b=None, bias=None):
             if check_bases and (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) % ALIGN:
                 raise Unaligned(_UNALIGNED)
             if out is None:
@@ -467,12 +513,42 @@ def _launch_in_place(
 
         return call_raw
 
-    def call(a, b, out=None, scale_a=None, scale_b=None):
+    def call(a, b, out=None, scale_a=None, scale_b=None, bias=None):
         if check_bases and (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) % ALIGN:
             raise Unaligned(_UNALIGNED)
         if out is None:
             out = empty_like(like)
         run(a, b, out, None if scaling is None else _flat_scales(scale_a, scale_b, scaling))
+        return out
+
+    return call
+
+
+def _launch_biased(
+    run: Callable[..., object], like: torch.Tensor, scaling: str | None, check_bases: bool, raw_scales: bool
+):
+    """`_launch_in_place` for a key with a bias: the same, with the call's bias passed to `run`
+    last (the no-bias closures stay as they were)."""
+    empty_like = torch.empty_like
+
+    if raw_scales:
+
+        def call_raw(a, b, out=None, scale_a=None, scale_b=None, bias=None):
+            if check_bases and (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) % ALIGN:
+                raise Unaligned(_UNALIGNED)
+            if out is None:
+                out = empty_like(like)
+            run(a, b, out, scale_a, scale_b, bias)
+            return out
+
+        return call_raw
+
+    def call(a, b, out=None, scale_a=None, scale_b=None, bias=None):
+        if check_bases and (a.data_ptr() | b.data_ptr() | (0 if out is None else out.data_ptr())) % ALIGN:
+            raise Unaligned(_UNALIGNED)
+        if out is None:
+            out = empty_like(like)
+        run(a, b, out, None if scaling is None else _flat_scales(scale_a, scale_b, scaling), bias)
         return out
 
     return call
@@ -490,15 +566,19 @@ def _plan_key(
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple:
     """Everything `_build_plan` reads of its arguments but the base addresses (module docstring);
     a key without `out`'s part is shorter, so it never equals one with it, and fp8's scales and
-    output dtype add a part of their own. It also holds `target_of`, the function (not its
+    output dtype add a part of their own, as a bias does (its shape, strides, dtype and device:
+    never its address, which each launch passes). It also holds `target_of`, the function (not its
     answer, which the device decides): tests that fake a GPU replace that function, and so never
     meet a plan made for another GPU."""
     key = (kernel, target_of, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device)
     if scale_a is not None or scale_b is not None or out_dtype is not None:
         key = (*key, "fp8", out_dtype, *_scale_key(scale_a), *_scale_key(scale_b))
+    if bias is not None:
+        key = (*key, "bias", bias.shape, bias.stride(), bias.dtype, bias.device)
     if out is None:
         return key
     return (*key, out.shape, out.stride(), out.dtype, out.device)
@@ -516,17 +596,19 @@ def _build_plan(
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
 ) -> MatmulPlan:
     """The plan of a call's key, or the error the call raises. The provider's `prepare` sees
     stand-ins where copies will be made (empty buffers of the copies' layout), so nothing is
     computed here."""
     mode = kernel if kernel is not None else default_mode(a)
-    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype, mode)
+    scaling = _check_operands(a, b, out, scale_a, scale_b, out_dtype, mode, bias)
     m, target = _runnable(mode, a.device, scaling is not None)
     M, K, N = a.shape[0], a.shape[1], b.shape[1]
     dtype = result_dtype(a, out_dtype)
     like = memory.one_element(dtype, a.device).expand(M, N)  # no allocation of the plan's own
-    plan = functools.partial(MatmulPlan, m.name, (M, N), dtype, a.device, like=like)
+    biased = bias is not None
+    plan = functools.partial(MatmulPlan, m.name, (M, N), dtype, a.device, like=like, biased=biased)
     if M == 0 or N == 0 or K == 0:
         return plan(None, scaling=scaling)
     aligned = _alignment(a, b, out) == _ALIGNED  # else `_call_new` keys the plan with the alignment
@@ -538,7 +620,7 @@ def _build_plan(
     c2 = _aligned_empty(M, N, out) if copy_out else out
     provider = m.provider(target.capability)
     scales = None if scaling is None else _flat_scales(scale_a, scale_b, scaling)
-    reusable = getattr(_provider_prepare(provider, a2, b2, c2, target, scales).fn, "plan", None)
+    reusable = getattr(_provider_prepare(provider, a2, b2, c2, target, scales, bias).fn, "plan", None)
     check_bases = aligned and not getattr(reusable, "checks_bases", False)
     plan = functools.partial(
         plan, copy_a=copy_a, copy_b=copy_b, copy_out=copy_out, scaling=scaling, check_bases=check_bases
@@ -549,8 +631,8 @@ def _build_plan(
             return plan(direct, in_place=True, raw_scales=True)  # the key holds the scales' strides
         return plan(reusable.launch, in_place=True)
 
-    def run(a2, b2, c2, scales):
-        return _provider_prepare(provider, a2, b2, c2, target, scales).fn()
+    def run(a2, b2, c2, scales, bias=None):
+        return _provider_prepare(provider, a2, b2, c2, target, scales, bias).fn()
 
     return plan(run)
 
@@ -569,6 +651,7 @@ def matmul(
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
 ):
     """a @ b with one of the survey's kernels (`kernel` = a mode name; None = fastest for this GPU).
 
@@ -580,25 +663,31 @@ def matmul(
     (scale_a, scale_b of one element) or row-wise (scale_a [M, 1], scale_b [1, N]), as
     `torch._scaled_mm` takes them.
 
+    bias: [N], contiguous, in the output's dtype (fp8: `out_dtype`), on the operands' GPU: added
+    to the fp32 accumulator in the kernel's epilogue, after the fp8 scales (a @ b + bias; no
+    separate add; module docstring). The modes without a fused bias (triton, torch.compile)
+    refuse one.
+
     The first call of a plan key does the checks and choices; repeated calls only launch (module
     docstring). Capturable in a CUDA graph, also where the first call of a key is captured or
     in CUDA-graph trees' warm-up (module docstring: split-K's first call needs one outside).
     """
     try:
-        key = _plan_key(kernel, a, b, out, scale_a, scale_b, out_dtype)
+        key = _plan_key(kernel, a, b, out, scale_a, scale_b, out_dtype, bias)
     except Exception:
-        _check_operands(a, b, out, scale_a, scale_b, out_dtype, kernel)  # not tensors: say which and why
+        # not tensors: say which and why
+        _check_operands(a, b, out, scale_a, scale_b, out_dtype, kernel, bias)
         raise
     call = _PLANS.get(key)
     if call is not None:
         try:
-            return call(a, b, out, scale_a, scale_b)
+            return call(a, b, out, scale_a, scale_b, bias)
         except Unaligned:  # raised before anything was launched: the plan for this alignment
             pass
-    return _call_new(key, kernel, a, b, out, scale_a, scale_b, out_dtype)
+    return _call_new(key, kernel, a, b, out, scale_a, scale_b, out_dtype, bias)
 
 
-def _call_new(key: tuple, kernel, a, b, out, scale_a, scale_b, out_dtype) -> torch.Tensor:
+def _call_new(key: tuple, kernel, a, b, out, scale_a, scale_b, out_dtype, bias=None) -> torch.Tensor:
     """`matmul` where the key has no plan yet or a base is not aligned: the plan for the call's
     alignment, built if new (under `key` for aligned bases, else under `key` and the alignment)."""
     alignment = _alignment(a, b, out)
@@ -606,11 +695,11 @@ def _call_new(key: tuple, kernel, a, b, out, scale_a, scale_b, out_dtype) -> tor
         key = (*key, alignment)
     call = _PLANS.get(key)
     if call is None:
-        call = _build_plan(kernel, a, b, out, scale_a, scale_b, out_dtype).caller()
+        call = _build_plan(kernel, a, b, out, scale_a, scale_b, out_dtype, bias).caller()
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = call
-    return call(a, b, out, scale_a, scale_b)
+    return call(a, b, out, scale_a, scale_b, bias)
 
 
 _ALIGNED = (True, True, True)
@@ -630,18 +719,21 @@ def explain(
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
 ) -> str:
     """Which kernel and config `matmul(a, b, kernel=kernel, ...)` would run, and why. Nothing is
     launched (an operand TMA cannot describe is copied, as `matmul` would)."""
     fp8 = {"scale_a": scale_a, "scale_b": scale_b, "out_dtype": out_dtype}
     mode = registry.get(kernel if kernel is not None else default_mode(a))
-    _check_operands(a, b, None, **fp8, mode=mode.name)
+    _check_operands(a, b, None, **fp8, mode=mode.name, bias=bias)
     cap = capability_of(a.device)
     reason = mode.unsupported_reason(cap)
     if reason:
         return f"{mode.name}: cannot run here ({reason})"
     layout = {"t": "t (transpose view of a [N,K] weight)", "row": "row"}[b_layout(b)]
-    config = dict(prepare(mode.name, a, b, **fp8).config)  # descriptors and config only: nothing is launched
+    # descriptors and config only: nothing is launched
+    config = dict(prepare(mode.name, a, b, **fp8, bias=bias).config)
+    fused = config.pop("bias", None)  # how the provider adds the bias
     chosen = config.pop("mode", None)  # `auto` says what it chose, and why
     lines = [f"mode: {mode.name} - {mode.summary}"]
     if chosen is not None:
@@ -655,6 +747,19 @@ def explain(
         f" B={layout}",
         "config: " + ", ".join(f"{k}={v}" for k, v in config.items()),
     ]
+    if bias is not None:
+        lines.append(f"bias: {_BIAS_WAYS.get(fused, fused)}")
     if "aligned_copy" in config:
         lines.append("aligned copy: a row stride or base address is not a multiple of 16 bytes")
     return "\n".join(lines)
+
+
+# How a provider's config says it adds a bias (its "bias" entry), as `explain` words it.
+_BIAS_WAYS = {
+    "fused": "fused: added to the fp32 accumulator in the kernel's epilogue, after any fp8 scales, "
+    "before the store",
+    "cublasLt epilogue": "fused: torch.addmm / torch._scaled_mm(bias=), cuBLASLt's bias epilogue "
+    "(for 16-bit operands PyTorch takes it where out is contiguous and M, N, K > 1; else the bias "
+    "is copied into out before the GEMM)",
+    None: "the product of an empty or K=0 problem is the bias alone",
+}

@@ -19,7 +19,7 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return None  # on a GPU without Gluon rungs the rule picks cuBLAS
 
 
-def prepare(a, b, out, target: Target, scales: Scales | None = None) -> Launch:
+def prepare(a, b, out, target: Target, scales: Scales | None = None, bias=None) -> Launch:
     M, K = a.shape
     dtype = _DTYPE_NAMES[a.dtype] if scales is None else _FP8_NAMES[scales.kind]
     choice = choose(M, b.shape[1], K, dtype, b_layout(b), target.capability, target.name, target.sm_count)
@@ -27,9 +27,10 @@ def prepare(a, b, out, target: Target, scales: Scales | None = None) -> Launch:
         choice = Choice("warpspec", None, f"{choice.why}; but cuBLAS fp8 needs N and K multiples of 16")
     provider = registry.get(choice.mode).provider(target.capability)
     fp8 = {} if scales is None else {"scales": scales}
+    extra = fp8 if bias is None else fp8 | {"bias": bias}  # every mode `choose` picks takes a bias
     if choice.config is None:
-        launch = provider.prepare(a, b, out, target, **fp8)
+        launch = provider.prepare(a, b, out, target, **extra)
     else:
         cfg = provider.candidates(target.capability, **({"fp8": True} if fp8 else {}))[choice.config]
-        launch = provider.prepare(a, b, out, target, cfg, **fp8)
+        launch = provider.prepare(a, b, out, target, cfg, **extra)
     return Launch(launch.fn, {"mode": choice.mode, **launch.config, "why": choice.why})

@@ -1,6 +1,6 @@
 """`gluon_survey.matmul` as a PyTorch operator, and `Linear`, a drop-in `torch.nn.Linear` on it.
 
-`torch.ops.gluon_survey.matmul(a, b, kernel)` is a custom operator (`torch.library.custom_op`):
+`torch.ops.gluon_survey.matmul(a, b, kernel, bias=None)` is a custom operator (`torch.library.custom_op`):
 torch.compile (also with `fullgraph=True`), torch.export and CUDA-graph capture see one opaque node
 whose output is described by a fake implementation, instead of tracing into Triton's launcher,
 which they cannot. `kernel` is a mode name, "" for matmul's default. The fake implementation runs
@@ -12,7 +12,9 @@ cheapest call, and needs no autograd, calls `gluon_survey.matmul`, as `Linear` d
 inference; compiled code and CUDA graphs do not pay it per call.
 
 Gradients are registered with the operator itself: grad_a = grad @ b^T, grad_b = a^T @ grad, both
-through the survey's kernels (an operand that is a transposed view gets matmul's aligned copy).
+through the survey's kernels (an operand that is a transposed view gets matmul's aligned copy),
+and with a bias (added in the kernels' epilogue: `gluon_survey.matmul(bias=)`) grad_bias = grad
+summed over its rows, in fp32, then cast to the bias's dtype.
 For B the transpose view of a weight ("t", `w.t()`, as in `Linear`) grad_b is computed as
 (grad^T @ a)^T, so the weight's gradient comes out row-major like the weight.
 
@@ -28,12 +30,12 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from . import api, memory
+from . import api, memory, registry
 from .launch import b_layout
 
 
 @torch.library.custom_op("gluon_survey::matmul", mutates_args=())
-def _matmul(a: torch.Tensor, b: torch.Tensor, kernel: str) -> torch.Tensor:
+def _matmul(a: torch.Tensor, b: torch.Tensor, kernel: str, bias: torch.Tensor | None = None) -> torch.Tensor:
     if a.is_cuda:
         # The operator also runs on threads that have made no CUDA call yet: autograd runs the
         # backward on a thread of its own, where torch has not made a CUDA context current (it
@@ -41,24 +43,28 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, kernel: str) -> torch.Tensor:
         # through the driver API, which needs one. set_device makes a.device's context current
         # (and a.device the current device, which Triton launches on).
         torch.cuda.set_device(a.device)
-    return api.matmul(a, b, kernel=kernel or None)
+    return api.matmul(a, b, kernel=kernel or None, bias=bias)
 
 
 @_matmul.register_fake
-def _matmul_fake(a: torch.Tensor, b: torch.Tensor, kernel: str) -> torch.Tensor:
-    api._check_operands(a, b, None, mode=kernel or None)  # an unknown kernel: KeyError naming the valid modes
+def _matmul_fake(
+    a: torch.Tensor, b: torch.Tensor, kernel: str, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    # matmul's checks: an unknown kernel is a KeyError naming the valid modes, a wrong bias says why
+    api._check_operands(a, b, None, mode=kernel or None, bias=bias)
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    a, b, kernel = inputs
+    a, b, kernel, bias = inputs
     ctx.save_for_backward(a, b)
     ctx.kernel = kernel
+    ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _backward(ctx, grad: torch.Tensor):
     a, b = ctx.saved_tensors
-    grad_a = grad_b = None
+    grad_a = grad_b = grad_bias = None
     if ctx.needs_input_grad[0]:
         grad_a = _OP(grad, b.t(), ctx.kernel)
     if ctx.needs_input_grad[1]:
@@ -66,7 +72,9 @@ def _backward(ctx, grad: torch.Tensor):
             grad_b = _OP(grad.t(), a, ctx.kernel).t()
         else:
             grad_b = _OP(a.t(), grad, ctx.kernel)
-    return grad_a, grad_b, None
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
+        grad_bias = grad.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+    return grad_a, grad_b, None, grad_bias
 
 
 _matmul.register_autograd(_backward, setup_context=_setup_context)
@@ -74,14 +82,30 @@ _matmul.register_autograd(_backward, setup_context=_setup_context)
 _OP = torch.ops.gluon_survey.matmul.default
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, kernel: str | None = None) -> torch.Tensor:
-    """a @ b through the `gluon_survey::matmul` operator: `gluon_survey.matmul` (same arguments
-    and errors, no `out`) that torch.compile(fullgraph=True) and autograd can see through. A
-    non-tensor gets matmul's TypeError here, before the operator's schema would refuse it with a
-    RuntimeError."""
+def matmul(
+    a: torch.Tensor, b: torch.Tensor, kernel: str | None = None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """a @ b (+ bias) through the `gluon_survey::matmul` operator: `gluon_survey.matmul` (same
+    arguments and errors, no `out`, no fp8) that torch.compile(fullgraph=True) and autograd can
+    see through. A non-tensor gets matmul's TypeError here, before the operator's schema would
+    refuse it with a RuntimeError."""
     api.require_tensor("a", a)
     api.require_tensor("b", b)
-    return _OP(a, b, kernel or "")
+    if bias is not None:
+        api.require_tensor("bias", bias)
+    return _OP(a, b, kernel or "", bias)
+
+
+def fuses_bias(kernel: str | None) -> bool:
+    """Whether matmul with this kernel (None or "": the default, `auto`) adds a bias in its
+    epilogue; those that add none (the triton and torch.compile baselines) get `Linear`'s bias
+    as a separate add. An unknown kernel counts as adding it: matmul then raises its KeyError."""
+    if not kernel:
+        return True
+    try:
+        return registry.get(kernel).bias
+    except KeyError:
+        return True
 
 
 def _eager_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -109,8 +133,9 @@ class Linear(nn.Linear):
     both must have x's dtype, fp16 or bf16 (`dtype=torch.bfloat16`, or `.to(...)` the module),
     on a CUDA device. x [..., in_features]: the leading dimensions are flattened into M, the
     product is the operator `gluon_survey::matmul` on `weight.t()` (the "t" B layout: no copy of
-    the weight), and the bias is a separate, in-place add on the product (not fused into the
-    GEMM's epilogue). `kernel` is a mode name; None runs matmul's default. In eager inference
+    the weight), and the bias goes with it, added in the GEMM's epilogue (with a `kernel` that
+    adds none, the triton and torch.compile baselines: a separate, in-place add on the product).
+    `kernel` is a mode name; None runs matmul's default. In eager inference
     (no gradient to record, nothing tracing) the product is `gluon_survey.matmul` itself, the same
     kernels without the operator's dispatch (`_eager_inference`).
     """
@@ -148,13 +173,14 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.dim() != 2  # [..., in_features] -> [M, in_features], and back
         x2 = x.reshape(math.prod(x.shape[:-1]), self.in_features) if flat else x
-        weight = self.weight
+        weight, bias = self.weight, self.bias
+        separate = bias is not None and not fuses_bias(self.kernel)
+        fused = None if separate else bias
         if _eager_inference(x, weight):
-            y = api.matmul(x2, weight.t(), kernel=self.kernel or None)
+            y = api.matmul(x2, weight.t(), kernel=self.kernel or None, bias=fused)
         else:
-            y = _OP(x2, weight.t(), self.kernel or "")
-        bias = self.bias
-        if bias is not None:
+            y = _OP(x2, weight.t(), self.kernel or "", fused)
+        if separate:
             y.add_(bias)
         return y.view(*x.shape[:-1], self.out_features) if flat else y
 

@@ -35,6 +35,10 @@ Dense and grouped modes never meet the other kind of problem: `matmul` refuses a
 `grouped_matmul` and `grouped.prepare` a dense one, and the driver skips such cells
 (`wrong_shape_reason`).
 
+A mode with `bias=True` adds a bias in its epilogue: its provider's `prepare` then gets a keyword
+`bias` (a contiguous [N] tensor of `out`'s dtype, validated by `gluon_survey.api`), and
+`Launch.fn()` writes a @ b + bias (after any fp8 scales); without one `bias` is not passed.
+
 and, where it owns kernels, `compile_specs(capability, dtype) -> list[launch.CompileSpec]` for
 `gluon-survey inspect`. Importing a provider module must not need a GPU, so that `gluon-survey
 list` and `inspect` work anywhere.
@@ -58,6 +62,7 @@ class Mode:
     arch_modules: tuple[tuple[int, str], ...] = ()
     fp8: bool = False  # takes fp8 e4m3 operands with scales (module docstring)
     grouped: bool = False  # a grouped GEMM (mixture-of-experts), not a dense one (module docstring)
+    bias: bool = False  # adds a bias in its epilogue (module docstring)
 
     def module_for(self, capability: tuple[int, int] | None) -> str:
         """The provider module's name for a GPU of this capability (the default one without a GPU)."""
@@ -84,6 +89,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.blocked",
+        bias=True,
     ),
     Mode(
         "Pipelined",
@@ -92,6 +98,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.pipelined",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "persistent",
@@ -101,6 +108,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.persistent",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "warpspec",
@@ -110,6 +118,7 @@ MODES: tuple[Mode, ...] = (
         "gluon_survey.kernels.warpspec",
         arch_modules=((10, "gluon_survey.kernels.warpspec_tcgen05"),),
         fp8=True,
+        bias=True,
     ),
     Mode(
         "splitk",
@@ -119,6 +128,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.splitk",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "swapab",
@@ -127,6 +137,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.swapab",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "slab",
@@ -136,6 +147,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.slab",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "gemv",
@@ -145,6 +157,7 @@ MODES: tuple[Mode, ...] = (
         ("sm_90", "sm_100"),
         "gluon_survey.kernels.gemv",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "grouped",
@@ -163,6 +176,7 @@ MODES: tuple[Mode, ...] = (
         ("any CUDA GPU",),
         "gluon_survey.auto",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "triton",
@@ -179,6 +193,7 @@ MODES: tuple[Mode, ...] = (
         ("any CUDA GPU",),
         "gluon_survey.baselines.torch_ops",
         fp8=True,
+        bias=True,
     ),
     Mode(
         "torch.compile",
@@ -239,6 +254,17 @@ def parse_modes(spec: str | None) -> list[Mode]:
 
 def fp8_names() -> list[str]:
     return [m.name for m in MODES if m.fp8]
+
+
+def bias_names() -> list[str]:
+    return [m.name for m in MODES if m.bias]
+
+
+def no_bias_reason(mode: Mode) -> str | None:
+    """Why `mode` cannot take a bias, None when it can (one wording for `matmul` and the CLI)."""
+    if mode.bias:
+        return None
+    return f"mode {mode.name!r} adds no bias in its epilogue; a bias runs in: {', '.join(bias_names())}"
 
 
 def no_fp8_reason(mode: Mode) -> str | None:

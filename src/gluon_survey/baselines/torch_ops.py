@@ -18,6 +18,11 @@ promotes partial sums to fp32 every few K steps and is up to 18 % slower with ro
 scaling goes to cuBLASLt's outer-vector scaling where PyTorch was built with cuBLAS >= 12.9, and
 to PyTorch's CUTLASS kernel otherwise (bf16 output only there). `_scaled_mm` takes K and N only as
 multiples of 16: other shapes raise a ValueError here rather than deep inside PyTorch.
+
+**bias**: `torch.addmm(bias, a, b, out=out)` for fp16/bf16, whose bias cuBLASLt adds in its
+epilogue (PyTorch's Lt path: a contiguous `out`, a contiguous 1-D bias, M, N and K > 1; otherwise
+PyTorch copies the bias into `out` and runs the GEMM with beta = 1), and for fp8
+`torch._scaled_mm(..., bias=bias)` (the bias in the output's dtype).
 """
 
 from __future__ import annotations
@@ -34,8 +39,13 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return None
 
 
-def _scaled_mm(a, b, out, scale_a, scale_b) -> torch.Tensor:
-    return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out, use_fast_accum=True)
+def _scaled_mm(a, b, out, scale_a, scale_b, bias=None) -> torch.Tensor:
+    return torch._scaled_mm(
+        a, b, scale_a, scale_b, bias=bias, out_dtype=out.dtype, out=out, use_fast_accum=True
+    )
+
+
+BIAS = "cublasLt epilogue"  # the config's "bias" entry: how this mode adds one
 
 
 class _Cublas:
@@ -44,10 +54,12 @@ class _Cublas:
     cuBLAS costs the call, not a `prepare` with its checks)."""
 
     @staticmethod
-    def launch(a, b, out, scales: Scales | None = None) -> torch.Tensor:
+    def launch(a, b, out, scales: Scales | None = None, bias=None) -> torch.Tensor:
         if scales is None:
-            return torch.matmul(a, b, out=out)
-        return _scaled_mm(a, b, out, scales.torch_a, scales.torch_b)
+            if bias is None:
+                return torch.matmul(a, b, out=out)
+            return torch.addmm(bias, a, b, out=out)
+        return _scaled_mm(a, b, out, scales.torch_a, scales.torch_b, bias)
 
     # fp8 with the caller's own scale tensors, already in `_scaled_mm`'s shapes: no flattening and
     # no views per call. At the few-µs kernels of fp8 decode and small prefill the call is
@@ -65,11 +77,17 @@ def prepare(
     out: torch.Tensor,
     target: Target | None = None,
     scales: Scales | None = None,
+    bias: torch.Tensor | None = None,
 ) -> Launch:
     """out = a @ b through `torch.matmul(..., out=out)`, or for fp8 operands out = (a @ b) * scales
-    through `torch._scaled_mm(..., out=out)`; the call allocates nothing. `fn` has everything bound
+    through `torch._scaled_mm(..., out=out)`; with a bias, + bias through `torch.addmm` or
+    `_scaled_mm(bias=)` (module docstring); the call allocates nothing. `fn` has everything bound
     (what the driver times); `fn.plan` launches on other tensors of the same problem."""
-    if scales is None:
+    fused = {} if bias is None else {"bias": BIAS}
+    if scales is None and bias is not None:
+        fn = lambda: torch.addmm(bias, a, b, out=out)  # noqa: E731 (a function with an attribute)
+        impl = "cuBLAS (torch.addmm)"
+    elif scales is None:
         fn = lambda: torch.matmul(a, b, out=out)  # noqa: E731 (a function with an attribute)
         impl = "cuBLAS"
     else:
@@ -80,7 +98,7 @@ def prepare(
                 f"got K={k}, N={n}"
             )
         scale_a, scale_b = scales.torch_a, scales.torch_b
-        fn = lambda: _scaled_mm(a, b, out, scale_a, scale_b)  # noqa: E731
+        fn = lambda: _scaled_mm(a, b, out, scale_a, scale_b, bias)  # noqa: E731
         impl = "cuBLAS fp8 (torch._scaled_mm, fast accumulation)"
     fn.plan = CUBLAS
-    return Launch(fn, {"impl": impl})
+    return Launch(fn, {"impl": impl} | fused)

@@ -105,15 +105,18 @@ def output_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 @dataclass(frozen=True)
 class Inputs:
-    """One input set: a [M, K], b [K, N] and, for fp8, the fp32 scales the kernel is given.
+    """One input set: a [M, K], b [K, N], for fp8 the fp32 scales the kernel is given, and a bias
+    [N] in the output's dtype where one is asked for (`make_inputs(bias=True)`).
 
     It unpacks as the operands, `a, b = make_inputs(...)`, as fp16/bf16 callers always have; an
-    fp8 caller passes `**inputs.scales` on as well (to `api.prepare`, `reference`, ...)."""
+    fp8 caller passes `**inputs.scales` on as well (to `api.prepare`, `reference`, ...), and a
+    caller that may have a bias `**inputs.extras` (the scales and the bias)."""
 
     a: torch.Tensor
     b: torch.Tensor
     scale_a: torch.Tensor | None = None  # fp32: () per-tensor, [M, 1] row-wise
     scale_b: torch.Tensor | None = None  # fp32: () per-tensor, [1, N] row-wise
+    bias: torch.Tensor | None = None  # [N], the output's dtype
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return iter((self.a, self.b))
@@ -126,9 +129,14 @@ class Inputs:
         return {"scale_a": self.scale_a, "scale_b": self.scale_b}
 
     @property
+    def extras(self) -> dict[str, torch.Tensor]:
+        """`scales`, and {'bias': ...} where the set has one: keyword arguments to pass on."""
+        return self.scales if self.bias is None else self.scales | {"bias": self.bias}
+
+    @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor of the set (for its size in bytes)."""
-        return (self.a, self.b, *self.scales.values())
+        return (self.a, self.b, *self.extras.values())
 
     @property
     def touched_bytes(self) -> int:
@@ -137,7 +145,12 @@ class Inputs:
 
 
 def make_inputs(
-    shape: Shape, dtype: str | torch.dtype, b_layout: str, seed: int, device: str | torch.device
+    shape: Shape,
+    dtype: str | torch.dtype,
+    b_layout: str,
+    seed: int,
+    device: str | torch.device,
+    bias: bool = False,
 ) -> Inputs:
     """a [M, K] and b [K, N]: standard normal values rounded to `dtype`, reproducible from `seed`.
 
@@ -149,6 +162,9 @@ def make_inputs(
     fp8 / fp8-row (`quantize`): the same fp32 draws, quantized to e4m3 with the scale
     amax / 448 of the whole tensor (fp8) or of each row of A and of the [N, K] weight (fp8-row);
     B layout "t" only.
+
+    bias: also a bias [N], standard normal values rounded to the output's dtype, drawn after the
+    operands (which are the same with or without it).
     """
     if b_layout not in B_LAYOUTS:
         raise ValueError(f"unknown B layout {b_layout!r}; use one of {', '.join(B_LAYOUTS)}")
@@ -165,13 +181,14 @@ def make_inputs(
 
     a = randn(shape.M, shape.K)
     w = randn(shape.K, shape.N) if b_layout == "row" else randn(shape.N, shape.K)  # b = w or w.t()
+    extra = {"bias": randn(shape.N).to(output_dtype(dtype))} if bias else {}
     if spec.scaling is None:
         a, w = a.to(spec.operand), w.to(spec.operand)
-        return Inputs(a, w if b_layout == "row" else w.t())
+        return Inputs(a, w if b_layout == "row" else w.t(), **extra)
     a, scale_a = quantize(a, rowwise=spec.scaling == "row")
     w, scale_w = quantize(w, rowwise=spec.scaling == "row")
     scale_b = scale_w if spec.scaling == "tensor" else scale_w.reshape(1, shape.N)
-    return Inputs(a, w.t(), scale_a, scale_b)
+    return Inputs(a, w.t(), scale_a, scale_b, **extra)
 
 
 # Why a grouped shape has no fp8 task, one wording for the CLI's usage error and the worker's SKIPPED.
@@ -199,6 +216,10 @@ class GroupedInputs:
     @property
     def scales(self) -> dict[str, torch.Tensor]:
         return {}  # no fp8 grouped inputs yet
+
+    @property
+    def extras(self) -> dict[str, torch.Tensor]:
+        return {}  # no scales, no bias
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
@@ -285,17 +306,20 @@ def reference(
     b: torch.Tensor,
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The fp32 product of the low-precision inputs: what an exact kernel would compute before
     rounding its result to the output dtype. With fp8 scales (`Inputs.scales`), the product of the
     upcast e4m3 operands times scale_a and scale_b, as the kernels dequantize their fp32
-    accumulator (the scales broadcast: () per-tensor, [M, 1] and [1, N] row-wise)."""
+    accumulator (the scales broadcast: () per-tensor, [M, 1] and [1, N] row-wise); then + bias."""
     with _no_tf32():
         product = a.float() @ b.float()
     if scale_a is not None:
         product = product * scale_a
     if scale_b is not None:
         product = product * scale_b
+    if bias is not None:
+        product = product + bias.float()
     return product
 
 

@@ -165,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
         "launch included when the GPU waits for it)",
     )
     how.add_argument(
+        "--bias",
+        action=argparse.BooleanOptionalAction,
+        default=DEFAULTS.bias,
+        help="add a bias [N] to every product: each mode in its epilogue (matmul's bias=), cuBLAS "
+        "through torch.addmm (fp8: torch._scaled_mm(bias=)), so the ratios compare fused bias "
+        "with fused bias; modes that add none are SKIPPED "
+        f"(default: {'on' if DEFAULTS.bias else 'off'})",
+    )
+    how.add_argument(
         "--peak-tflops",
         type=argtypes.positive,
         metavar="TFLOPS",
@@ -371,6 +380,7 @@ def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], comman
         paired=args.paired,
         rounds=args.rounds,
         queued=args.gpu_time,
+        bias=args.bias,
     )
     env = hardware.gpu_info(command)
     dtypes = list(dict.fromkeys(t.dtype for t in tasks))

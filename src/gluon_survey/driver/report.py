@@ -157,6 +157,11 @@ def _settings_lines(s: dict[str, Any]) -> list[str]:
             f"Paired: each cell in {s['rounds']} windows of that length, alternating with "
             f"{s['rounds'] + 1} of cuBLAS's on the same inputs",
         )
+    if s.get("bias"):
+        lines.append(
+            "Bias: every product adds a bias [N], each mode in its epilogue, cuBLAS through "
+            "torch.addmm (fp8: torch._scaled_mm(bias=))"
+        )
     for dtype, peak in s.get("peaks", {}).items():
         value = f"{peak['tflops']:g} TFLOP/s" if peak.get("tflops") else "unknown"
         lines.append(f"Peak {dtype}: {value} ({peak.get('source')})")

@@ -26,6 +26,7 @@ class Settings:
     paired: bool = True  # time cuBLAS alongside every task of the other modes (worker.measure)
     rounds: int = 3  # paired: the task's timed windows of min_ms, alternating with cuBLAS's
     queued: bool = False  # GPU time: sleep kernels keep the host ahead (timing.py); off: time per call
+    bias: bool = False  # every product adds a bias [N] (matmul's bias=; cuBLAS: torch.addmm)
 
     def worker_json(self) -> dict[str, Any]:
         """What a worker needs (everything but the runner's time limit), as JSON."""

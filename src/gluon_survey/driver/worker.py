@@ -24,7 +24,10 @@ cuBLAS, ..., `rounds` windows of the mode), and the row keeps cuBLAS's median ov
 (`cublas_ms`), the ratio in each round (`x_rounds`) and how far cuBLAS's last window is from its
 first (`cublas_drift`): a GPU at its power limit changes clock with temperature over a run, so the
 ratio to a cuBLAS timed minutes apart moves by a few per cent, and to one timed alongside it does
-not. With `queued` set (`--gpu-time`), both are timed queued, in GPU time (`timing`'s module
+not. With `bias` set (`--bias`), every input set has a bias [N], which the mode adds in its
+epilogue (`matmul(bias=)`) and cuBLAS through `torch.addmm` (fp8: `torch._scaled_mm(bias=)`),
+and the reference adds it too; the modes that add none are SKIPPED (`Provider.no_bias`). With
+`queued` set (`--gpu-time`), both are timed queued, in GPU time (`timing`'s module
 docstring), and the row counts the calls the host fell behind on (`starved`, `cublas_starved`).
 NVML's mean SM clock and power over the timed windows go into the row too. A launch whose
 `fn()` returns its product instead of writing `out` (the torch.compile baseline) is judged on the
@@ -98,6 +101,7 @@ class Provider:
     # `wrong_shape` as the reason.
     grouped: bool = False
     wrong_shape: str | None = None
+    no_bias: str | None = None  # why the mode cannot add a bias (with settings `bias`: SKIPPED)
 
 
 def cuda_provider(mode_name: str) -> Provider:
@@ -110,8 +114,8 @@ def cuda_provider(mode_name: str) -> Provider:
 
     mode = registry.get(mode_name)
 
-    def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor) -> Launch:
-        return api.prepare(mode.name, a, b, out, **scales)
+    def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **extras: torch.Tensor) -> Launch:
+        return api.prepare(mode.name, a, b, out, **extras)  # extras: the fp8 scales, the bias
 
     def prepare_grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> Launch:
         return grouped.prepare(mode.name, x, w, offs, out)
@@ -128,6 +132,7 @@ def cuda_provider(mode_name: str) -> Provider:
 
     kind = {
         "no_fp8": registry.no_fp8_reason(mode),
+        "no_bias": registry.no_bias_reason(mode),
         "grouped": mode.grouped,
         "wrong_shape": registry.wrong_shape_reason(mode, not mode.grouped),
     }
@@ -151,28 +156,35 @@ def _cublas_launch(
     out: torch.Tensor,
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> Launch:
     """The paired baseline's launch: what the `torch` mode times, cuBLAS through
     `torch.matmul(a, b, out=out)`, or for fp8 operands (scales given) through
     `torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out, use_fast_accum=True)`:
     bf16 out, as the Gluon kernels write, and the fast accumulation, as they accumulate (the
-    `torch` mode's call, baselines/torch_ops.py says why). Both also run on CPU tensors (the
-    tests' providers)."""
+    `torch` mode's call, baselines/torch_ops.py says why). With a bias, `torch.addmm(bias, a, b,
+    out=out)` (cuBLASLt's bias epilogue) or `_scaled_mm(..., bias=bias)`. All also run on CPU
+    tensors (the tests' providers)."""
     import torch
 
     from gluon_survey.launch import Launch
 
     if scale_a is None and scale_b is None:
+        if bias is not None:
+            return Launch(lambda: torch.addmm(bias, a, b, out=out))
         return Launch(lambda: torch.matmul(a, b, out=out))
     return Launch(
-        lambda: torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out.dtype, out=out, use_fast_accum=True)
+        lambda: torch._scaled_mm(
+            a, b, scale_a, scale_b, bias=bias, out_dtype=out.dtype, out=out, use_fast_accum=True
+        )
     )
 
 
 def cublas_product(
     a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor
 ) -> torch.Tensor:
-    """cuBLAS's a @ b (times the fp8 scales, when given) written into `out` (`_cublas_launch`)."""
+    """cuBLAS's a @ b (times the fp8 scales, + the bias, when given) written into `out`
+    (`_cublas_launch`)."""
     _cublas_launch(a, b, out, **scales).fn()
     return out
 
@@ -215,7 +227,7 @@ class _Target:
     @classmethod
     def prepared(cls, provider: Provider, inputs: Inputs, out: torch.Tensor) -> _Target:
         """Prepared and called once: the first call compiles or autotunes, outside any timing."""
-        target = cls(inputs, out, provider.prepare(*inputs, out, **inputs.scales), out)
+        target = cls(inputs, out, provider.prepare(*inputs, out, **inputs.extras), out)
         target.call()
         return target
 
@@ -265,7 +277,7 @@ def measure(
         if isinstance(shape, GroupedShape):
             inputs = make_grouped_inputs(shape, counts, dtype, seed + i, provider.device)
         else:
-            inputs = make_inputs(shape, dtype, layout, seed + i, provider.device)
+            inputs = make_inputs(shape, dtype, layout, seed + i, provider.device, bias=settings.bias)
         return inputs, torch.empty(shape.M, shape.N, dtype=output_dtype(dtype), device=provider.device)
 
     phase("compiling/autotuning")
@@ -281,9 +293,9 @@ def measure(
         ref = grouped_reference(*inputs)
         cublas_out = grouped_cublas_product(*inputs, torch.empty_like(out))
     else:
-        ref = reference(*inputs, **inputs.scales)
+        ref = reference(*inputs, **inputs.extras)
         try:
-            cublas_out = cublas_product(*inputs, torch.empty_like(out), **inputs.scales)
+            cublas_out = cublas_product(*inputs, torch.empty_like(out), **inputs.extras)
         except RuntimeError as exc:  # e.g. torch._scaled_mm wants M, N, K that fp8 cuBLAS can take
             raise RuntimeError(
                 f"cuBLAS, whose error sets the tolerance, cannot run this task: {exc}"
@@ -317,7 +329,7 @@ def measure(
     launches = [t.timed_call for t in targets]
     if paired:  # cuBLAS on the same inputs, into outputs of its own (ours stay NaN-poisoned)
         cublas = [
-            provider.baseline(*t.inputs, torch.empty_like(t.out), **t.inputs.scales).fn  # type: ignore[misc]
+            provider.baseline(*t.inputs, torch.empty_like(t.out), **t.inputs.extras).fn  # type: ignore[misc]
             for t in targets
         ]
         with provider.telemetry() as telemetry:
@@ -374,8 +386,8 @@ def run_task(
     phase: Callable[[str], None],
 ) -> dict:
     """`measure`, with an unsupported mode, a task of the kind of problem the mode does not compute
-    (dense or grouped), a grouped fp8 task or an fp8 task of a mode without fp8 kernels SKIPPED,
-    and an exception turned into an ERROR row."""
+    (dense or grouped), a grouped fp8 task, an fp8 task of a mode without fp8 kernels, or with a
+    bias a mode that adds none SKIPPED, and an exception turned into an ERROR row."""
     if provider.unsupported:
         return {"status": "SKIPPED", "error": provider.unsupported}
     grouped = task.get("E") is not None
@@ -389,6 +401,9 @@ def run_task(
         return {"status": "SKIPPED", "error": GROUPED_FP8}
     if provider.no_fp8 and _is_fp8(task["dtype"]):
         return {"status": "SKIPPED", "error": provider.no_fp8}
+    with_bias = settings.bias if isinstance(settings, Settings) else settings.get("bias", False)
+    if provider.no_bias and with_bias:
+        return {"status": "SKIPPED", "error": provider.no_bias}
     try:
         return measure(provider, task, settings, phase)
     except Exception as exc:

@@ -89,3 +89,10 @@ class MMAv5:
         _wait_mma(self.bars, self.issued - 1)
         acc = tmem_load(self.acc)
         return acc, MMAv5(self.acc, self.bars, self.issued, gl.to_tensor(False))
+
+    @gluon.jit
+    def result_slice(self, J: gl.constexpr, SLICE_N: gl.constexpr):
+        """Columns [J * SLICE_N, (J + 1) * SLICE_N) of the finished accumulator, loaded from tensor
+        memory alone (a thread holds a row of the slice, not of the tile)."""
+        _wait_mma(self.bars, self.issued - 1)
+        return tmem_load(self.acc.slice(J * SLICE_N, SLICE_N))

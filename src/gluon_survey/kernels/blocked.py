@@ -15,7 +15,16 @@ from triton.experimental.gluon import language as gl
 
 from ..launch import is_kmajor
 from .arch import select_mma, unsupported_reason
-from .common import GemmConfig, b_operand, grouped_tile, load_step, mbarrier, store_tile, tma
+from .common import (
+    GemmConfig,
+    b_operand,
+    grouped_tile,
+    load_step,
+    mbarrier,
+    store_biased_tile,
+    store_tile,
+    tma,
+)
 from .plan import Rung, provider_functions
 
 CONFIGS = {
@@ -30,8 +39,18 @@ CONFIGS = {
 __all__ = ["CONFIGS", "blocked_kernel", "compile_specs", "config_for", "prepare", "unsupported_reason"]
 
 
-@gluon.jit
-def blocked_kernel(a_desc, b_desc, c_desc, MMA: gl.constexpr, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr):
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
+def blocked_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    bias,
+    MMA: gl.constexpr,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+):
+    """One [BLOCK_M, BLOCK_N] tile of C = A @ B (+ bias[N] with HAS_BIAS; None and False without)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -59,9 +78,12 @@ def blocked_kernel(a_desc, b_desc, c_desc, MMA: gl.constexpr, B_KMAJOR: gl.const
         mma = mma.wait(0)  # synchronous: a_buf/b_buf are free for the next step
     mbarrier.invalidate(bar)
 
-    acc, mma = mma.take_result()
     c_smem = gl.allocate_shared_memory(dtype, c_desc.block_type.shape, c_desc.layout)
-    store_tile(c_desc, c_smem, acc, off_m, off_n)
+    if HAS_BIAS:  # the accumulator taken in column slices, each with its bias
+        store_biased_tile(c_desc, c_smem, mma, off_m, off_n, None, None, 0, bias)
+    else:
+        acc, mma = mma.take_result()
+        store_tile(c_desc, c_smem, acc, off_m, off_n)
     tma.store_wait(0)
 
 

@@ -5,7 +5,8 @@ shared-memory stages (`Ring`), and the small `@gluon.jit` functions the rung ker
 loads of an A/B step (`load_step`, `load_b`), the grouped tile order (`grouped_tile`), the
 producer partition of the warp-specialized kernels (`load_partition`), the epilogues (`store_tile`,
 the sliced `store_slice` / `store_boxes_sliced`, the deferred `stage_tile` / `store_staged_*`),
-the fp8 scales (`scale_tile` and its helpers) and the barriers. Nothing here depends on the GPU
+the fp8 scales (`scale_tile` and its helpers), the bias (`add_bias`: after the scales, before the
+output dtype) and the barriers. Nothing here depends on the GPU
 architecture: the MMA is a constexpr argument of every rung kernel (`kernels/arch.py` picks it on
 the host).
 
@@ -248,6 +249,36 @@ def store_tile(c_desc, c_smem, acc, off_m, off_n):
 
 
 @gluon.jit
+def store_biased_tile(
+    c_desc,
+    c_smem,
+    mma,
+    off_m,
+    off_n,
+    scale_a,
+    scale_b,
+    SCALING: gl.constexpr,
+    bias,
+    SLICE_N: gl.constexpr = 64,
+):
+    """`store_tile` of a whole tile with fp8 scales (`scale_tile`) and a bias (`add_bias`): the
+    finished accumulator taken from `mma` in column slices of SLICE_N (`result_slice`: on
+    Blackwell straight from tensor memory), each written to its columns of `c_smem`, then one TMA
+    store. A slice's bias is all a thread holds of it at a time: a tile loaded from tensor memory
+    whole gives a thread a whole row, and the bias of 256 columns beside it spilled (304 B)."""
+    BLOCK_N: gl.constexpr = c_smem.shape[1]
+    for j in gl.static_range(BLOCK_N // SLICE_N):
+        part = mma.result_slice(j, SLICE_N)
+        part = scale_tile(
+            part, scale_a, scale_b, off_m, off_n + j * SLICE_N, c_desc.shape[0], c_desc.shape[1], SCALING
+        )
+        part = add_bias(part, bias, off_n + j * SLICE_N, c_desc.shape[1], True)
+        c_smem.slice(j * SLICE_N, SLICE_N, dim=1).store(part.to(c_desc.dtype))
+    fence_async_shared()
+    tma_store(c_desc, [off_m, off_n], c_smem)
+
+
+@gluon.jit
 def scale_tile(acc, scale_a, scale_b, off_m, off_n, M, N, SCALING: gl.constexpr):
     """fp8 dequantization of an fp32 accumulator tile at (off_m, off_n) of the [M, N] output:
     SCALING 0 leaves it (fp16/bf16), 1 multiplies by the per-tensor scales *scale_a * *scale_b,
@@ -260,6 +291,24 @@ def scale_tile(acc, scale_a, scale_b, off_m, off_n, M, N, SCALING: gl.constexpr)
         acc = scale_rows(acc, scale_a, off_m, M)
         acc = acc * gl.expand_dims(column_scales(scale_b, off_n, N, acc), 0)
     return acc
+
+
+@gluon.jit
+def add_bias(acc, bias, off_n, N, HAS_BIAS: gl.constexpr):
+    """acc + bias[off_n + column] (0 past N), in fp32, for an accumulator tile (or C slice) at
+    column off_n of the [M, N] output; HAS_BIAS False leaves it (and `bias` is None). The last
+    step on the fp32 values, after the fp8 scales (`scale_tile`), before the output dtype. The
+    bias is loaded one element per thread and redistributed to acc's columns, as the column
+    scales are (`column_scales`)."""
+    if HAS_BIAS:
+        acc = acc + gl.expand_dims(bias_columns(bias, off_n, N, acc), 0)
+    return acc
+
+
+@gluon.jit
+def bias_columns(bias, off_n, N, acc):
+    """bias[off_n : off_n + acc's width] (0 past N) as fp32, in the layout of acc's columns."""
+    return as_columns(flat_scales(bias, off_n, N, acc.shape[1]).to(gl.float32), acc)
 
 
 @gluon.jit
@@ -280,7 +329,7 @@ def scale_rows(acc, scale_a, off_m, M):
 
 @gluon.jit
 def flat_scales(scales, first, count, SIZE: gl.constexpr):
-    """scales[first : first + SIZE] (0 past `count`), one element per thread."""
+    """scales[first : first + SIZE] (0 past `count`), one element per thread (also a bias's)."""
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     index = first + gl.arange(0, SIZE, layout=flat)
     return gl.load(scales + index, mask=index < count, other=0.0)
@@ -312,11 +361,14 @@ def store_slice(
     scale_a=None,
     scale_b=None,
     SCALING: gl.constexpr = 0,
+    bias=None,
+    HAS_BIAS: gl.constexpr = False,
 ):
     """One slice of a sliced epilogue: wait until at most PENDING earlier TMA stores are still in
     flight (so the one that last read `c_smem` has finished), then registers -> fp8 scales
-    (`scale_tile`) -> output dtype -> `c_smem` -> TMA store at (off_m, off_n)."""
+    (`scale_tile`) -> bias (`add_bias`) -> output dtype -> `c_smem` -> TMA store at (off_m, off_n)."""
     part = scale_tile(part, scale_a, scale_b, off_m, off_n, c_desc.shape[0], c_desc.shape[1], SCALING)
+    part = add_bias(part, bias, off_n, c_desc.shape[1], HAS_BIAS)
     tma.store_wait(PENDING)
     c_smem.store(part.to(c_desc.dtype))
     fence_async_shared()
@@ -374,6 +426,18 @@ def boxes_scales(
 
 
 @gluon.jit
+def boxes_bias(bias, off_n, N, SLICES: gl.constexpr, SLICE_N: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """The bias of a tile's SLICES column slices, each one element per thread (`flat_scales`), for
+    `store_boxes_sliced`; an empty tuple without a bias. (Loaded when the tile's MMAs are done:
+    before its K loop, as the fp8 scales are, it changed nothing of the consumer's registers.)"""
+    biases = ()
+    if HAS_BIAS:
+        for j in gl.static_range(SLICES):
+            biases = biases + (flat_scales(bias, off_n + j * SLICE_N, N, SLICE_N),)
+    return biases
+
+
+@gluon.jit
 def store_boxes_sliced(
     c_desc,
     c_bufs,
@@ -384,6 +448,8 @@ def store_boxes_sliced(
     BASE: gl.constexpr,
     scales,
     SCALING: gl.constexpr = 0,
+    biases=(),
+    HAS_BIAS: gl.constexpr = False,
 ):
     """Sliced epilogue of a tile held as a tuple of accumulators stacked along M (`boxes`, each
     [BOX_M, BN]): it leaves in [BOX_M, SN] slices (SN: the C descriptor's block width), slice-major
@@ -392,7 +458,8 @@ def store_boxes_sliced(
     fp8 `scales` (`boxes_scales`): each box is multiplied by its row scales once, and a slice's
     column scales are redistributed once for all the boxes (`as_columns`: a layout conversion
     through shared memory, with its barriers, which per box and slice was the row-wise epilogue's
-    main cost: perf-notes entry 24)."""
+    main cost: perf-notes entry 24). A bias (`biases`: `boxes_bias`) is added after the scales,
+    each slice's redistributed once for all the boxes, as the column scales are."""
     BOX_M: gl.constexpr = boxes[0].shape[0]
     SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
     SLICES: gl.constexpr = boxes[0].shape[1] // SLICE_N
@@ -409,10 +476,14 @@ def store_boxes_sliced(
     for j in gl.static_range(SLICES):
         if SCALING == 2:
             sb = gl.expand_dims(as_columns(columns[j], column_slice(scaled[0], j, SLICE_N)), 0)
+        if HAS_BIAS:  # (with row-wise scales too, a ping-pong consumer spills: warpspec.prepare)
+            bb = gl.expand_dims(as_columns(biases[j].to(gl.float32), column_slice(scaled[0], j, SLICE_N)), 0)
         for i in gl.static_range(BOXES):
             part = column_slice(scaled[i], j, SLICE_N)
             if SCALING == 2:
                 part = part * sb
+            if HAS_BIAS:
+                part = part + bb
             buf = c_bufs.index(BASE + (j * BOXES + i) % BUFFERS)
             store_slice(c_desc, buf, part, off_m + i * BOX_M, off_n + j * SLICE_N, BUFFERS - 1)
 
@@ -425,10 +496,20 @@ def store_boxes_sliced(
 
 @gluon.jit
 def _write_slices(
-    c_desc, c_bufs, c, off_m, off_n, scale_a, scale_b, SCALING: gl.constexpr, FIRST: gl.constexpr = 0
+    c_desc,
+    c_bufs,
+    c,
+    off_m,
+    off_n,
+    scale_a,
+    scale_b,
+    SCALING: gl.constexpr,
+    bias,
+    HAS_BIAS: gl.constexpr,
+    FIRST: gl.constexpr = 0,
 ):
-    """c [BM, BN], the tile at (off_m, off_n) -> fp8 scales -> output dtype -> shared memory,
-    column slice i (c_bufs' width) into c_bufs[FIRST + i]."""
+    """c [BM, BN], the tile at (off_m, off_n) -> fp8 scales -> bias -> output dtype -> shared
+    memory, column slice i (c_bufs' width) into c_bufs[FIRST + i]."""
     BLOCK_M: gl.constexpr = c.shape[0]
     WIDTH: gl.constexpr = c.shape[1]
     SLICE_N: gl.constexpr = c_bufs.shape[2]
@@ -436,12 +517,23 @@ def _write_slices(
         c = scale_tile(
             c, scale_a, scale_b, off_m, off_n + FIRST * SLICE_N, c_desc.shape[0], c_desc.shape[1], SCALING
         )
+        c = add_bias(c, bias, off_n + FIRST * SLICE_N, c_desc.shape[1], HAS_BIAS)
         c_bufs.index(FIRST).store(c.to(c_bufs.dtype))
     else:
         left, right = c.reshape([BLOCK_M, 2, WIDTH // 2]).permute(0, 2, 1).split()
-        _write_slices(c_desc, c_bufs, left, off_m, off_n, scale_a, scale_b, SCALING, FIRST)
+        _write_slices(c_desc, c_bufs, left, off_m, off_n, scale_a, scale_b, SCALING, bias, HAS_BIAS, FIRST)
         _write_slices(
-            c_desc, c_bufs, right, off_m, off_n, scale_a, scale_b, SCALING, FIRST + WIDTH // 2 // SLICE_N
+            c_desc,
+            c_bufs,
+            right,
+            off_m,
+            off_n,
+            scale_a,
+            scale_b,
+            SCALING,
+            bias,
+            HAS_BIAS,
+            FIRST + WIDTH // 2 // SLICE_N,
         )
 
 
@@ -460,14 +552,16 @@ def stage_tile(
     scale_a=None,
     scale_b=None,
     SCALING: gl.constexpr = 0,
+    bias=None,
+    HAS_BIAS: gl.constexpr = False,
 ):
     """Deferred epilogue, at the end of the tile at (off_m, off_n): store what the K loop left of
     the previous tile (at prev_m, prev_n; `pending`: there is one), wait until it has left the
-    staging buffers, then stage c there slice by slice (fp8 scales applied per slice), fenced for
-    the TMA stores of the next tile's loop."""
+    staging buffers, then stage c there slice by slice (fp8 scales, then the bias, applied per
+    slice), fenced for the TMA stores of the next tile's loop."""
     store_staged_rest(c_desc, c_bufs, prev_m, prev_n, k_steps, spacing, pending)
     tma.store_wait(0)
-    _write_slices(c_desc, c_bufs, c, off_m, off_n, scale_a, scale_b, SCALING)
+    _write_slices(c_desc, c_bufs, c, off_m, off_n, scale_a, scale_b, SCALING, bias, HAS_BIAS)
     fence_async_shared()
 
 

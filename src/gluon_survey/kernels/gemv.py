@@ -48,7 +48,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
-from .plan import FP8, Launcher, check_config_kind, scale_args, scaling_code
+from .plan import FP8, Launcher, bias_table, check_config_kind, scale_args, scaling_code
 
 __all__ = [
     "CONFIGS",
@@ -185,13 +185,14 @@ def _chunk(a_row, w_ptr, offs_n, offs_k, N, K, stride_w, W_KMAJOR: gl.constexpr)
     return x, gl.load(w_ptr + ptrs, mask=mask, other=0.0)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
 def gemv_kernel(
     a_ptr,
     w_ptr,
     c_ptr,
     scale_a,
     scale_b,
+    bias,
     M,
     N,
     K,
@@ -203,6 +204,7 @@ def gemv_kernel(
     W_KMAJOR: gl.constexpr,
     ONE_CHUNK: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
     """c[m, n] = sum_k a[m, k] w[n, k] for ROWS rows n of the weight and every token m (a loop):
     W_KMAJOR, w is the [N, K] weight (row stride stride_w); else b = [K, N] (row stride stride_w).
@@ -210,7 +212,8 @@ def gemv_kernel(
     extent along the unit stride as multiples of 16 (as it does on every llm weight). ONE_CHUNK:
     K fits one chunk, so there is no loop and nothing to prefetch. fp8 operands (e4m3) come with
     fp32 scales: SCALING 1 per tensor (one element each), 2 row-wise (scale_a per token, scale_b
-    per weight row); 0 for fp16/bf16 (None, None)."""
+    per weight row); 0 for fp16/bf16 (None, None). HAS_BIAS: + bias[n] (fp16/bf16, C's dtype), after
+    the scales; None and False without."""
     VEC: gl.constexpr = _VECTOR_BITS // w_ptr.dtype.element_ty.primitive_bitwidth
     # A warp's 32 vectors run along the unit stride (K of the weight, or N of a row-major B), the
     # warps down the other dimension; with fewer weight rows than warps, the rest side by side
@@ -233,6 +236,8 @@ def gemv_kernel(
         scale = gl.load(scale_a) * gl.load(scale_b)
     elif SCALING == 2:
         row_scales = gl.load(scale_b + offs_n, mask=offs_n < N, other=0.0)
+    if HAS_BIAS:  # likewise
+        row_bias = gl.load(bias + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)
     for m in range(M):
         a_row = a_ptr + m * stride_am
         if SCALING == 2:
@@ -252,6 +257,8 @@ def gemv_kernel(
             out = out * scale
         elif SCALING == 2:
             out = out * row_scales * token_scale
+        if HAS_BIAS:
+            out = out + row_bias
         gl.store(c_ptr + m * stride_cm + offs_n, out.to(c_ptr.dtype.element_ty), mask=offs_n < N)
 
 
@@ -264,8 +271,8 @@ class GemvPlan:
     def __init__(self, launcher: Launcher, scalars: tuple[int, ...]):
         self.launcher, self.scalars = launcher, scalars
 
-    def launch(self, a, b, out, scales: Scales | None = None) -> None:
-        self.launcher(a, b, out, *scale_args(scales), *self.scalars)
+    def launch(self, a, b, out, scales: Scales | None = None, bias=None) -> None:
+        self.launcher(a, b, out, *scale_args(scales), bias, *self.scalars)
 
 
 # A row-major B's program is a warp's 32 vectors of columns by four K rows a warp: past 16 warps
@@ -277,10 +284,13 @@ def _warps(cfg: GemvConfig, kmajor: bool) -> int:
     return cfg.num_warps if kmajor else min(cfg.num_warps, ROW_MAJOR_MAX_WARPS)
 
 
-def _constexprs(cfg: GemvConfig, kmajor: bool, K: int, scaling: int = 0) -> dict[str, object]:
+def _constexprs(
+    cfg: GemvConfig, kmajor: bool, K: int, scaling: int = 0, has_bias: bool = False
+) -> dict[str, object]:
     """The kernel's tile: the config's for the [N, K] weight; for a row-major B, one warp's
     16-byte vectors of columns (32 of them) by four K rows a warp. Where K fits one chunk the
-    kernel is specialized without its loop (ONE_CHUNK). SCALING: `Scales.code`, 0 without."""
+    kernel is specialized without its loop (ONE_CHUNK). SCALING: `Scales.code`, 0 without;
+    HAS_BIAS: whether a bias is added."""
     if kmajor:
         tile = {"ROWS": cfg.ROWS, "BLOCK_K": cfg.BLOCK_K, "W_KMAJOR": True}
     else:
@@ -289,11 +299,14 @@ def _constexprs(cfg: GemvConfig, kmajor: bool, K: int, scaling: int = 0) -> dict
             "BLOCK_K": 4 * _warps(cfg, False),
             "W_KMAJOR": False,
         }
-    return tile | {"ONE_CHUNK": tile["BLOCK_K"] >= K, "SCALING": scaling}
+    return tile | {"ONE_CHUNK": tile["BLOCK_K"] >= K, "SCALING": scaling, "HAS_BIAS": has_bias}
 
 
-def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Scales | None = None) -> Launch:
-    """out = a @ b (times the fp8 `scales`), one program per ROWS rows (columns) of the weight."""
+def prepare(
+    a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Scales | None = None, bias=None
+) -> Launch:
+    """out = a @ b (times the fp8 `scales`, + `bias`), one program per ROWS rows (columns) of the
+    weight."""
     fp8 = a.element_size() == 1
     (M, K), N = a.shape, b.shape[1]
     cfg = cfg or config_for(target.capability, K, fp8)
@@ -306,7 +319,7 @@ def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Sc
     if fp8 and K > cfg.BLOCK_K:
         raise ValueError(_fp8_too_deep(K) + f"; config {cfg.label} takes K <= {cfg.BLOCK_K}")
     stride_w = b.stride(1) if kmajor else b.stride(0)
-    constexprs = _constexprs(cfg, kmajor, K, scaling_code(scales))
+    constexprs = _constexprs(cfg, kmajor, K, scaling_code(scales), bias is not None)
     grid = (triton.cdiv(N, constexprs["ROWS"]),)
     plan = GemvPlan(
         Launcher(gemv_kernel, grid, constexprs, _warps(cfg, kmajor)),
@@ -314,11 +327,12 @@ def prepare(a, b, out, target: Target, cfg: GemvConfig | None = None, scales: Sc
     )
 
     def fn():
-        plan.launch(a, b, out, scales)
+        plan.launch(a, b, out, scales, bias)
 
     fn.plan = plan
     chunks = triton.cdiv(K, constexprs["BLOCK_K"])
-    return Launch(fn, cfg.table() | {"num_warps": _warps(cfg, kmajor), "grid": grid[0], "k_chunks": chunks})
+    table = {"num_warps": _warps(cfg, kmajor), "grid": grid[0], "k_chunks": chunks} | bias_table(bias)
+    return Launch(fn, cfg.table() | table)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
@@ -339,9 +353,9 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
             constexprs = _constexprs(cfg, is_kmajor(layout), K, 2 if fp8 else 0)
             signature = {"a_ptr": ty, "w_ptr": ty, "c_ptr": "*bf16" if fp8 else ty}
             scales = {"scale_a": "*fp32", "scale_b": "*fp32"} if fp8 else {}
-            if not fp8:
-                constexprs = {"scale_a": None, "scale_b": None} | constexprs
-            signature |= scales | {"M": "i32", "N": "i32", "K": "i32"}
+            none = {"bias": None}  # no bias (`plan.with_bias` adds one), after the scales
+            constexprs = ({} if fp8 else {"scale_a": None, "scale_b": None}) | none | constexprs
+            signature |= scales | {"bias": "constexpr", "M": "i32", "N": "i32", "K": "i32"}
             signature |= {"stride_am": "i32", "stride_w": "i32", "stride_cm": "i32"}
             specs.append(
                 CompileSpec(

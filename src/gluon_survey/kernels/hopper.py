@@ -7,6 +7,8 @@ calls (`kernels/arch.py` says which one a GPU gets):
     mma = mma.issue(a_smem, b_smem)                             # async C += A @ B
     mma = mma.wait(num_outstanding)                             # at most that many MMAs in flight
     acc, mma = mma.take_result()                                # fp32 registers; accumulator reset
+    part = mma.result_slice(J, SLICE_N)                         # of the finished accumulator: its
+                                                                # columns [J * SLICE_N, +SLICE_N)
 
 (No `from __future__ import annotations` here: aggregates check field types at run time.)
 """
@@ -21,6 +23,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..compat import aggregate
+from .common import column_slice
 
 
 @gluon.constexpr_function
@@ -77,3 +80,10 @@ class WGMMA:
     def take_result(self):
         acc = warpgroup_mma_wait(0, deps=(self.acc,))
         return acc, WGMMA(warpgroup_mma_init(acc), gl.to_tensor(False))
+
+    @gluon.jit
+    def result_slice(self, J: gl.constexpr, SLICE_N: gl.constexpr):
+        """Columns [J * SLICE_N, (J + 1) * SLICE_N) of the finished accumulator (the registers
+        split, no data moved); the accumulator is left as it is."""
+        acc = warpgroup_mma_wait(0, deps=(self.acc,))
+        return column_slice(acc, J, SLICE_N)

@@ -161,19 +161,22 @@ def _next_load(
     return tile, k, ring.next(), off_m, off_n
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
 def persistent_kernel(
     a_desc,
     b_desc,
     c_desc,
     scale_a,
     scale_b,
+    bias,
     MMA: gl.constexpr,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
+    """C = A @ B (times the fp8 scales, SCALING; + bias[N], HAS_BIAS) over this program's tiles."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
     SLICES: gl.constexpr = BLOCK_N // c_desc.block_type.shape[1]
@@ -230,6 +233,8 @@ def persistent_kernel(
             scale_a,
             scale_b,
             SCALING,
+            bias,
+            HAS_BIAS,
         )
         prev_m, prev_n = off_m, off_n
     store_staged_rest(c_desc, c_bufs, prev_m, prev_n, 0, spacing, True)

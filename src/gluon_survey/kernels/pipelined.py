@@ -26,6 +26,7 @@ from .common import (
     load_step,
     mbarrier,
     scale_tile,
+    store_biased_tile,
     store_tile,
     tma,
 )
@@ -78,11 +79,13 @@ def ring_mma(
     STAGES: gl.constexpr,
     B_KMAJOR: gl.constexpr,
     OPERANDS: gl.constexpr,
+    TAKE: gl.constexpr = True,
 ):
     """The rung's idea: K steps first .. first + steps - 1 of one tile through a ring of STAGES
     shared-memory stages, STAGES - 1 loads in flight behind the one MMA in flight; returns the fp32
-    accumulator. `OPERANDS(a_buf, b_buf, B_KMAJOR)` says how a stage feeds the MMA (`operands`;
-    the swap-AB rung passes its own). Later rungs reuse this loop."""
+    accumulator (TAKE False: the MMA, whose accumulator is then taken in slices, `result_slice`).
+    `OPERANDS(a_buf, b_buf, B_KMAJOR)` says how a stage feeds the MMA (`operands`; the swap-AB
+    rung passes its own). Later rungs reuse this loop."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -125,26 +128,34 @@ def ring_mma(
             B_KMAJOR,
             pred=nxt < steps,
         )
-    acc, mma = mma.take_result()
-    invalidate_barriers(ready, STAGES)
-    return acc
+    if TAKE:
+        acc, mma = mma.take_result()
+        invalidate_barriers(ready, STAGES)
+        result = acc
+    else:
+        invalidate_barriers(ready, STAGES)
+        result = mma
+    return result
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
 def pipelined_kernel(
     a_desc,
     b_desc,
     c_desc,
     scale_a,
     scale_b,
+    bias,
     MMA: gl.constexpr,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] tile of C = A @ B; for fp8 operands C = (A @ B) * scales
-    (`scale_tile`, SCALING 1 or 2; None scales and SCALING 0 for fp16/bf16)."""
+    (`scale_tile`, SCALING 1 or 2; None scales and SCALING 0 for fp16/bf16); then + bias[N]
+    (`add_bias`, HAS_BIAS; None and False without)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -156,13 +167,16 @@ def pipelined_kernel(
     off_n = pid_n * BLOCK_N
 
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
-    acc = ring_mma(
-        a_desc, b_desc, off_m, off_n, 0, gl.cdiv(a_desc.shape[1], BLOCK_K), mma, STAGES, B_KMAJOR, operands
-    )
-
-    acc = scale_tile(acc, scale_a, scale_b, off_m, off_n, c_desc.shape[0], c_desc.shape[1], SCALING)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-    store_tile(c_desc, c_smem, acc, off_m, off_n)
+    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
+    if HAS_BIAS:  # the accumulator taken in column slices, each with its scales and bias
+        mma = ring_mma(a_desc, b_desc, off_m, off_n, 0, k_steps, mma, STAGES, B_KMAJOR, operands, False)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        store_biased_tile(c_desc, c_smem, mma, off_m, off_n, scale_a, scale_b, SCALING, bias)
+    else:
+        acc = ring_mma(a_desc, b_desc, off_m, off_n, 0, k_steps, mma, STAGES, B_KMAJOR, operands)
+        acc = scale_tile(acc, scale_a, scale_b, off_m, off_n, c_desc.shape[0], c_desc.shape[1], SCALING)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        store_tile(c_desc, c_smem, acc, off_m, off_n)
     tma.store_wait(0)
 
 

@@ -21,7 +21,7 @@ calls a `Launcher`.
 """
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -226,6 +226,8 @@ class Plan:
     cfg: GemmConfig
     extra: tuple[object, ...] = ()
     scaled: bool = False  # the kernel takes (scale_a, scale_b) after the descriptors (`scale_args`)
+    # the kernel takes a `bias` after those (None without one: a constexpr, as the scales' None)
+    biased: bool = False
     encoded: tuple[dict, dict, dict] = field(default_factory=lambda: ({}, {}, {}), compare=False, repr=False)
     launch: Callable[..., None] = field(init=False, compare=False, repr=False)
     # `launch` refuses a base it cannot take (`Unaligned`), so its caller need not read the bases.
@@ -243,9 +245,10 @@ class Plan:
             _rebased(tc, _aligned_base(out, 2)),
         )
 
-    def rest(self, scales: Scales | None) -> tuple[object, ...]:
+    def rest(self, scales: Scales | None, bias=None) -> tuple[object, ...]:
         """The kernel arguments after the three descriptors."""
-        return (*scale_args(scales), *self.extra) if self.scaled else self.extra
+        biased = (bias,) if self.biased else ()
+        return (*scale_args(scales), *biased, *self.extra) if self.scaled else (*biased, *self.extra)
 
     def encode(self, i: int, t) -> tuple:
         """Descriptor i's encoding for tensor t, kept for t's address."""
@@ -257,12 +260,12 @@ class Plan:
         )
         return enc
 
-    def bind(self, a, b, out, scales: Scales | None = None) -> Callable[[], None]:
+    def bind(self, a, b, out, scales: Scales | None = None, bias=None) -> Callable[[], None]:
         """The bare launch on these tensors: the descriptors are made now (and encoded once, after
         the first launch, where the launcher takes them encoded), so `fn()` only launches the
         kernel (what the driver times). `fn.plan` is this plan, for callers that launch it again on
         other tensors of the same problem (`gluon_survey.api`'s plan cache)."""
-        rest = self.rest(scales)
+        rest = self.rest(scales, bias)
         args = (*self.descriptors(a, b, out), *rest)
         launcher = self.launcher
         direct = encoded = None
@@ -286,18 +289,18 @@ class Plan:
 def _plan_launch(plan: Plan) -> Callable[..., None]:
     """`plan.launch`: one function over the plan's parts, bound once, because it is the whole of a
     cached `matmul` call's launch (`plan.launch.plan` is the plan)."""
-    launcher, encode, scaled, extra = plan.launcher, plan.encode, plan.scaled, plan.extra
+    launcher, encode, scaled, extra, biased = plan.launcher, plan.encode, plan.scaled, plan.extra, plan.biased
     ea, eb, ec = plan.encoded
     runtime = knobs.runtime
     # `launcher.direct()`, bound at the first launch; `tail`: what follows the scales
     c_launch = g0 = g1 = g2 = get_stream = get_device = head = tail = None
 
-    def launch(a, b, out, scales: Scales | None = None) -> None:
-        """out = a @ b (times fp8 `scales`) on these tensors."""
+    def launch(a, b, out, scales: Scales | None = None, bias=None) -> None:
+        """out = a @ b (times fp8 `scales`, + `bias`) on these tensors."""
         nonlocal c_launch, g0, g1, g2, get_stream, get_device, head, tail
         hooks = runtime.launch_enter_hook  # `_hooked()`, written out
         if c_launch is None or (hooks is not None and getattr(hooks, "calls", True)):
-            launcher(*plan.descriptors(a, b, out), *plan.rest(scales))
+            launcher(*plan.descriptors(a, b, out), *plan.rest(scales, bias))
             direct = launcher.direct()
             if direct is not None:
                 c_launch, g0, g1, g2, get_stream, get_device, head, values = direct
@@ -313,6 +316,7 @@ def _plan_launch(plan: Plan) -> Callable[..., None]:
             *(eb.get(b.data_ptr()) or encode(1, b)),
             *(ec.get(out.data_ptr()) or encode(2, out)),
             *(scale_args(scales) if scaled else ()),  # `Plan.rest`, written out with `tail`
+            *((bias,) if biased else ()),
             *tail,
         )
 
@@ -331,6 +335,11 @@ def check_config_kind(mode: str, cfg: GemmConfig, scales: Scales | None) -> None
         raise ValueError(f"{mode}: config {cfg.label} is for {kind} operands")
 
 
+def bias_table(bias) -> dict[str, object]:
+    """What a results row records of a bias: that it is added in the kernel's epilogue."""
+    return {} if bias is None else {"bias": "fused"}
+
+
 def scale_args(scales: Scales | None) -> tuple[object, object]:
     """The (scale_a, scale_b) kernel arguments: the flat fp32 scales, or None, None without (a
     None argument is a constexpr to Triton, so the fp16/bf16 kernels compile as if they had no
@@ -343,13 +352,34 @@ def scaling_code(scales: Scales | None) -> int:
     return 0 if scales is None else scales.code
 
 
+def _out_type(spec: CompileSpec) -> str:
+    """The Triton element type of a spec's output ("fp16", "bf16"): its C descriptor's or pointer's."""
+    for name in ("c_desc", "c_ptr"):
+        sig = spec.signature.get(name)
+        if sig is not None:
+            return sig.removeprefix("tensordesc<").removeprefix("*").split("[")[0]
+    raise ValueError(f"{spec.kernel}: no c_desc or c_ptr in its signature")
+
+
+def with_bias(spec: CompileSpec) -> CompileSpec:
+    """A rung kernel's compile spec (made without a bias: `bias` a None constexpr, HAS_BIAS False)
+    with a bias of the output's dtype: `bias` a pointer, HAS_BIAS True, the label's " bias"."""
+    if "HAS_BIAS" not in spec.constexprs:
+        raise ValueError(f"{spec.kernel}: the kernel takes no bias")
+    signature = spec.signature | {"bias": "*" + _out_type(spec)}
+    signature = {name: signature[name] for name in spec.fn.arg_names}  # the kernel's order
+    constexprs = {k: v for k, v in spec.constexprs.items() if k != "bias"} | {"HAS_BIAS": True}
+    return replace(spec, kernel=f"{spec.kernel} bias", signature=signature, constexprs=constexprs)
+
+
 @dataclass(frozen=True)
 class Rung:
-    """The host side of a rung kernel that takes (a_desc, b_desc, c_desc, **constexprs), or with
-    `scaled` (a_desc, b_desc, c_desc, scale_a, scale_b, **constexprs, SCALING): its launch and its
-    compile specs, built from the same `constexprs(cfg, capability, layout)`, so that what
-    `inspect` compiles is what `prepare` launches. Persistent kernels get one program per SM (or
-    per tile, when there are fewer tiles), the others one per tile."""
+    """The host side of a rung kernel that takes (a_desc, b_desc, c_desc, bias, **constexprs,
+    HAS_BIAS), or with `scaled` (a_desc, b_desc, c_desc, scale_a, scale_b, bias, **constexprs,
+    SCALING, HAS_BIAS): its launch and its compile specs, built from the same `constexprs(cfg,
+    capability, layout)`, so that what `inspect` compiles is what `prepare` launches. Persistent
+    kernels get one program per SM (or per tile, when there are fewer tiles), the others one per
+    tile."""
 
     mode: str
     kernel: object
@@ -381,10 +411,17 @@ class Rung:
         return {c.label: c for c in (cfg, *extra)}
 
     def prepare(
-        self, a, b, out, target: Target, cfg: GemmConfig | None = None, scales: Scales | None = None
+        self,
+        a,
+        b,
+        out,
+        target: Target,
+        cfg: GemmConfig | None = None,
+        scales: Scales | None = None,
+        bias=None,
     ) -> Launch:
         cfg = cfg or self.config_for(target.capability, a.shape[1], scales is not None)
-        return self.launch(a, b, out, target, cfg, scales)
+        return self.launch(a, b, out, target, cfg, scales, bias)
 
     def specs(self, capability: tuple[int, int], dtype: str) -> list[CompileSpec]:
         """Compile specs of the configs this architecture may run (`candidates`; none where it runs
@@ -393,30 +430,41 @@ class Rung:
             return []
         return self.compile_specs(capability, dtype, list(self.candidates(capability, dtype == FP8).values()))
 
-    def plan(self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None) -> Plan:
+    def plan(
+        self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None, has_bias: bool = False
+    ) -> Plan:
         """The launch plan for tensors like these (only their shapes, strides and dtype are read;
-        bases must be 16-byte aligned): descriptors' block shapes and layouts, grid, constexprs."""
+        bases must be 16-byte aligned): descriptors' block shapes and layouts, grid, constexprs
+        (HAS_BIAS: `has_bias`; the bias itself is an argument of each launch)."""
         layout = b_layout(b)
         templates = templates_of(make_descriptors(a, b, out, cfg, layout))
         tiles = num_tiles(*out.shape, cfg)
         grid = (min(target.sm_count, tiles) if self.persistent else tiles,)
-        kw = self.kernel_constexprs(cfg, target.capability, layout, scaling_code(scales))
-        return Plan(Launcher(self.kernel, grid, kw, cfg.num_warps), templates, cfg, scaled=self.scaled)
+        kw = self.kernel_constexprs(cfg, target.capability, layout, scaling_code(scales), has_bias)
+        launcher = Launcher(self.kernel, grid, kw, cfg.num_warps)
+        return Plan(launcher, templates, cfg, scaled=self.scaled, biased=True)
 
-    def kernel_constexprs(self, cfg, capability, layout: str, scaling: int) -> dict[str, object]:
-        """`constexprs`, and SCALING last for a scaled kernel (its last parameter)."""
+    def kernel_constexprs(
+        self, cfg, capability, layout: str, scaling: int, has_bias: bool = False
+    ) -> dict[str, object]:
+        """`constexprs`, then SCALING for a scaled kernel and HAS_BIAS (its last parameters)."""
         kw = self.constexprs(cfg, capability, layout)
-        return kw | {"SCALING": scaling} if self.scaled else kw
+        if self.scaled:
+            kw = kw | {"SCALING": scaling}
+        return kw | {"HAS_BIAS": has_bias}
 
-    def launch(self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None) -> Launch:
-        """A ready launch of out = a @ b; `Launch.fn.plan` launches the same on other tensors."""
+    def launch(
+        self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None, bias=None
+    ) -> Launch:
+        """A ready launch of out = a @ b (+ bias); `Launch.fn.plan` launches the same on other
+        tensors."""
         check_config_kind(self.mode, cfg, scales)
-        plan = self.plan(a, b, out, target, cfg, scales)
-        return Launch(plan.bind(a, b, out, scales), cfg.table())
+        plan = self.plan(a, b, out, target, cfg, scales, bias is not None)
+        return Launch(plan.bind(a, b, out, scales, bias), cfg.table() | bias_table(bias))
 
     def compile_specs(self, capability: tuple[int, int], dtype: str, configs) -> list[CompileSpec]:
         """One spec per config and B layout, for `gluon-survey inspect`; fp8 (K-major B only)
-        with row-wise scales, the epilogue that does the most."""
+        with row-wise scales, the epilogue that does the most; no bias (`with_bias` adds one)."""
         specs = []
         fp8 = dtype == FP8
         for cfg in configs:
@@ -428,9 +476,11 @@ class Rung:
                     arg: desc_signature(block, dt)
                     for arg, block, dt in zip(self.desc_args, blocks, dtypes, strict=True)
                 }
+                none = {"bias": None}  # no bias: a None constexpr, as the 16-bit kernels' scales
                 if self.scaled:
                     signature |= {"scale_a": "*fp32", "scale_b": "*fp32"} if fp8 else {}
-                    values = ({} if fp8 else {"scale_a": None, "scale_b": None}) | values
+                    none = ({} if fp8 else {"scale_a": None, "scale_b": None}) | none
+                values = none | values  # the kernel's order: scales, bias, then the constexprs
                 specs.append(
                     CompileSpec(
                         self.mode,
@@ -457,9 +507,9 @@ def provider_functions(rung: Callable[[], Rung]):
         return rung().candidates(capability, fp8)
 
     def prepare(
-        a, b, out, target: Target, cfg: GemmConfig | None = None, scales: Scales | None = None
+        a, b, out, target: Target, cfg: GemmConfig | None = None, scales: Scales | None = None, bias=None
     ) -> Launch:
-        return rung().prepare(a, b, out, target, cfg, scales)
+        return rung().prepare(a, b, out, target, cfg, scales, bias)
 
     def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
         return rung().specs(capability, dtype)

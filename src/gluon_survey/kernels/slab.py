@@ -131,19 +131,22 @@ def k_width(dtype):
     return 32 // dtype.primitive_bitwidth
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
 def slab_kernel(
     x_desc,
     w_desc,
     c_desc,
     scale_a,
     scale_b,
+    bias,
     W_KMAJOR: gl.constexpr,
     STAGES: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
     """C's [BLOCK_T, BLOCK_W] tile: BLOCK_T tokens times a BLOCK_W-row slab of the weight over the
-    whole of K (for fp8 operands times the scales, SCALING 1 or 2; None and 0 for fp16/bf16)."""
+    whole of K (for fp8 operands times the scales, SCALING 1 or 2; None and 0 for fp16/bf16), plus
+    the bias of its columns (the slab's weight rows) with HAS_BIAS."""
     BLOCK_T: gl.constexpr = c_desc.block_type.shape[0]  # tokens: rows of C, the MMA's N
     BLOCK_W: gl.constexpr = c_desc.block_type.shape[1]  # weight rows: columns of C, the MMA's M
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -188,7 +191,7 @@ def slab_kernel(
         )  # fmt: skip
         ring = ring.next()
     invalidate_barriers(ready, STAGES)
-    store_sum(c_desc, gl.permute(acc, (1, 0)), off_t, off_w, scale_a, scale_b, SCALING)
+    store_sum(c_desc, gl.permute(acc, (1, 0)), off_t, off_w, scale_a, scale_b, SCALING, bias, HAS_BIAS)
 
 
 def constexprs(cfg: SlabConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
@@ -241,7 +244,9 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Slab
     return {c.label: c for c in tiles}
 
 
-def prepare(a, b, out, target: Target, cfg: SlabConfig | None = None, scales: Scales | None = None) -> Launch:
+def prepare(
+    a, b, out, target: Target, cfg: SlabConfig | None = None, scales: Scales | None = None, bias=None
+) -> Launch:
     """The slab launch of the config (by default the 32-row slab), with the token tile and the
     ring depth chosen for this M and this grid where the config leaves them at 0."""
     M, N = out.shape
@@ -251,7 +256,7 @@ def prepare(a, b, out, target: Target, cfg: SlabConfig | None = None, scales: Sc
         cfg = replace(cfg, BLOCK_M=tokens_for(M))
     if not cfg.STAGES:
         cfg = replace(cfg, STAGES=stages_for(cfg, programs_for(cfg, M, N), target.sm_count))
-    launch = RUNG.launch(a, b, out, target, cfg, scales)
+    launch = RUNG.launch(a, b, out, target, cfg, scales, bias)
     return Launch(launch.fn, launch.config | {"grid": programs_for(cfg, M, N)})
 
 

@@ -21,6 +21,9 @@ shapes is the weight's bytes over the memory bandwidth (docs/perf-notes.md, entr
 fp8 (e4m3) operands take 128-wide K steps (a stage holds the same bytes) and both K-major (B the
 transpose view of an [N, K] weight); the partials stay unscaled fp32, and the dequantization
 scales multiply the summed tile once, right before C is stored (`store_sum`).
+
+A bias (HAS_BIAS) is added to the summed tile too, after the scales (`store_sum`): never to a
+partial, so it is added once whatever SPLIT_K is.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ from .. import memory
 from ..compat import cta_barrier
 from ..launch import B_LAYOUTS, CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
-from .common import GemmConfig, grouped_tile, scale_tile, store_tile, tma
+from .common import GemmConfig, add_bias, grouped_tile, scale_tile, store_tile, tma
 from .pipelined import operands, ring_mma
 from .plan import (
     FP8,
     FP8_OUT,
     Launcher,
     Plan,
+    bias_table,
     block_shapes,
     check_config_kind,
     desc_signature,
@@ -127,10 +131,14 @@ __all__ = [
 
 
 @gluon.jit
-def store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING: gl.constexpr):
+def store_sum(
+    c_desc, total, off_m, off_n, scale_a, scale_b, SCALING: gl.constexpr, bias, HAS_BIAS: gl.constexpr
+):
     """C's tile at (off_m, off_n) from `total`, the fp32 sum over all of K: times the fp8 scales
-    (`scale_tile`; SCALING 0, fp16/bf16, leaves it), to C's dtype, TMA store."""
+    (`scale_tile`; SCALING 0, fp16/bf16, leaves it), plus the bias along C's columns (`add_bias`;
+    HAS_BIAS False leaves it), to C's dtype, TMA store."""
     total = scale_tile(total, scale_a, scale_b, off_m, off_n, c_desc.shape[0], c_desc.shape[1], SCALING)
+    total = add_bias(total, bias, off_n, c_desc.shape[1], HAS_BIAS)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     store_tile(c_desc, c_smem, total, off_m, off_n)
     tma.store_wait(0)
@@ -165,11 +173,13 @@ def split_reduce(
     scale_a,
     scale_b,
     SCALING: gl.constexpr,
+    bias,
+    HAS_BIAS: gl.constexpr,
 ):
     """Sum the SPLIT_K partial tiles of `tile` and store C: every program writes its fp32 partial
     `acc` to its slot, the last to arrive on the tile's counter adds all of them (in split order,
     so the sum does not depend on who arrives last), writes C at (off_m, off_n) (`store_sum`: the
-    fp8 scales apply to the sum, never to a partial) and resets the counter. `acc` may be any
+    fp8 scales and the bias apply to the sum, never to a partial) and resets the counter. `acc` may be any
     [BM, BN] fp32 tensor (the MMA's layout); the partials are [BM, BN] slots of `partials`,
     SPLIT_K per tile, written and read as 16-byte vectors (`partial_layout`). The last program
     loads them BATCH at a time, each batch's loads issued together, so the tail of the tile waits
@@ -196,16 +206,17 @@ def split_reduce(
                     first + s * (BM * BN) + offs, mask=s < SPLIT_K, other=0.0, cache_modifier=".cg"
                 )
         gl.store(counters + tile, 0)  # ready for the next launch
-        store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING)
+        store_sum(c_desc, total, off_m, off_n, scale_a, scale_b, SCALING, bias, HAS_BIAS)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
 def splitk_kernel(
     a_desc,
     b_desc,
     c_desc,
     scale_a,
     scale_b,
+    bias,
     partials,
     counters,
     MMA: gl.constexpr,
@@ -214,9 +225,11 @@ def splitk_kernel(
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
     """Slice `split` of K of one [BLOCK_M, BLOCK_N] tile of C = A @ B (for fp8 operands times the
-    scales, SCALING 1 or 2; None scales and SCALING 0 for fp16/bf16)."""
+    scales, SCALING 1 or 2; None scales and SCALING 0 for fp16/bf16; then + bias[N] with
+    HAS_BIAS, None and False without)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -235,10 +248,23 @@ def splitk_kernel(
     mma = MMA.initialize(a_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
     acc = ring_mma(a_desc, b_desc, off_m, off_n, first, steps, mma, STAGES, B_KMAJOR, operands)
     if SPLIT_K == 1:
-        store_sum(c_desc, acc, off_m, off_n, scale_a, scale_b, SCALING)
+        store_sum(c_desc, acc, off_m, off_n, scale_a, scale_b, SCALING, bias, HAS_BIAS)
     else:
         split_reduce(
-            c_desc, acc, partials, counters, tile, split, SPLIT_K, off_m, off_n, scale_a, scale_b, SCALING
+            c_desc,
+            acc,
+            partials,
+            counters,
+            tile,
+            split,
+            SPLIT_K,
+            off_m,
+            off_n,
+            scale_a,
+            scale_b,
+            SCALING,
+            bias,
+            HAS_BIAS,
         )
 
 
@@ -319,11 +345,22 @@ def check_operands(mode: str, cfg: SplitKConfig, layout: str, scales: Scales | N
 
 
 def launch(
-    kernel, tiles: int, a, b, out, target: Target, cfg: SplitKConfig, descs, constexprs, scales=None
+    kernel,
+    tiles: int,
+    a,
+    b,
+    out,
+    target: Target,
+    cfg: SplitKConfig,
+    descs,
+    constexprs,
+    scales=None,
+    bias=None,
 ) -> Launch:
     """The split-K launch of `kernel` (this rung's or swapab's) over `tiles` output tiles: SPLIT_K,
     grid, workspace, as a `Plan` (so `matmul` reuses it) whose kernel takes the fp8 `scales` (None
-    for fp16/bf16) after the descriptors; `constexprs(split)` gives the kernel's, SCALING aside."""
+    for fp16/bf16) and the `bias` (None without) after the descriptors; `constexprs(split)` gives
+    the kernel's, SCALING and HAS_BIAS aside."""
     split = plan_split(cfg, tiles, a.shape[1], target.sm_count)
     tile_floats = cfg.BLOCK_M * cfg.BLOCK_N
     wave = target.sm_count * cfg.blocks_per_sm() * tile_floats  # the most a split launch asks for
@@ -333,14 +370,17 @@ def launch(
         partials = memory.one_element(torch.float32, a.device)
         counters = memory.one_element(torch.int32, a.device)
     grid = (tiles * split,)
+    kw = constexprs(split) | {"SCALING": scaling_code(scales), "HAS_BIAS": bias is not None}
     plan = Plan(
-        Launcher(kernel, grid, constexprs(split) | {"SCALING": scaling_code(scales)}, cfg.num_warps),
+        Launcher(kernel, grid, kw, cfg.num_warps),
         templates_of(descs),
         cfg,
         (partials, counters),
         scaled=True,
+        biased=True,
     )
-    return Launch(plan.bind(a, b, out, scales), cfg.table() | {"split_k": split, "grid": grid[0]})
+    table = cfg.table() | {"split_k": split, "grid": grid[0]} | bias_table(bias)
+    return Launch(plan.bind(a, b, out, scales, bias), table)
 
 
 def configs_of(fp8: bool) -> dict[int, SplitKConfig]:
@@ -360,7 +400,7 @@ def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> SplitK
 
 
 def prepare(
-    a, b, out, target: Target, cfg: SplitKConfig | None = None, scales: Scales | None = None
+    a, b, out, target: Target, cfg: SplitKConfig | None = None, scales: Scales | None = None, bias=None
 ) -> Launch:
     cfg = cfg or config_for(target.capability, a.shape[1], scales is not None)
     layout = b_layout(b)
@@ -378,6 +418,7 @@ def prepare(
         descs,
         lambda split: _constexprs(cfg, target.capability, layout, split),
         scales,
+        bias,
     )
 
 
@@ -386,7 +427,8 @@ def splitk_specs(mode, kernel, cfg, dtype: str, desc_args, blocks, constexprs) -
     reduction is compiled in: one per B layout for fp16/bf16, for fp8 (`dtype` FP8) one for layout
     "t" with row-wise scales (the epilogue that loads the most) and a bf16 C. The arguments:
     descriptors `desc_args` of the block shapes `blocks(layout)`, the scales (None constexprs for
-    fp16/bf16), the fp32 partials and the int32 counters, then `constexprs(layout)` and SCALING."""
+    fp16/bf16), no bias (a None constexpr; `plan.with_bias` adds one), the fp32 partials and the
+    int32 counters, then `constexprs(layout)`, SCALING and HAS_BIAS."""
     fp8 = dtype == FP8
     specs = []
     for layout in ("t",) if fp8 else B_LAYOUTS:
@@ -396,9 +438,10 @@ def splitk_specs(mode, kernel, cfg, dtype: str, desc_args, blocks, constexprs) -
             for arg, block, dt in zip(desc_args, blocks(layout), dtypes, strict=True)
         }
         signature |= dict.fromkeys(("scale_a", "scale_b"), "*fp32" if fp8 else "constexpr")
-        constants = constexprs(layout) | {"SCALING": 2 if fp8 else 0}
+        signature |= {"bias": "constexpr"}
+        constants = constexprs(layout) | {"SCALING": 2 if fp8 else 0, "HAS_BIAS": False}
         signature |= {"partials": "*fp32", "counters": "*i32"} | dict.fromkeys(constants, "constexpr")
-        values = ({} if fp8 else {"scale_a": None, "scale_b": None}) | constants
+        values = ({} if fp8 else {"scale_a": None, "scale_b": None}) | {"bias": None} | constants
         label = f"{kernel.__name__} {cfg.label} B={layout}" + (" scales=row" if fp8 else "")
         specs.append(
             CompileSpec(mode, label, kernel, signature, values, {"num_warps": cfg.num_warps}, config=cfg)

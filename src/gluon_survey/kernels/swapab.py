@@ -13,6 +13,8 @@ K (`ring_mma`, with the operands swapped), the same partial sums, SPLIT_K chosen
 fp8 (e4m3) is splitk's too: 128-wide K steps, the weight K-major (the MMA's A) and the tokens
 K-major (its B, transposed), and the scales multiply C's summed tile once, after the transpose,
 so scale_a runs along the tokens (C's rows) and scale_b along the weight's rows (C's columns).
+The bias is added after the transpose too: it runs along the weight's rows, the accumulator's
+rows (the MMA's M), which are C's columns (`store_sum`).
 """
 
 from __future__ import annotations
@@ -86,13 +88,14 @@ def swapped_operands(x_buf, w_buf, W_KMAJOR: gl.constexpr):
     return b_operand(w_buf, W_KMAJOR).permute((1, 0)), x_buf.permute((1, 0))
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
 def swapab_kernel(
     x_desc,
     w_desc,
     c_desc,
     scale_a,
     scale_b,
+    bias,
     partials,
     counters,
     MMA: gl.constexpr,
@@ -101,10 +104,11 @@ def swapab_kernel(
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
     """Slice `split` of K of C^T's [BLOCK_W, BLOCK_T] tile, stored as C's [BLOCK_T, BLOCK_W] tile
     (for fp8 operands times the scales of its tokens and columns, SCALING 1 or 2; None scales and
-    SCALING 0 for fp16/bf16)."""
+    SCALING 0 for fp16/bf16; then + the bias of its columns, the weight's rows, with HAS_BIAS)."""
     BLOCK_T: gl.constexpr = c_desc.block_type.shape[0]  # tokens: rows of C, the MMA's N
     BLOCK_W: gl.constexpr = c_desc.block_type.shape[1]  # weight rows: columns of C, the MMA's M
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
@@ -125,10 +129,23 @@ def swapab_kernel(
     acc = ring_mma(x_desc, w_desc, off_t, off_w, first, steps, mma, STAGES, W_KMAJOR, swapped_operands)
     c_tile = acc.permute((1, 0))  # [BLOCK_T, BLOCK_W]: C's tile at (off_t, off_w)
     if SPLIT_K == 1:
-        store_sum(c_desc, c_tile, off_t, off_w, scale_a, scale_b, SCALING)
+        store_sum(c_desc, c_tile, off_t, off_w, scale_a, scale_b, SCALING, bias, HAS_BIAS)
     else:
         split_reduce(
-            c_desc, c_tile, partials, counters, tile, split, SPLIT_K, off_t, off_w, scale_a, scale_b, SCALING
+            c_desc,
+            c_tile,
+            partials,
+            counters,
+            tile,
+            split,
+            SPLIT_K,
+            off_t,
+            off_w,
+            scale_a,
+            scale_b,
+            SCALING,
+            bias,
+            HAS_BIAS,
         )
 
 
@@ -210,7 +227,7 @@ def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> SwapAB
 
 
 def prepare(
-    a, b, out, target: Target, cfg: SwapABConfig | None = None, scales: Scales | None = None
+    a, b, out, target: Target, cfg: SwapABConfig | None = None, scales: Scales | None = None, bias=None
 ) -> Launch:
     cfg = cfg or config_for(target.capability, a.shape[1], scales is not None)
     layout = b_layout(b)
@@ -228,6 +245,7 @@ def prepare(
         descs,
         lambda split: _constexprs(cfg, target.capability, layout, split),
         scales,
+        bias,
     )
 
 

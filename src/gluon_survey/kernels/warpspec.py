@@ -39,6 +39,7 @@ from .common import (
     GemmConfig,
     Ring,
     b_operand,
+    boxes_bias,
     boxes_scales,
     deferred_store_spacing,
     grouped_tile,
@@ -230,6 +231,7 @@ def _consumer(
     c_desc,
     scale_a,
     scale_b,
+    bias,
     s,
     K,
     B_KMAJOR: gl.constexpr,
@@ -237,12 +239,13 @@ def _consumer(
     ME: gl.constexpr,
     CONSUMERS: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
     """Consumer ME of CONSUMERS: takes every CONSUMERS-th tile of this program and multiplies each
     of its A boxes into an accumulator of its own. Two consumers alternate on the tensor cores
     through the `turns` barriers and store C in slices; one alone never waits for a turn and
-    defers its C store into the next tile's K loop. fp8 scales are applied as C is stored
-    (`store_boxes_sliced`, `stage_tile`)."""
+    defers its C store into the next tile's K loop. fp8 scales, then the bias, are applied as C
+    is stored (`store_boxes_sliced`, `stage_tile`)."""
     PINGPONG: gl.constexpr = CONSUMERS == 2
     BOX_M: gl.constexpr = s.a_bufs.shape[1]
     BLOCK_N: gl.constexpr = s.b_bufs.shape[1] if B_KMAJOR else s.b_bufs.shape[2]
@@ -302,6 +305,7 @@ def _consumer(
         accs, mmas = _boxes_take(mmas)
         mbarrier.arrive(s.empty.index(ring.previous_slot()))
         if PINGPONG:
+            biases = boxes_bias(bias, off_n, c_desc.shape[1], SLICES, SLICE_N, HAS_BIAS)
             store_boxes_sliced(
                 c_desc,
                 s.c_bufs,
@@ -312,6 +316,8 @@ def _consumer(
                 ME * EPILOGUE_BUFFERS,
                 scales,
                 SCALING,
+                biases,
+                HAS_BIAS,
             )
         else:
             stage_tile(
@@ -328,6 +334,8 @@ def _consumer(
                 scale_a,
                 scale_b,
                 SCALING,
+                bias,
+                HAS_BIAS,
             )
             prev_m = off_m
             prev_n = off_n
@@ -336,13 +344,14 @@ def _consumer(
     tma.store_wait(0)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
 def warpspec_kernel(
     a_desc,
     b_desc,
     c_desc,
     scale_a,
     scale_b,
+    bias,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
@@ -352,7 +361,9 @@ def warpspec_kernel(
     CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
+    """C = A @ B (times the fp8 scales, SCALING; + bias[N], HAS_BIAS) over this program's tiles."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES * BOXES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -372,8 +383,14 @@ def warpspec_kernel(
     if CONSUMERS == 2:  # ping-pong: consumer 0 is the default partition, consumer 1 a 4-warp worker
         gl.warp_specialize(
             [
-                (_consumer, (c_desc, scale_a, scale_b, s, K, B_KMAJOR, GROUP_M, 0, 2, SCALING)),
-                (_consumer, (c_desc, scale_a, scale_b, s, K, B_KMAJOR, GROUP_M, 1, 2, SCALING)),
+                (
+                    _consumer,
+                    (c_desc, scale_a, scale_b, bias, s, K, B_KMAJOR, GROUP_M, 0, 2, SCALING, HAS_BIAS),
+                ),
+                (
+                    _consumer,
+                    (c_desc, scale_a, scale_b, bias, s, K, B_KMAJOR, GROUP_M, 1, 2, SCALING, HAS_BIAS),
+                ),
                 (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [4, 1],
@@ -382,7 +399,10 @@ def warpspec_kernel(
     else:  # cooperative: both warpgroups of the default partition share one tile
         gl.warp_specialize(
             [
-                (_consumer, (c_desc, scale_a, scale_b, s, K, B_KMAJOR, GROUP_M, 0, 1, SCALING)),
+                (
+                    _consumer,
+                    (c_desc, scale_a, scale_b, bias, s, K, B_KMAJOR, GROUP_M, 0, 1, SCALING, HAS_BIAS),
+                ),
                 (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
             ],
             [1],
@@ -417,10 +437,15 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Warp
 
 
 def prepare(
-    a, b, out, target: Target, cfg: WarpSpecConfig | None = None, scales: Scales | None = None
+    a, b, out, target: Target, cfg: WarpSpecConfig | None = None, scales: Scales | None = None, bias=None
 ) -> Launch:
+    """The design `config_for` picks, or `cfg`; but with row-wise fp8 scales and a bias, the
+    cooperative design: a ping-pong consumer holding its three accumulators, a slice's column
+    scales and its bias spills (136 B, `gluon-survey inspect`; tests/test_bias_compile.py)."""
     cfg = cfg or config_for(target.capability, a.shape[1], scales is not None)
-    return RUNG.launch(a, b, out, target, cfg, scales)
+    if bias is not None and scales is not None and scales.kind == "row" and cfg.CONSUMERS == 2:
+        cfg = replace(COOPERATIVE_FP8, BLOCK_K=cfg.BLOCK_K)
+    return RUNG.launch(a, b, out, target, cfg, scales, bias)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:

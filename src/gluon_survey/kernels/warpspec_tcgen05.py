@@ -113,6 +113,7 @@ def _epilogue_partition(
     c_desc,
     scale_a,
     scale_b,
+    bias,
     c_bufs,
     acc_bufs,
     acc_ready,
@@ -122,9 +123,10 @@ def _epilogue_partition(
     my_tiles,
     GROUP_M: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
     """Epilogue warps: per tile, wait for its accumulator, move it out slice by slice (TMEM ->
-    registers -> fp8 scales -> output dtype -> smem -> TMA store), and hand the buffer back to the
+    registers -> fp8 scales -> bias -> output dtype -> smem -> TMA store), and hand the buffer back to the
     MMA warp as soon as the last slice is in registers."""
     BLOCK_M: gl.constexpr = acc_bufs.shape[1]
     BLOCK_N: gl.constexpr = acc_bufs.shape[2]
@@ -143,17 +145,30 @@ def _epilogue_partition(
                 mbarrier.arrive(acc_empty.index(acc_ring.slot()))  # the MMA warp may overwrite it
             off_n = pid_n * BLOCK_N + i * SLICE_N
             buf = c_bufs.index(i % BUFFERS)
-            store_slice(c_desc, buf, part, pid_m * BLOCK_M, off_n, BUFFERS - 1, scale_a, scale_b, SCALING)
+            store_slice(
+                c_desc,
+                buf,
+                part,
+                pid_m * BLOCK_M,
+                off_n,
+                BUFFERS - 1,
+                scale_a,
+                scale_b,
+                SCALING,
+                bias,
+                HAS_BIAS,
+            )
     tma.store_wait(0)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
 def warpspec_tcgen05_kernel(
     a_desc,
     b_desc,
     c_desc,
     scale_a,
     scale_b,
+    bias,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
@@ -161,6 +176,7 @@ def warpspec_tcgen05_kernel(
     LOAD_REGS: gl.constexpr,
     MMA_REGS: gl.constexpr,
     SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
 ):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
@@ -194,6 +210,7 @@ def warpspec_tcgen05_kernel(
                     c_desc,
                     scale_a,
                     scale_b,
+                    bias,
                     c_bufs,
                     acc_bufs,
                     acc_ready,
@@ -203,6 +220,7 @@ def warpspec_tcgen05_kernel(
                     my_tiles,
                     GROUP_M,
                     SCALING,
+                    HAS_BIAS,
                 ),
             ),
             (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
