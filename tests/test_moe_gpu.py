@@ -8,7 +8,9 @@
 * Tiny Mixtral and Qwen3-MoE models (config built here, 2 layers, random weights, bf16) switched
   to "gluon_survey" with `patch_experts`, against their twin on transformers' "grouped_mm": the
   logits' and one training step's gradients' error against an fp32 copy (on transformers' "eager"
-  experts) no worse than the stock bf16 model's, and the grouped kernel seen to run.
+  experts) no worse than the stock bf16 model's, and the grouped kernel seen to run; the same for
+  torch.compile(fullgraph=True) of each whole model; one experts forward captured in a CUDA graph
+  and replayed with other routings, against transformers' "grouped_mm".
 
 Skips without transformers (pip install -e .[models]) or off sm_90. Run on the GPU machine:
 pytest -m gpu tests/test_moe_gpu.py."""
@@ -223,3 +225,49 @@ def test_model_training_step_gradients_agree_with_fp32_as_well_as_grouped_mm(lau
     assert len(expert_grads) == 2 * 2, expert_grads  # gate_up_proj and down_proj of each layer
     assert 0 < stock_err < 0.05, stock_err
     assert ours_err <= 2 * stock_err + 1e-3, (ours_err, stock_err)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_model_compiled_fullgraph_agrees_with_fp32_as_well_as_grouped_mm(launches, name):
+    """torch.compile(fullgraph=True) of the whole model traces the experts through the operator."""
+    stock, ours, ref = _models(name)
+    ids = _ids(stock.config.vocab_size, 4)
+    errors = []
+    with torch.no_grad():
+        want = ref(input_ids=ids, use_cache=False).logits
+        for model in (stock, ours):
+            torch._dynamo.reset()
+            got = torch.compile(model, fullgraph=True)(input_ids=ids, use_cache=False).logits
+            errors.append(rel_error(got, want))
+    stock_err, ours_err = errors
+    assert launches, "the compiled model's experts never ran on the grouped kernel"
+    assert 0 < stock_err < 0.05, stock_err
+    assert ours_err <= 2 * stock_err + 1e-3, (ours_err, stock_err)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_an_experts_forward_replays_in_a_cuda_graph_for_any_routing(name):
+    """Nothing reads the routing to the host: one capture serves every routing of T tokens."""
+    stock, ours, _ = _models(name)
+    experts, stock_experts = ours.model.layers[0].mlp.experts, stock.model.layers[0].mlp.experts
+    E, T = experts.gate_up_proj.shape[0], 64
+    g = torch.Generator(device="cuda").manual_seed(5)
+    hidden = torch.randn(T, stock.config.hidden_size, device="cuda", generator=g).to(BF16)
+    index = torch.randint(0, E, (T, 2), device="cuda", generator=g)
+    weights = torch.rand(T, 2, device="cuda", generator=g).to(BF16)
+    with torch.no_grad():
+        side = torch.cuda.Stream()  # warm-up (the kernel's compile) outside the capture
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            experts(hidden, index, weights)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = experts(hidden, index, weights)
+        for seed in range(3):
+            routing = torch.randint(0, E, (T, 2), device="cuda", generator=g.manual_seed(10 + seed))
+            routing[: T // 2] = 0  # one expert crowded, others empty-ish
+            index.copy_(routing)
+            graph.replay()
+            want = stock_experts(hidden, index, weights)
+            assert rel_error(out, want.float()) < 1e-2, seed
