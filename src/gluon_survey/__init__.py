@@ -7,7 +7,10 @@ fastest on this GPU); `explain(a, b)` says which kernel and config it would run 
 on first use. `patch(model)` swaps a model's `nn.Linear` modules for `Linear` on the same
 Parameters and `unpatch(model)` swaps them back (`gluon_survey.patching`, imported on first use).
 `grouped_matmul(x, w, offs)` runs a mixture-of-experts layer's expert GEMMs in one launch
-(`gluon_survey.grouped`, imported on first use; Hopper, compile-checked, not yet run)."""
+(`gluon_survey.grouped`, imported on first use; Hopper);
+`gluon_survey.moe` has it as a PyTorch operator (torch.compile, autograd), and
+`patch_experts(model)` runs a transformers mixture-of-experts model's experts on it
+(`gluon_survey.experts`, imported on first use)."""
 
 import importlib
 
@@ -25,14 +28,15 @@ __all__ = [
     "matmul",
     "ops",
     "patch",
+    "patch_experts",
     "unpatch",
 ]
 
 
 def __getattr__(name: str):
     """`gluon_survey.Linear` and `gluon_survey.ops`, `patch`, `unpatch` and `PatchReport`
-    (`gluon_survey.patching`), `grouped_matmul` (`gluon_survey.grouped`), imported when first
-    asked for."""
+    (`gluon_survey.patching`), `grouped_matmul` (`gluon_survey.grouped`) and `patch_experts`
+    (`gluon_survey.experts`), imported when first asked for."""
     if name in ("Linear", "ops"):
         ops = importlib.import_module(f"{__name__}.ops")
         return ops if name == "ops" else ops.Linear
@@ -40,4 +44,6 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(f"{__name__}.patching"), name)
     if name == "grouped_matmul":
         return importlib.import_module(f"{__name__}.grouped").grouped_matmul
+    if name == "patch_experts":
+        return importlib.import_module(f"{__name__}.experts").patch_experts
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,199 @@
+"""The experts of a transformers mixture-of-experts model on the survey's grouped GEMM: the experts
+implementation "gluon_survey", and `patch_experts(model)`, which switches a model to it.
+
+transformers 5 keeps a mixture-of-experts layer's experts as 3-D Parameters (`gate_up_proj`
+[E, 2 * I, H], `down_proj` [E, H, I]; Mixtral, Qwen3-MoE, ...) in a module whose forward
+dispatches on `config._experts_implementation` to a function registered in
+`transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS` ("eager", "grouped_mm", ...). `register()`
+adds `experts_forward` under the name "gluon_survey"; `patch_experts(model)` registers it, checks
+every experts module of the model, and sets their configs' `_experts_implementation` to it.
+transformers is imported only by these two, when called (it is the optional extra `.[models]`).
+
+    gluon_survey.patch_experts(model)                   # or, once registered:
+    model.config._experts_implementation = "gluon_survey"
+    model.config._experts_implementation = "grouped_mm"  # back to transformers' own
+
+`experts_forward` computes what transformers' "grouped_mm" computes, step for step: the
+(token, expert) pairs sorted by expert (`moe.route`), the gate-and-up projection, the model's own
+gate (`module._apply_gate`: its activation and its gate/up split), the down projection, each pair
+weighted by its routing weight, and each token's k pairs summed in the router's order. Only the
+two projections differ: they run on the operator `gluon_survey::grouped_mm` (`gluon_survey.moe`:
+the survey's grouped kernel forward, torch._grouped_mm for the gradients) instead of
+torch._grouped_mm, and the offsets come from a sort and a searchsorted instead of histc and
+cumsum (the same integers). Nothing reads routing to the host, so a forward can be captured in a
+CUDA graph. Pairs routed to an expert id at or above the number of experts (expert parallelism's
+marker for experts held elsewhere) contribute zero, as in transformers.
+
+What it takes (`experts_reason` says why a module cannot run on it): the weights stored as
+transformers stores them by default ([E, N, K], `is_transposed` False: the kernel reads the
+[E, K, N] transpose view without a copy), fp16 or bf16 on a CUDA device (Hopper: the grouped
+kernel is sm_90 only), hidden and intermediate sizes multiples of 8 (TMA's 16-byte rows), and for
+training bf16 (the gradients' torch._grouped_mm). Biases (`has_bias`) and experts without a gate
+(`has_gate` False: `up_proj` and the activation alone) are handled as transformers handles them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from . import moe
+from .grouped import DTYPES, TMA_K
+
+NAME = "gluon_survey"
+NEEDS_TRANSFORMERS = (
+    "the gluon_survey experts implementation needs transformers 5 (its experts interface, "
+    "transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS): pip install -e .[models]"
+)
+
+__all__ = ["NAME", "experts_forward", "experts_reason", "patch_experts", "register"]
+
+
+def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The grouped product of one projection (a seam: the CPU tests put torch._grouped_mm here)."""
+    return moe.grouped_mm(x, w, offs)
+
+
+def _projection(module: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The [E, K, N] transpose view of the projection's [E, N, K] Parameter, and its bias or None."""
+    weight = getattr(module, name)
+    bias = getattr(module, f"{name}_bias", None) if getattr(module, "has_bias", False) else None
+    return weight.transpose(-2, -1), bias
+
+
+def experts_forward(
+    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """The experts implementation "gluon_survey": transformers calls it as the experts module's
+    forward (`self` the module) with hidden_states [T, H], top_k_index [T, k] (expert ids) and
+    top_k_weights [T, k] (routing weights); returns [T, H] in hidden_states' dtype."""
+    num_experts = getattr(self, "num_experts", None) or self.down_proj.shape[0]
+    tokens, hidden = hidden_states.shape
+    k = top_k_index.shape[-1]
+    if top_k_weights.numel() != tokens * k:
+        raise ValueError(
+            f"top_k_weights has shape {tuple(top_k_weights.shape)}; the gluon_survey experts take one "
+            f"routing weight per chosen expert, [T, k] = [{tokens}, {k}]"
+        )
+    expert_ids, perm, offs = moe.route(top_k_index, num_experts)
+    weights = top_k_weights.reshape(-1)[perm]
+    x = hidden_states[perm // k]  # the pairs' tokens, grouped by expert
+    elsewhere = (expert_ids >= num_experts).unsqueeze(-1)  # pairs of experts held elsewhere
+    x.masked_fill_(elsewhere, 0.0)
+    bias_rows = expert_ids.clamp(max=num_experts - 1)
+
+    has_gate = getattr(self, "has_gate", True)
+    w, bias = _projection(self, "gate_up_proj" if has_gate else "up_proj")
+    h = _grouped(x.to(w.dtype), w, offs)  # [S, 2 * I] (or [S, I] without a gate)
+    if bias is not None:
+        h.add_(bias[bias_rows])
+    if not has_gate:
+        h = self.act_fn(h)
+    elif hasattr(self, "_apply_gate"):
+        h = self._apply_gate(h)  # the model's activation and gate/up split
+    else:  # transformers before the gate hook: gate and up concatenated
+        gate, up = h.chunk(2, dim=-1)
+        h = self.act_fn(gate) * up
+
+    w, bias = _projection(self, "down_proj")
+    y = _grouped(h.to(w.dtype), w, offs)  # [S, H]
+    if bias is not None:
+        y.add_(bias[bias_rows])
+    y = y * weights.unsqueeze(-1)
+    y.masked_fill_(elsewhere, 0.0)
+
+    order = torch.empty_like(perm)  # the inverse permutation: back to (token, k) order
+    order[perm] = torch.arange(perm.numel(), device=perm.device)
+    return y[order].view(tokens, k, hidden).sum(dim=1).to(hidden_states.dtype)
+
+
+def _experts_interface():
+    """transformers' registry of experts implementations, or ImportError with the install line."""
+    try:
+        moe_module = importlib.import_module("transformers.integrations.moe")
+    except ImportError:
+        raise ImportError(NEEDS_TRANSFORMERS) from None
+    interface = getattr(moe_module, "ALL_EXPERTS_FUNCTIONS", None)
+    if interface is None:
+        version = getattr(importlib.import_module("transformers"), "__version__", "?")
+        raise ImportError(f"transformers {version} has no experts interface. {NEEDS_TRANSFORMERS}")
+    return interface
+
+
+def register() -> None:
+    """Register `experts_forward` with transformers as the experts implementation "gluon_survey"
+    (again: the same function, nothing changes). ImportError naming `pip install -e .[models]`
+    without transformers 5."""
+    _experts_interface().register(NAME, experts_forward)
+
+
+def _experts_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(name, module) for every module that dispatches on `config._experts_implementation` and holds
+    3-D expert weights."""
+    for name, module in model.named_modules():
+        config = getattr(module, "config", None)
+        down = getattr(module, "down_proj", None)
+        if (
+            config is not None
+            and hasattr(config, "_experts_implementation")
+            and isinstance(down, torch.Tensor)
+            and down.dim() == 3
+        ):
+            yield name, module
+
+
+def experts_reason(module: nn.Module) -> str | None:
+    """Why `experts_forward` cannot run this experts module, or None if it can. Decided from the
+    module alone, without a GPU."""
+    if getattr(module, "is_transposed", False):
+        return (
+            "its weights are stored [E, K, N] (is_transposed); the grouped kernel reads [E, N, K] "
+            "weights behind a transpose view"
+        )
+    names = ("gate_up_proj" if getattr(module, "has_gate", True) else "up_proj", "down_proj")
+    for name in names:
+        weight = getattr(module, name, None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 3:
+            return f"it has no 3-D {name} Parameter"
+        if weight.dtype not in DTYPES:
+            return (
+                f"{name} is {weight.dtype}; the kernel takes float16 or bfloat16 (model.to(torch.bfloat16))"
+            )
+        if weight.device.type != "cuda":
+            return f"{name} is on {weight.device}; the kernel runs on a CUDA GPU (model.cuda())"
+        if not weight.is_contiguous():
+            return f"{name} (strides {weight.stride()}) is not contiguous [E, N, K]"
+        if weight.shape[2] % TMA_K:
+            return (
+                f"{name} is {tuple(weight.shape)}: its K = {weight.shape[2]} is not a multiple of {TMA_K} "
+                "(TMA's 16-byte rows)"
+            )
+    return None
+
+
+def patch_experts(model: nn.Module) -> tuple[str, ...]:
+    """Run every experts module of a transformers model on `experts_forward`: registers it (see
+    `register`), checks every module (ValueError naming each module that cannot run on it and why,
+    before anything changes), then sets each of their configs' `_experts_implementation` to
+    "gluon_survey" (what the modules dispatch on; for Mixtral or Qwen3-MoE that is
+    `model.config`). Returns the modules' names. Undo with `model.config._experts_implementation =
+    "grouped_mm"` (or "eager"). A model with no experts module is a ValueError."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    register()
+    found = list(_experts_modules(model))
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__} has no experts module (3-D down_proj weights behind "
+            "config._experts_implementation): nothing to run on the grouped kernel"
+        )
+    refused = {name: reason for name, module in found if (reason := experts_reason(module))}
+    if refused:
+        listed = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
+        raise ValueError(f"these experts modules cannot run on gluon_survey's grouped kernel: {listed}")
+    for config in {id(m.config): m.config for _, m in found}.values():
+        config._experts_implementation = NAME
+    return tuple(name for name, _ in found)

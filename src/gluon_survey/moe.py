@@ -1,0 +1,152 @@
+"""`gluon_survey::grouped_mm`: `grouped_matmul` as a PyTorch operator, with a fake implementation
+and gradients; `route`, the sort by expert and the offsets that a mixture-of-experts layer feeds it.
+
+    out = torch.ops.gluon_survey.grouped_mm(x, w, offs)   # out[rows of e] = x[rows of e] @ w[e]
+
+The arguments are `grouped_matmul`'s (no `out`): x [S, K] tokens grouped by expert, w the [E, K, N]
+transpose view of a contiguous [E, N, K] weight, offs int32 [E] cumulative ends on the GPU. The
+operator is what torch.compile (`fullgraph=True` too), torch.export and autograd see: one opaque
+node whose output a fake implementation describes. The fake implementation runs grouped_matmul's
+argument checks, so bad arguments fail when a function is traced, not when compiled code first
+runs. The rows at or past offs[-1], which no expert owns, are left unwritten (as
+`torch._grouped_mm` leaves them); their gradient is zero.
+
+Gradients. The forward runs on the survey's grouped kernel; both backward products run on
+`torch._grouped_mm` (PyTorch's grouped GEMM), not on the survey's kernels:
+
+    grad_x[rows of e] = grad[rows of e] @ w[e]^T    torch._grouped_mm(grad, w.transpose(1, 2), offs)
+    grad_w[e] = x[rows of e]^T @ grad[rows of e]    torch._grouped_mm(grad.t(), x, offs)
+
+* grad_x: the survey's kernel reads B as the transpose view of a contiguous [E, N', K'] weight.
+  w[e]^T, as B, is [K' = N, N' = K], and what holds it contiguously is the weight itself,
+  [E, N, K] = [E, K', N']: the one layout the kernel refuses. Running it there would copy every
+  expert's weight (E * N * K elements) on every backward; torch._grouped_mm reads the weight where
+  it is.
+* grad_w is a grouped GEMM over the tokens (each expert's K is its token count), which the survey
+  has no kernel for. torch._grouped_mm writes it as a contiguous [E, N, K] tensor, the weight's own
+  layout, and the operator returns its [E, K, N] transpose view: the layout of the w passed in, so
+  a weight Parameter's gradient is row-major like the Parameter.
+
+Costs besides the two products: grad is made contiguous (a copy only where it is not), and grad_x's
+rows at or past offs[-1] are zeroed (one pass over grad_x). Neither reads anything to the host.
+Gradients need what torch._grouped_mm needs: bf16 (the dtype its fake implementation, which
+torch.compile traces, accepts) and N a multiple of 8 (grad's rows in 16-byte multiples). Both are
+checked when autograd records the call, before the GPU, with a TypeError or ValueError that says
+so; the forward alone also takes fp16 and any N.
+
+Importing this module registers the operator; `import gluon_survey` does not import it until
+`gluon_survey.moe` is first used (`gluon_survey.experts` imports it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import api, grouped
+
+GRAD_DTYPE = torch.bfloat16  # torch._grouped_mm's dtype when traced (its fake implementation's check)
+GRAD_N = 8  # N a multiple of 8: grad [S, N] in rows of 16-byte multiples, as torch._grouped_mm needs
+
+__all__ = ["grouped_mm", "route"]
+
+
+@torch.library.custom_op("gluon_survey::grouped_mm", mutates_args=())
+def _grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    if x.is_cuda:
+        # as in ops.py: the operator may run on a thread with no current CUDA context (autograd's),
+        # and TMA descriptors are encoded through the driver API, which needs one
+        torch.cuda.set_device(x.device)
+    return grouped.grouped_matmul(x, w, offs)
+
+
+@_grouped_mm.register_fake
+def _grouped_mm_fake(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    if isinstance(offs, torch.Tensor) and offs.device.type == "cpu":
+        # grouped_matmul reads a CPU offs's last value, which a traced tensor does not have: the
+        # error it comes to anyway, that offs must be on the GPU, first
+        api.require_cuda("offs", offs)
+    S, N = grouped._check(x, w, offs, None)
+    return x.new_empty((S, N))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    """Runs where autograd records the call: the gradients' own limits are checked here, before
+    the GPU, rather than in the backward."""
+    x, w, offs = inputs
+    if x.dtype != GRAD_DTYPE:
+        raise TypeError(
+            f"gradients of gluon_survey::grouped_mm are computed by torch._grouped_mm, which takes "
+            f"{GRAD_DTYPE} when traced; x and w are {x.dtype}: train in bfloat16, or run the forward "
+            "without gradients (torch.no_grad())"
+        )
+    if w.shape[2] % GRAD_N:
+        raise ValueError(
+            f"gradients of gluon_survey::grouped_mm need N (w.shape[2] = {w.shape[2]}) a multiple of "
+            f"{GRAD_N}: torch._grouped_mm, which computes them, reads the gradient in rows of 16-byte "
+            f"multiples; pad N to a multiple of {GRAD_N}"
+        )
+    ctx.save_for_backward(x, w, offs)
+
+
+def _backward(ctx, grad: torch.Tensor):
+    x, w, offs = ctx.saved_tensors
+    S, K = x.shape
+    E, _, N = w.shape
+    grad = grad.contiguous()
+    grad_x = grad_w = None
+    empty = S == 0 or N == 0 or K == 0  # nothing to multiply: zero gradients
+    if ctx.needs_input_grad[0]:
+        if empty:
+            grad_x = torch.zeros_like(x)
+        else:
+            grad_x = torch._grouped_mm(grad, w.transpose(1, 2), offs=offs)
+            unowned = torch.arange(S, device=x.device) >= offs[-1]  # rows no expert owns
+            grad_x.masked_fill_(unowned.unsqueeze(1), 0)
+    if ctx.needs_input_grad[1]:
+        if empty:
+            grad_w = torch.zeros(E, N, K, dtype=w.dtype, device=w.device).transpose(1, 2)
+        else:
+            grad_w = torch._grouped_mm(grad.t(), x, offs=offs).transpose(1, 2)
+    return grad_x, grad_w, None
+
+
+_grouped_mm.register_autograd(_backward, setup_context=_setup_context)
+
+_OP = torch.ops.gluon_survey.grouped_mm.default
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """out[rows of expert e] = x[rows of e] @ w[e] through the `gluon_survey::grouped_mm` operator:
+    `gluon_survey.grouped_matmul` (same arguments and errors, no `out`) that torch.compile and
+    autograd can see through (the module docstring says how gradients are computed). A non-tensor
+    gets grouped_matmul's TypeError here, before the operator's schema would refuse it with a
+    RuntimeError."""
+    for name, t in (("x", x), ("w", w), ("offs", offs)):
+        api.require_tensor(name, t)
+    return _OP(x, w, offs)
+
+
+def route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A router's choices grouped by expert, for `grouped_mm`: (expert_ids, perm, offs).
+
+    top_k_index [T, k] (any shape: it is flattened, token-major, into S = T * k (token, expert)
+    pairs) holds expert ids; perm [S] sorts the pairs by expert (stable: within an expert, in
+    token order), expert_ids [S] is the sorted ids (top_k_index.reshape(-1)[perm]) and offs int32
+    [num_experts] the cumulative ends of each expert's pairs. Pair i of the sorted order is token
+    perm[i] // k. Ids at or above num_experts (what expert parallelism uses for experts held
+    elsewhere) sort last and belong to no expert: they lie at or past offs[-1].
+
+    Everything stays on top_k_index's device with no host synchronisation (a sort and a
+    searchsorted: each expert's end is the number of ids below the next expert's), so a
+    CUDA-graph capture replays it for any routing."""
+    api.require_tensor("top_k_index", top_k_index)
+    if top_k_index.dtype.is_floating_point or top_k_index.dtype.is_complex or top_k_index.dtype == torch.bool:
+        raise TypeError(
+            f"top_k_index is {top_k_index.dtype}; expert ids are integers (torch.int64 from topk)"
+        )
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be a whole number >= 1, got {num_experts!r}")
+    expert_ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
+    ends = torch.arange(1, num_experts + 1, device=expert_ids.device, dtype=expert_ids.dtype)
+    offs = torch.searchsorted(expert_ids, ends, out_int32=True)
+    return expert_ids, perm, offs
