@@ -395,15 +395,7 @@ def test_the_committed_table_runs_gluon_between_entries_only_where_it_held_at_bo
                     c = choice.choose(M, N, K, dtype, layout, (9, 0), H100)
                     assert c.mode == "torch" and f"between M={lo} and M={hi}, more than" in c.why
                 continue
-            held = {
-                key
-                for key, t in entries[lo]["candidates"].items()
-                if key != CUBLAS
-                and isinstance(t, float)
-                and t * (1 + choice.MARGIN) <= entries[lo]["cublas_ms"]
-                and isinstance(entries[hi]["candidates"].get(key), float)
-                and entries[hi]["candidates"][key] * (1 + choice.MARGIN) <= entries[hi]["cublas_ms"]
-            }
+            held = _beat(entries[lo]) & _beat(entries[hi])
             for M in sorted({lo + 1, math.isqrt(lo * hi), hi - 1} - {lo, hi}):
                 c = choice.choose(M, N, K, dtype, layout, (9, 0), H100)
                 assert (_key(c) in held) if held else c.mode == "torch", (N, K, dtype, M, c)
@@ -414,6 +406,38 @@ def test_the_committed_table_runs_gluon_between_entries_only_where_it_held_at_bo
         c = choice.choose(2 * max(entries), N, K, dtype, layout, (9, 0), H100)
         assert c.mode == "torch" and "no extrapolation" in c.why
     assert gluon > 0  # the property is not vacuous: some gaps run a Gluon candidate
+
+
+def _beat(entry: dict) -> set[str]:
+    """The candidates that beat cuBLAS by the margin at an entry: by their paired ratios where the
+    entry was confirmed, else by their times."""
+    if "paired" in entry:
+        return {k for k, r in entry["paired"].items() if r >= 1 + choice.MARGIN}
+    return {
+        key
+        for key, t in entry["candidates"].items()
+        if key != CUBLAS and isinstance(t, float) and t * (1 + choice.MARGIN) <= entry["cublas_ms"]
+    }
+
+
+def test_a_confirmed_entry_counts_only_its_paired_wins(tmp_path, monkeypatch):
+    """`tune --confirm` re-timed two winners against cuBLAS in alternating windows: at M = 64 slab
+    held (1.08x paired) and persistent did not (1.01x); at M = 128 neither did. So M = 64 runs slab,
+    M = 128 cuBLAS, and between them nothing held at both: cuBLAS, whatever the unpaired times said."""
+    lo = _entry(64, {SLAB: 0.060, PERSISTENT: 0.062, CUBLAS: 0.070})
+    lo |= {"paired": {SLAB: 1.08, PERSISTENT: 1.01}}
+    hi = _entry(128, {SPLITK: 0.050, PERSISTENT: 0.054, CUBLAS: 0.060})
+    hi |= {"paired": {SPLITK: 0.97, PERSISTENT: 1.02}, "mode": "torch", "config": None, "ms": 0.060}
+    _install(tmp_path, monkeypatch, [lo, hi])
+    at_lo = choice.choose(64, 4096, 14336, "bf16", "t", (9, 0), H100)
+    assert (at_lo.mode, at_lo.config) == tuple(SLAB.split(" ", 1)) and "1.08x paired" in at_lo.why
+    assert choice.choose(128, 4096, 14336, "bf16", "t", (9, 0), H100).mode == "torch"
+    between = choice.choose(96, 4096, 14336, "bf16", "t", (9, 0), H100)
+    assert between.mode == "torch" and "no candidate beat cuBLAS" in between.why
+    # Unpaired, persistent beat cuBLAS by the margin at both neighbours and would have run here.
+    unpaired = [{k: v for k, v in e.items() if k != "paired"} for e in (lo, hi)]
+    _install(tmp_path, monkeypatch, unpaired)
+    assert _key(choice.choose(96, 4096, 14336, "bf16", "t", (9, 0), H100)) == PERSISTENT
 
 
 def test_split_for_fills_one_wave_without_empty_slices():

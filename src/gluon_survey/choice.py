@@ -14,6 +14,12 @@ layout) with entries is answered from them alone, and never beyond what they mea
   otherwise cuBLAS. The winners at lo and hi need not be it: each was measured at its own M only;
 - between two measured M further apart than MAX_GAP: cuBLAS (a crossover can hide in between);
 - below the smallest or above the largest measured M: cuBLAS (no extrapolation).
+An entry confirmed by `gluon-survey tune --confirm` carries `paired`: each candidate that beat
+cuBLAS in tune's short separate timings, re-timed against cuBLAS in alternating windows on the
+same inputs (the driver's paired method); then only those with a paired ratio of at least
+1 + MARGIN count as having beaten it, at that M and as neighbours. (cuBLAS's per-call time on the
+4096- and 6144-wide weights moved by up to 45 % between two separate timings of the same cell,
+which made unpaired wins there up to 0.85x in the paired sweep: docs/perf-notes.md, entry 55.)
 So where a Gluon kernel runs comes from measured crossovers, and a denser M grid
 (`gluon-survey tune --shapes llm-dense`) narrows the gaps. `explain` prints the neighbours and
 their numbers.
@@ -184,13 +190,18 @@ def _entries(table: dict | None, N: int, K: int, dtype: str, layout: str) -> dic
 
 def _measured(entry: dict) -> dict[str, float]:
     """The Gluon candidates of an entry that ran correctly there: key ("mode label") -> its speed
-    relative to the entry's cuBLAS time (cuBLAS ms / candidate ms)."""
-    return {key: entry["cublas_ms"] / t for key, t in _times(entry).items()}
+    relative to cuBLAS: the paired ratio where `tune --confirm` measured one (`paired`), else the
+    entry's cuBLAS time over the candidate's."""
+    ratios = {key: entry["cublas_ms"] / t for key, t in _times(entry).items()}
+    return ratios | entry.get("paired", {})
 
 
 def _held(entry: dict) -> set[str]:
-    """The Gluon candidates of an entry that beat its cuBLAS time by MARGIN: t * (1 + MARGIN) <=
-    cuBLAS, as tune picks a winner."""
+    """The Gluon candidates of an entry that beat cuBLAS by MARGIN, as tune picks a winner: for a
+    confirmed entry (`paired`), those whose paired ratio is at least 1 + MARGIN (the others did not
+    hold when timed against cuBLAS in alternating windows); else t * (1 + MARGIN) <= cuBLAS."""
+    if "paired" in entry:
+        return {key for key, r in entry["paired"].items() if r >= 1 + MARGIN}
     return {key for key, t in _times(entry).items() if t * (1 + MARGIN) <= entry["cublas_ms"]}
 
 
@@ -246,10 +257,12 @@ def _at(entry: dict) -> str:
             f"{ratios[key]:.2f}x: not {MARGIN * 100:g} % faster"
         )
     ratio = entry["cublas_ms"] / entry["ms"]
-    return (
+    text = (
         f"{where}: {entry['mode']} {entry['config'] or ''} {entry['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS "
         f"({entry['cublas_ms'] * 1e3:.1f} us)"
     )
+    key = f"{entry['mode']} {entry['config']}"
+    return text + (f", {entry['paired'][key]:.2f}x paired" if key in entry.get("paired", {}) else "")
 
 
 def choose(

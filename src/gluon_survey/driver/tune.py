@@ -13,6 +13,14 @@ an entry of the same (M, N, K, dtype, B layout) is replaced, the others are kept
 recorded in the table's `updates` (its env and the keys it wrote; its entries carry `update`, the
 1-based index), so each entry still names the run that measured it.
 
+`--confirm` times nothing new from scratch: for each given shape's entry already in the table at
+--output, it re-times the candidates that beat cuBLAS by MARGIN there (the best `--confirm-top`
+of them, by their ratio to the entry's cuBLAS time), each against cuBLAS in alternating windows
+on the same inputs (`timing.time_paired`, the driver's paired method), records the ratios as the
+entry's `paired` and re-picks the entry's choice from them (choice.py: only a paired ratio of at
+least 1 + MARGIN counts). Separate short timings ranked cuBLAS's per-call time on small weights
+by up to 45 % differently from one run to the next (docs/perf-notes.md, entry 55).
+
 Per (shape, dtype, B layout): inputs from the seed (rotated copies for a cold L2, as the survey
 times), cuBLAS's time and error, then every candidate (each provider's `candidates(capability)`,
 narrowed to the ones that make sense at this M: `candidates_for`) is prepared, checked against the
@@ -73,21 +81,34 @@ def _provider(mode: str, capability: tuple[int, int]):
     return registry.get(mode).provider(capability)
 
 
-def tune_shape(shape, dtype: str, layout: str, modes: Sequence[str], target, settings) -> dict:
-    """One table entry: every candidate's time (or failure) on this shape, and the fastest."""
+def input_sets(shape, dtype: str, layout: str, seed: int) -> list[tuple]:
+    """(a, b, out) sets from `seed` on, as many as span a cold L2 (`timing.copies_for_cold_l2`),
+    as the survey times."""
     import torch
 
-    from gluon_survey.driver.check import check, make_inputs, reference, rel_error
-    from gluon_survey.driver.timing import copies_for_cold_l2, time_fn
+    from gluon_survey.driver.check import make_inputs
+    from gluon_survey.driver.timing import copies_for_cold_l2
 
     sets = []
-    a, b = make_inputs(shape, dtype, layout, settings.seed, "cuda")
+    a, b = make_inputs(shape, dtype, layout, seed, "cuda")
     per_set = (a.numel() + b.numel() + shape.M * shape.N) * a.element_size()
     free = torch.cuda.mem_get_info()[0] // 2
     l2 = torch.cuda.get_device_properties(a.device).L2_cache_size
     for i in range(copies_for_cold_l2(per_set, l2, free)):
-        x, w = (a, b) if i == 0 else make_inputs(shape, dtype, layout, settings.seed + i, "cuda")
+        x, w = (a, b) if i == 0 else make_inputs(shape, dtype, layout, seed + i, "cuda")
         sets.append((x, w, torch.empty(shape.M, shape.N, dtype=a.dtype, device="cuda")))
+    return sets
+
+
+def tune_shape(shape, dtype: str, layout: str, modes: Sequence[str], target, settings) -> dict:
+    """One table entry: every candidate's time (or failure) on this shape, and the fastest."""
+    import torch
+
+    from gluon_survey.driver.check import check, reference, rel_error
+    from gluon_survey.driver.timing import time_fn
+
+    sets = input_sets(shape, dtype, layout, settings.seed)
+    a, b = sets[0][:2]
     ref = reference(a, b)
     cublas_err = rel_error(torch.matmul(a, b), ref)
 
@@ -135,6 +156,56 @@ def tune_shape(shape, dtype: str, layout: str, modes: Sequence[str], target, set
         "cublas_ms": times[CUBLAS],
         "candidates": times,
     }
+
+
+def confirm_entry(entry: dict, target, settings, top: int) -> dict:
+    """`entry` with `paired`: the paired ratio to cuBLAS of its best `top` candidates that beat
+    cuBLAS by MARGIN (module docstring), checked against the fp32 reference first (a failure
+    counts as 0), and its choice re-picked from them: the best paired ratio of at least
+    1 + MARGIN, else cuBLAS."""
+    import torch
+
+    from gluon_survey.choice import _held, _measured, _mode_config
+    from gluon_survey.driver.check import check, reference, rel_error
+    from gluon_survey.driver.timing import time_paired
+
+    ratios = _measured({k: v for k, v in entry.items() if k != "paired"})
+    held = sorted(_held({k: v for k, v in entry.items() if k != "paired"}), key=lambda k: (-ratios[k], k))
+    if not held:
+        return entry
+    shape = shapes.Shape(entry["M"], entry["N"], entry["K"])
+    sets = input_sets(shape, entry["dtype"], entry["b_layout"], settings.seed)
+    a, b = sets[0][:2]
+    ref = reference(a, b)
+    cublas_err = rel_error(torch.matmul(a, b), ref)
+    cublas = _provider(registry.BASELINE, target.capability)
+    base = [cublas.prepare(x, w, torch.empty_like(o), target).fn for x, w, o in sets]
+    paired: dict[str, float] = {}
+    for key in held[:top]:
+        mode, label = _mode_config(key)
+        cfg = candidates_for(mode, shape.M, target.capability)[label]
+        provider = _provider(mode, target.capability)
+        launches = [provider.prepare(x, w, o, target, cfg).fn for x, w, o in sets]
+        sets[0][2].fill_(math.nan)
+        launches[0]()
+        if not check(sets[0][2], ref, cublas_err, entry["dtype"]).ok:
+            paired[key] = 0.0
+            continue
+        timing = time_paired(
+            lambda i, launches=launches: launches[i],
+            lambda i: base[i],
+            len(sets),
+            warmup_ms=settings.warmup_ms,
+            rewarm_ms=settings.rewarm_ms,
+            min_ms=settings.min_ms,
+            rounds=settings.rounds,
+        )
+        paired[key] = round(timing.ratio, 4)
+    confirmed = entry | {"paired": paired}
+    best = max((k for k in _held(confirmed)), key=lambda k: (paired[k], k), default=CUBLAS)
+    mode, label = _mode_config(best)
+    ms = entry["cublas_ms"] if best == CUBLAS else entry["candidates"][best]
+    return confirmed | {"mode": mode, "config": label, "ms": ms}
 
 
 def entry_key(entry: dict) -> tuple:
@@ -190,6 +261,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="merge the measured shapes into the table at --output instead of replacing it",
     )
+    parser.add_argument(
+        "--confirm",
+        action="store_true",
+        help="re-time the entries' winners against cuBLAS in alternating windows and re-pick (module "
+        "docstring); the table at --output must hold the shapes' entries",
+    )
+    parser.add_argument(
+        "--confirm-top",
+        type=int,
+        default=2,
+        metavar="N",
+        help="--confirm: how many of an entry's candidates that beat cuBLAS to re-time "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="--confirm: paired rounds (default: %(default)s)"
+    )
     parser.add_argument("--warmup-ms", type=float, default=300.0, help="per candidate (default: %(default)g)")
     parser.add_argument("--min-ms", type=float, default=100.0, help="per candidate (default: %(default)g)")
     return parser
@@ -230,13 +318,14 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PROG}: error: --output {args.output}: no directory {args.output.parent}", file=sys.stderr)
         return 2
     base = None
-    if args.update:
+    if args.update or args.confirm:
         try:
             base = json.loads(args.output.read_text())
             if (base["name"], base["match"]) != (args.name, args.match):
                 raise ValueError(f"it is table {base['name']!r} for {base['match']!r}")
         except (OSError, ValueError, KeyError) as exc:
-            print(f"{PROG}: error: --update {args.output}: {exc}", file=sys.stderr)
+            flag = "--update" if args.update else "--confirm"
+            print(f"{PROG}: error: {flag} {args.output}: {exc}", file=sys.stderr)
             return 2
     import torch
 
@@ -253,7 +342,14 @@ def main(argv: Sequence[str]) -> int:
     target = api.target_of(torch.device("cuda"))
     if registry.BASELINE not in modes:
         modes.append(registry.BASELINE)
-    settings = replace(DEFAULTS, warmup_ms=args.warmup_ms, min_ms=args.min_ms, queued=args.gpu_time)
+    settings = replace(
+        DEFAULTS,
+        warmup_ms=args.warmup_ms,
+        min_ms=args.min_ms,
+        queued=args.gpu_time,
+        rounds=args.rounds,
+        rewarm_ms=min(DEFAULTS.rewarm_ms, args.warmup_ms),
+    )
     command = shlex.join(["gluon-survey", "tune", *argv])
     env = hardware.gpu_info(command)
     table = {
@@ -270,15 +366,26 @@ def main(argv: Sequence[str]) -> int:
         "entries": [],
     }
     tasks = [(s, d, x) for d in dtypes for x in layouts for s in sweep]
+    existing = {entry_key(e): e for e in (base or {}).get("entries", ())}
     for i, (shape, dtype, layout) in enumerate(tasks, 1):
-        entry = tune_shape(shape, dtype, layout, modes, target, settings)
+        if args.confirm:
+            old = existing.get((shape.M, shape.N, shape.K, dtype, layout))
+            if old is None:
+                where = f"[{i}/{len(tasks)}] {shape.label} {dtype} B={layout}"
+                print(f"{where}: no entry to confirm", file=sys.stderr)
+                continue
+            entry = confirm_entry(old, target, settings, args.confirm_top)
+        else:
+            entry = tune_shape(shape, dtype, layout, modes, target, settings)
         table["entries"].append(entry)
         written = table if base is None else merge(base, table)
         args.output.write_text(json.dumps(written, indent=1) + "\n")  # a crash keeps what was measured
         ratio = entry["cublas_ms"] / entry["ms"]
+        paired = ", ".join(f"{k} {v:.2f}x" for k, v in entry.get("paired", {}).items())
+        paired = f"; paired: {paired}" if paired else ""
         print(
             f"[{i}/{len(tasks)}] {shape.label} {dtype} B={layout}: {entry['mode']} {entry['config'] or ''} "
-            f"{entry['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS",
+            f"{entry['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS{paired}",
             file=sys.stderr,
         )
     print(f"{PROG}: wrote {args.output}", file=sys.stderr)
