@@ -200,8 +200,11 @@ def test_an_fp8_launch_passes_its_scales_and_the_fp8_config(fake_hopper, mode, s
     assert out.dtype == torch.bfloat16 and tuple(out.shape) == (300, 520)
     (launched,) = fake_hopper
     a_desc, b_desc, c_desc = launched.descriptors
-    scale_a, scale_b, *workspace = launched.rest
-    assert list(launched.kwargs)[-2:] == ["SCALING", "num_warps"], "SCALING is the last constexpr"
+    scale_a, scale_b, bias, *workspace = launched.rest  # no bias: None in its place
+    assert bias is None
+    # SCALING, then HAS_BIAS (the bias epilogue's switch), are the last constexprs
+    assert list(launched.kwargs)[-3:] == ["SCALING", "HAS_BIAS", "num_warps"]
+    assert launched.kwargs["HAS_BIAS"] is False
     assert launched.kwargs["SCALING"] == (1 if scaling == "tensor" else 2)
     assert scale_a.dtype == scale_b.dtype == torch.float32
     assert (scale_a.numel(), scale_b.numel()) == ((1, 1) if scaling == "tensor" else (300, 520))

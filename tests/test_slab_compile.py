@@ -143,7 +143,7 @@ def test_a_launch_takes_the_token_tile_that_holds_m_and_one_program_per_tile(fak
     assert launched.kwargs["W_KMAJOR"] is True
     cfg = dataclasses.replace(slab.CONFIGS[9], BLOCK_M=tokens)
     assert launched.kwargs["STAGES"] == slab.stages_for(cfg, programs, 132) == launch.config["stages"]
-    assert launched.rest == (None, None) and launched.kwargs["SCALING"] == 0
+    assert launched.rest == (None, None, None) and launched.kwargs["SCALING"] == 0  # scales, bias: none
 
 
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
