@@ -26,9 +26,9 @@ from bad_inputs import BAD_INPUTS
 from gluon_survey import api, ops
 from gluon_survey.baselines import torch_ops
 from gluon_survey.driver import cli, overhead
-from gluon_survey.kernels import blocked, persistent, pipelined, slab, warpspec
+from gluon_survey.kernels import blocked, persistent, pipelined, slab, splitk, warpspec
 from gluon_survey.kernels.plan import Plan
-from gluon_survey.launch import Launch, Target
+from gluon_survey.launch import Launch, Scales, Target, a_layout, is_a_kmajor
 from recording import Launched, Recorder
 
 pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
@@ -882,3 +882,131 @@ def test_linear_passes_its_bias_to_matmul(monkeypatch):
         y = ops.Linear.from_linear(ref, kernel=kernel)(x)
         torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2)
         assert seen == [None] if kernel == "triton" else seen == [ref.bias]
+
+
+# --------------------------------------------------------------------------------------------------
+# A transposed A (A layout "t", the view x.t() of a row-major [K, M] matrix): copied to row-major
+# unless `api.TRANSPOSED_A_IN_PLACE` is on; then the Hopper rungs read it in place (16-bit only).
+# The kernels themselves: tests/test_alayout_compile.py (compiled) and tests/test_alayout_gpu.py.
+
+IN_PLACE_RUNGS = {"Blocked": blocked, "Pipelined": pipelined, "persistent": persistent, "warpspec": warpspec}
+
+
+def _transposed_a(M: int, K: int, ld: int, dtype=torch.bfloat16) -> torch.Tensor:
+    """x.t() of a row-major [K, M] matrix whose rows are `ld` elements apart."""
+    return torch.empty_strided((M, K), (1, ld), dtype=dtype, device="cuda")
+
+
+def test_a_layout_tells_a_transposed_view_from_a_row_major_a():
+    assert a_layout(torch.empty(8, 16)) == "row"
+    assert a_layout(torch.empty(8, 24)[:, :16]) == "row"  # a padded row stride
+    assert a_layout(torch.empty(16, 8).t()) == "t"
+    assert a_layout(torch.empty(16, 12)[:, :8].t()) == "t"  # the [K, M] matrix's rows padded
+    assert a_layout(torch.empty(16, 1).t()) == "row"  # M = 1: both strides 1
+    assert a_layout(torch.empty(16, 64)[::2, ::2]) == "row"  # neither: copied row-major as before
+    assert is_a_kmajor("row") and not is_a_kmajor("t")
+    with pytest.raises(ValueError, match="unknown A layout 'col'"):
+        is_a_kmajor("col")
+
+
+def test_the_plan_key_tells_a_layouts_and_the_switch_apart(monkeypatch):
+    monkeypatch.setattr(api, "target_of", lambda device: H100)
+    monkeypatch.setattr(api, "TRANSPOSED_A_IN_PLACE", False)
+    with FakeTensorMode():
+        row, b, _ = _operands(64, 256, 128)
+        t = _transposed_a(64, 128, 64)
+        assert (row.shape, row.dtype) == (t.shape, t.dtype)
+        off = api._plan_key(None, t, b, None)
+        assert api._plan_key(None, row, b, None) != off
+        monkeypatch.setattr(api, "TRANSPOSED_A_IN_PLACE", True)
+        assert api._plan_key(None, t, b, None) != off  # a plan made with the switch off is not reused
+        assert api._plan_key(None, t, b, None) == api._plan_key(None, _transposed_a(64, 128, 64), b, None)
+
+
+@pytest.mark.parametrize("kernel", [*IN_PLACE_RUNGS, "splitk"])
+def test_a_transposed_a_is_copied_unless_the_switch_is_on(host, copies, monkeypatch, kernel):
+    monkeypatch.setattr(splitk, "splitk_kernel", Recorder("splitk_kernel", host.launches))
+    monkeypatch.setattr(api, "TRANSPOSED_A_IN_PLACE", False)
+    M, K = 300, 264
+    a = _transposed_a(M, K, 304)  # 608-byte rows: TMA can describe the [K, M] matrix
+    _, b, out = _operands(M, 520, K)
+    api.matmul(a, b, kernel=kernel, out=out)
+    a_desc = host.launches[-1].descriptors[0]
+    assert a_desc.base is not a and a_layout(a_desc.base) == "row" and tuple(a_desc.shape) == (M, K)
+    assert host.launches[-1].kwargs["A_KMAJOR"] is True
+    assert copies[0] == (a_desc.base, a)  # today's copy, per call
+    assert "A: t (transpose view of a [K,M] matrix), copied to row-major (reading it in place is off" in (
+        api.explain(a, b, kernel)
+    )
+
+    monkeypatch.setattr(api, "TRANSPOSED_A_IN_PLACE", True)
+    copies.clear()
+    for _ in range(2):  # the first call builds the plan (the switch is in the key), the second reuses it
+        api.matmul(a, b, kernel=kernel, out=out)
+        launched = host.launches[-1]
+        a_desc = launched.descriptors[0]
+        assert a_desc.base is a, "A was copied"
+        assert (tuple(a_desc.shape), tuple(a_desc.strides)) == ((K, M), (304, 1))  # the [K, M] matrix
+        cfg = (splitk if kernel == "splitk" else IN_PLACE_RUNGS[kernel]).config_for((9, 0), K)
+        assert list(a_desc.block_shape) == [cfg.BLOCK_K, cfg.BLOCK_M]
+        assert launched.kwargs["A_KMAJOR"] is False
+    assert copies == [] and len(host.builds) == 2
+    text = api.explain(a, b, kernel)
+    assert "A: t (transpose view of a [K,M] matrix), read in place" in text and "aligned copy" not in text
+    config = api.prepare(kernel, a, b, out).config
+    assert config["a_layout"] == "t" and "aligned_copy" not in config
+
+
+def test_a_transposed_a_that_tma_cannot_describe_is_still_copied(host, copies, monkeypatch):
+    monkeypatch.setattr(api, "TRANSPOSED_A_IN_PLACE", True)
+    a = _transposed_a(300, 264, 300)  # [K, M] rows of 600 bytes: not a multiple of 16
+    _, b, out = _operands(300, 520, 264)
+    api.matmul(a, b, kernel="persistent", out=out)
+    a_desc = host.launches[-1].descriptors[0]
+    assert a_desc.base is not a and a_layout(a_desc.base) == "row"
+    assert host.launches[-1].kwargs["A_KMAJOR"] is True
+    assert "copied to row-major (TMA cannot describe the [K, M] matrix" in api.explain(a, b, "persistent")
+
+
+def test_modes_that_read_a_row_major_a_get_a_copy_with_the_switch_on(host, copies, monkeypatch):
+    monkeypatch.setattr(api, "TRANSPOSED_A_IN_PLACE", True)
+    a = _transposed_a(16, 264, 16)
+    _, b, out = _operands(16, 520, 264)
+    api.matmul(a, b, kernel="slab", out=out)  # the few-token modes keep the copy
+    assert host.launches[-1].descriptors[0].base is not a
+    assert "the mode that runs reads A row-major only here" in api.explain(a, b, "slab")
+    big = _transposed_a(3000, 264, 3000)
+    _, b, _ = _operands(3000, 520, 264)
+    assert "reads A row-major only here" in api.explain(big, b, "torch")  # cuBLAS through the copy
+    assert api._reads_a_in_place(warpspec, big, b, H100, False)
+    assert not api._reads_a_in_place(warpspec, big, b, H100, True)  # fp8
+
+
+def test_an_fp8_transposed_a_is_copied_and_a_rung_refuses_one(host, copies, monkeypatch):
+    monkeypatch.setattr(api, "TRANSPOSED_A_IN_PLACE", True)
+    fp8 = torch.float8_e4m3fn
+    a = _transposed_a(300, 256, 304, fp8)
+    w = torch.empty(512, 256, dtype=fp8, device="cuda")
+    one = torch.ones(1, device="cuda")
+    api.matmul(a, w.t(), kernel="warpspec", scale_a=one, scale_b=one)
+    launched = host.launches[-1]
+    assert launched.descriptors[0].base is not a and launched.kwargs["A_KMAJOR"] is True
+    text = api.explain(a, w.t(), "warpspec", scale_a=one, scale_b=one)
+    assert "A: t (transpose view of a [K,M] matrix), copied to row-major (fp8 MMAs read A K-major)" in text
+    out = torch.empty(300, 512, dtype=torch.bfloat16, device="cuda")
+    scales = Scales(one, one, "tensor")
+    for prepare in (warpspec.prepare, pipelined.prepare, splitk.prepare):
+        with pytest.raises(ValueError, match="fp8 MMAs read both operands K-major: A must be a row-major"):
+            prepare(a, w.t(), out, H100, scales=scales)
+
+
+def test_blackwell_copies_a_transposed_a_and_its_rungs_refuse_one(host, copies, monkeypatch):
+    b200 = Target((10, 0), 148, "NVIDIA B200")
+    monkeypatch.setattr(api, "target_of", lambda device: b200)
+    monkeypatch.setattr(api, "TRANSPOSED_A_IN_PLACE", True)
+    a = _transposed_a(300, 264, 304)
+    _, b, out = _operands(300, 520, 264)
+    assert not api._reads_a_in_place(pipelined, a, b, b200, False)
+    assert "reads A row-major only here" in api.explain(a, b, "Pipelined")
+    with pytest.raises(ValueError, match=r"read in place on Hopper \(sm_90\) only; this GPU is sm_100"):
+        pipelined.prepare(a, b, out, b200)

@@ -1,9 +1,9 @@
 """The bias epilogue without a GPU: every kernel design of every Gluon rung compiles with a bias
 (`kernels.plan.with_bias`: `bias` a pointer, HAS_BIAS True) for sm_90a and sm_100a, 16-bit and
 fp8 (row-wise scales, then the bias), with the MMA of its design, no spills, and a load more than
-the same kernel without a bias (the bias is read). One bias variant per design, the B layout
-aside (it changes the operand loads, not the epilogue; gemv's row-major B is a design of its own,
-its bias is loaded in another layout), plus the whole-K path (SPLIT_K 1) of splitk and swapab,
+the same kernel without a bias (the bias is read). One bias variant per design, the B and A
+layouts aside (they change the operand loads, not the epilogue; gemv's row-major B is a design of
+its own, its bias is loaded in another layout), plus the whole-K path (SPLIT_K 1) of splitk and swapab,
 whose bias meets the MMA's (swapab: transposed) accumulator instead of the split reduction's
 layout. The no-bias kernels are the suite's other compile tests; that they are unchanged by the
 bias is what `gluon-survey inspect` shows (registers, SASS).
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.compile
 
 FP8 = "float8_e4m3fn"
 RUNGS = [m.name for m in registry.MODES if m.kind == "gluon" and not m.grouped]  # dense rungs
-LAYOUT_CHOICES = ("B_KMAJOR", "W_KMAJOR")  # not a design of the epilogue (but gemv's: see above)
+LAYOUT_CHOICES = ("B_KMAJOR", "W_KMAJOR", "A_KMAJOR")  # not a design of the epilogue (but gemv's: see above)
 
 
 def _epilogue_design(spec: CompileSpec, arch: str) -> tuple:

@@ -16,9 +16,10 @@ layouts, which operands need an aligned copy. A repeated call computes its key, 
 when none is given and launches through one function (`MatmulPlan.caller`); a rung's launch finds
 its operands' TMA descriptors already encoded where their addresses were seen before
 (`kernels.plan.Plan`), which a weight's always is. The key (`_plan_key`) is everything that
-verdict and those choices read but the base addresses: the kernel asked for, and per tensor (a,
-b, out or its absence) shape, strides, dtype and device (which decides the GPU). (Strides decide
-the B layout, "row" or "t", and whether TMA can describe a tensor as it is.)
+verdict and those choices read but the base addresses: the kernel asked for, the switch
+`TRANSPOSED_A_IN_PLACE`, and per tensor (a, b, out or its absence) shape, strides, dtype and
+device (which decides the GPU). (Strides decide the A and B layouts, "row" or "t", and whether
+TMA can describe a tensor as it is.)
 
 The bases' 16-byte alignment decides that too, but reading three addresses for the key costs a
 call 0.5-1 µs on a slow host (docs/perf-notes.md, entry 49), and a rung's launch reads them
@@ -64,22 +65,43 @@ an element a thread, and are compiled without assuming its alignment). cuBLAS (t
 where `auto` chooses it) runs `torch.addmm(bias, a, b)`, whose bias cuBLASLt adds in its epilogue
 (PyTorch takes that path for a contiguous output and M, N, K > 1; otherwise it copies the bias
 into the output first), and for fp8 `torch._scaled_mm(..., bias=)`.
+
+**A transposed A.** An `a` in A layout "t" (`launch.a_layout`: the view x.t() of a row-major
+[K, M] matrix, as in a weight's gradient grad^T @ x) is copied to row-major before the launch,
+as TMA cannot describe it as an [M, K] matrix. Hopper's wgmma reads 16-bit operands of either
+major order from shared memory, so the Hopper rungs (Blocked, Pipelined, persistent, warpspec
+and splitk) can instead load [BLOCK_K, BLOCK_M] boxes of the [K, M] matrix and multiply their
+transposed view, as they read a K-major B. That path is switched by `TRANSPOSED_A_IN_PLACE`
+(below), off by default because it is compile-checked only (it is switched on once
+tests/test_alayout_gpu.py passes on a GPU); with it on, a plan reads such an A in place where the mode that runs
+says it can (the provider's `reads_transposed_a`: 16-bit operands on Hopper, and not swapab,
+slab or gemv, the few-token modes, nor the baselines) and the [K, M] matrix is one TMA can
+describe; else it copies A as before. `explain` says which.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from . import memory, registry
-from .launch import ALIGN, Launch, Scales, Target, Unaligned, b_layout
+from .launch import ALIGN, Launch, Scales, Target, Unaligned, a_layout, b_layout
 
 DTYPES = (torch.float16, torch.bfloat16)
 FP8 = torch.float8_e4m3fn  # fp8 operands: e4m3, fp32 accumulation, dequantized in the epilogue
 FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)  # what an fp8 product may be written as
+
+# Whether `matmul` reads an A in layout "t" (the transpose view of a row-major [K, M] matrix) in
+# place where the mode that runs can (module docstring), instead of copying it to row-major.
+# Off by default: the device path (the rungs' A_KMAJOR False) is compile-checked for sm_90a
+# (tests/test_alayout_compile.py) but has not run on a GPU yet; it is switched on once
+# tests/test_alayout_gpu.py passes on one. Set it here or with GLUON_SURVEY_A_IN_PLACE=1 in the
+# environment (read at import). It is part of the plan key, so changing it takes effect at once.
+TRANSPOSED_A_IN_PLACE = os.environ.get("GLUON_SURVEY_A_IN_PLACE", "") == "1"
 
 
 @functools.cache
@@ -341,6 +363,35 @@ def _b_tma_ok(b: torch.Tensor) -> bool:
     return _tma_ok(b.t() if b_layout(b) == "t" else b)
 
 
+def _transposed_a(provider, a, b, target: Target, fp8: bool) -> tuple[bool, str]:
+    """For an `a` in A layout "t": whether the provider reads it in place (else it is copied to
+    row-major), and why, in `explain`'s words (module docstring)."""
+    if not TRANSPOSED_A_IN_PLACE:
+        return (
+            False,
+            "copied to row-major (reading it in place is off: gluon_survey.api.TRANSPOSED_A_IN_PLACE)",
+        )
+    if fp8:
+        return False, "copied to row-major (fp8 MMAs read A K-major)"
+    reads = getattr(provider, "reads_transposed_a", None)
+    if reads is None or not reads(a, b, target, False):
+        return False, (
+            "copied to row-major (the mode that runs reads A row-major only here; Blocked, Pipelined, "
+            "persistent, warpspec and splitk read a transposed 16-bit A in place on Hopper)"
+        )
+    if not _tma_ok(a.t()):
+        return False, (
+            "copied to row-major (TMA cannot describe the [K, M] matrix behind it: its row stride or "
+            "base address is not a multiple of 16 bytes)"
+        )
+    return True, "read in place: M-major tiles of the [K, M] matrix behind the view, no copy"
+
+
+def _reads_a_in_place(provider, a, b, target: Target, fp8: bool) -> bool:
+    """`_transposed_a`'s verdict, False at once for an A that is not in layout "t"."""
+    return a_layout(a) == "t" and _transposed_a(provider, a, b, target, fp8)[0]
+
+
 def _runnable(mode: str, device: torch.device, fp8: bool = False) -> tuple[registry.Mode, Target]:
     """The mode called `mode` and the GPU of `device`; RuntimeError when it cannot run there,
     TypeError when it has no fp8 kernel and the operands are fp8."""
@@ -381,14 +432,18 @@ def prepare(
             return Launch(lambda: out.copy_(bias.expand(M, N)), {"impl": "empty or K=0: the bias"})
         return Launch(lambda: out.zero_(), {"impl": "empty or K=0: zeros"})
 
-    a2, copied_a = _aligned(a)
+    provider = m.provider(target.capability)
+    in_place_a = _reads_a_in_place(provider, a, b, target, scaling is not None)
+    a2, copied_a = (a, False) if in_place_a else _aligned(a)
     b2, copied_b = _aligned_b(b)
     c2 = out if _tma_ok(out) else _aligned_empty(M, N, out)
     scales = None if scaling is None else _flat_scales(scale_a, scale_b, scaling)
-    launch = _provider_prepare(m.provider(target.capability), a2, b2, c2, target, scales, bias)
+    launch = _provider_prepare(provider, a2, b2, c2, target, scales, bias)
     config = launch.config  # the provider's own dict: autotuned modes fill it in on the first call
     if scaling is not None:
         config["scales"] = scaling
+    if in_place_a:
+        config["a_layout"] = "t"  # read in place (a row-major A, or a copied one, says nothing)
     copies = [n for n, c in (("a", copied_a), ("b", copied_b), ("out", c2 is not out)) if c]
     if copies:
         config["aligned_copy"] = ",".join(copies)
@@ -574,7 +629,19 @@ def _plan_key(
     never its address, which each launch passes). It also holds `target_of`, the function (not its
     answer, which the device decides): tests that fake a GPU replace that function, and so never
     meet a plan made for another GPU."""
-    key = (kernel, target_of, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device)
+    key = (
+        kernel,
+        target_of,
+        TRANSPOSED_A_IN_PLACE,
+        a.shape,
+        a.stride(),
+        a.dtype,
+        a.device,
+        b.shape,
+        b.stride(),
+        b.dtype,
+        b.device,
+    )
     if scale_a is not None or scale_b is not None or out_dtype is not None:
         key = (*key, "fp8", out_dtype, *_scale_key(scale_a), *_scale_key(scale_b))
     if bias is not None:
@@ -614,11 +681,13 @@ def _build_plan(
     aligned = _alignment(a, b, out) == _ALIGNED  # else `_call_new` keys the plan with the alignment
     if out is None:  # what the plan will allocate
         out = torch.empty((M, N), dtype=dtype, device=a.device)
-    copy_a, copy_b, copy_out = not _tma_ok(a), not _b_tma_ok(b), not _tma_ok(out)
+    provider = m.provider(target.capability)
+    # an A in layout "t" that the provider reads in place (`TRANSPOSED_A_IN_PLACE`) is not copied
+    in_place_a = _reads_a_in_place(provider, a, b, target, scaling is not None)
+    copy_a, copy_b, copy_out = not in_place_a and not _tma_ok(a), not _b_tma_ok(b), not _tma_ok(out)
     a2 = _aligned_empty(M, K, a) if copy_a else a
     b2 = (_aligned_empty(N, K, b).t() if b_layout(b) == "t" else _aligned_empty(K, N, b)) if copy_b else b
     c2 = _aligned_empty(M, N, out) if copy_out else out
-    provider = m.provider(target.capability)
     scales = None if scaling is None else _flat_scales(scale_a, scale_b, scaling)
     reusable = getattr(_provider_prepare(provider, a2, b2, c2, target, scales, bias).fn, "plan", None)
     check_bases = aligned and not getattr(reusable, "checks_bases", False)
@@ -722,7 +791,9 @@ def explain(
     bias: torch.Tensor | None = None,
 ) -> str:
     """Which kernel and config `matmul(a, b, kernel=kernel, ...)` would run, and why. Nothing is
-    launched (an operand TMA cannot describe is copied, as `matmul` would)."""
+    launched (an operand TMA cannot describe is copied, as `matmul` would). For an A in layout
+    "t" (the transpose view of a [K, M] matrix), a line says whether it is read in place or
+    copied to row-major, and why (module docstring)."""
     fp8 = {"scale_a": scale_a, "scale_b": scale_b, "out_dtype": out_dtype}
     mode = registry.get(kernel if kernel is not None else default_mode(a))
     _check_operands(a, b, None, **fp8, mode=mode.name, bias=bias)
@@ -734,6 +805,7 @@ def explain(
     # descriptors and config only: nothing is launched
     config = dict(prepare(mode.name, a, b, **fp8, bias=bias).config)
     fused = config.pop("bias", None)  # how the provider adds the bias
+    config.pop("a_layout", None)  # the A line's
     chosen = config.pop("mode", None)  # `auto` says what it chose, and why
     lines = [f"mode: {mode.name} - {mode.summary}"]
     if chosen is not None:
@@ -749,6 +821,9 @@ def explain(
     ]
     if bias is not None:
         lines.append(f"bias: {_BIAS_WAYS.get(fused, fused)}")
+    if a_layout(a) == "t":
+        _, how = _transposed_a(mode.provider(cap), a, b, target_of(a.device), scale_a is not None)
+        lines.append(f"A: t (transpose view of a [K,M] matrix), {how}")
     if "aligned_copy" in config:
         lines.append("aligned copy: a row stride or base address is not a multiple of 16 bytes")
     return "\n".join(lines)

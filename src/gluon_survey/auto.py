@@ -19,12 +19,29 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return None  # on a GPU without Gluon rungs the rule picks cuBLAS
 
 
-def prepare(a, b, out, target: Target, scales: Scales | None = None, bias=None) -> Launch:
+def _choice(a, b, target: Target, scaling: str | None) -> Choice:
+    """What `choose` picks for these operands (`scaling`: the fp8 scales' kind, None for 16-bit)."""
     M, K = a.shape
-    dtype = _DTYPE_NAMES[a.dtype] if scales is None else _FP8_NAMES[scales.kind]
+    dtype = _DTYPE_NAMES[a.dtype] if scaling is None else _FP8_NAMES[scaling]
     choice = choose(M, b.shape[1], K, dtype, b_layout(b), target.capability, target.name, target.sm_count)
-    if scales is not None and choice.mode == "torch" and (b.shape[1] % 16 or K % 16):
+    if scaling is not None and choice.mode == "torch" and (b.shape[1] % 16 or K % 16):
         choice = Choice("warpspec", None, f"{choice.why}; but cuBLAS fp8 needs N and K multiples of 16")
+    return choice
+
+
+def reads_transposed_a(a, b, target: Target, fp8: bool = False) -> bool:
+    """Whether the mode `prepare` picks for 16-bit operands like these reads a transposed A in
+    place (the provider contract: gluon_survey/registry.py). The choice does not depend on A's
+    layout; fp8 operands never do (fp8 MMAs read A K-major)."""
+    if fp8:
+        return False
+    provider = registry.get(_choice(a, b, target, None).mode).provider(target.capability)
+    reads = getattr(provider, "reads_transposed_a", None)
+    return reads is not None and reads(a, b, target)
+
+
+def prepare(a, b, out, target: Target, scales: Scales | None = None, bias=None) -> Launch:
+    choice = _choice(a, b, target, None if scales is None else scales.kind)
     provider = registry.get(choice.mode).provider(target.capability)
     fp8 = {} if scales is None else {"scales": scales}
     extra = fp8 if bias is None else fp8 | {"bias": bias}  # every mode `choose` picks takes a bias

@@ -1,7 +1,7 @@
 """The few types every layer shares, in a module that imports nothing of the package: what a
 provider is given (`Target`: the GPU it launches on), what it returns (`Launch`), what `inspect`
 compiles (`CompileSpec`), the fp8 scales a provider applies (`Scales`), the error a launch made
-for aligned bases raises on another (`Unaligned`), and the one vocabulary of B layouts.
+for aligned bases raises on another (`Unaligned`), and the one vocabulary of B and A layouts.
 
 B layouts, one spelling everywhere (CLI, results, configs, kernel labels, tests):
 
@@ -10,6 +10,17 @@ B layouts, one spelling everywhere (CLI, results, configs, kernel labels, tests)
            linear layer: its tiles are read K-major, with no copy.
 
 `b_layout(b)` is the one function that decides which one a tensor is.
+
+A layouts, the same two words:
+
+    "row"  A is a row-major [M, K] matrix (what every kernel reads).
+    "t"    A is the transpose view `x.t()` of a row-major [K, M] matrix, as in a weight's gradient
+           grad^T @ x. `gluon_survey.matmul` copies such an A to row-major unless its switch
+           `TRANSPOSED_A_IN_PLACE` is on; then the Hopper rungs that take it read its tiles
+           M-major from the [K, M] matrix, with no copy (16-bit operands only: fp8 wgmma reads A
+           K-major).
+
+`a_layout(a)` decides which one a tensor is.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 B_LAYOUTS = ("row", "t")
+A_LAYOUTS = ("row", "t")
 ALIGN = 16  # bytes: TMA's rule for a base address and a row stride
 
 
@@ -38,6 +50,20 @@ def is_kmajor(layout: str) -> bool:
     if layout not in B_LAYOUTS:
         raise ValueError(f"unknown B layout {layout!r}; use one of {', '.join(B_LAYOUTS)}")
     return layout == "t"
+
+
+def a_layout(a) -> str:
+    """ "t" when a is the transpose view of a row-major [K, M] matrix (unit stride along M, not
+    along K), else "row". An [M, K] tensor whose inner stride is 1 is "row" whatever its row
+    stride (so is one of a single row or column with both strides 1)."""
+    return "t" if a.stride(1) != 1 and a.stride(0) == 1 else "row"
+
+
+def is_a_kmajor(layout: str) -> bool:
+    """Whether tiles of A in this layout are K-major (read from the row-major [M, K] matrix)."""
+    if layout not in A_LAYOUTS:
+        raise ValueError(f"unknown A layout {layout!r}; use one of {', '.join(A_LAYOUTS)}")
+    return layout == "row"
 
 
 @dataclass(frozen=True)

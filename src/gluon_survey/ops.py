@@ -12,7 +12,8 @@ cheapest call, and needs no autograd, calls `gluon_survey.matmul`, as `Linear` d
 inference; compiled code and CUDA graphs do not pay it per call.
 
 Gradients are registered with the operator itself: grad_a = grad @ b^T, grad_b = a^T @ grad, both
-through the survey's kernels (an operand that is a transposed view gets matmul's aligned copy),
+through the survey's kernels (an operand that is a transposed view gets matmul's aligned copy;
+with `gluon_survey.api.TRANSPOSED_A_IN_PLACE` on, the Hopper rungs read such an A in place),
 and with a bias (added in the kernels' epilogue: `gluon_survey.matmul(bias=)`) grad_bias = grad
 summed over its rows, in fp32, then cast to the bias's dtype.
 For B the transpose view of a weight ("t", `w.t()`, as in `Linear`) grad_b is computed as

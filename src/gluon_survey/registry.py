@@ -39,6 +39,14 @@ A mode with `bias=True` adds a bias in its epilogue: its provider's `prepare` th
 `bias` (a contiguous [N] tensor of `out`'s dtype, validated by `gluon_survey.api`), and
 `Launch.fn()` writes a @ b + bias (after any fp8 scales); without one `bias` is not passed.
 
+A provider may also define
+
+    reads_transposed_a(a, b, target: launch.Target, fp8: bool = False) -> bool
+        Whether its `prepare` reads this `a` in A layout "t" (`launch.a_layout`: the transpose
+        view of a row-major [K, M] matrix) in place. `gluon_survey.api` asks only while its
+        switch `TRANSPOSED_A_IN_PLACE` is on, and otherwise (and where a provider has no such
+        function, or says no) hands every provider a row-major `a`.
+
 and, where it owns kernels, `compile_specs(capability, dtype) -> list[launch.CompileSpec]` for
 `gluon-survey inspect`. Importing a provider module must not need a GPU, so that `gluon-survey
 list` and `inspect` work anywhere.

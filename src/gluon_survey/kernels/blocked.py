@@ -13,10 +13,11 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch import is_kmajor
+from ..launch import is_a_kmajor, is_kmajor
 from .arch import select_mma, unsupported_reason
 from .common import (
     GemmConfig,
+    a_operand,
     b_operand,
     grouped_tile,
     load_step,
@@ -25,7 +26,7 @@ from .common import (
     store_tile,
     tma,
 )
-from .plan import Rung, provider_functions
+from .plan import Rung, provider_functions, reads_transposed_a
 
 CONFIGS = {
     # Hopper: the best blocked kernel of Triton's wgmma tutorial, 64x256x128 with 4 warps and two
@@ -36,7 +37,15 @@ CONFIGS = {
     10: GemmConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, STAGES=1, num_warps=4, GROUP_M=8),
 }
 
-__all__ = ["CONFIGS", "blocked_kernel", "compile_specs", "config_for", "prepare", "unsupported_reason"]
+__all__ = [
+    "CONFIGS",
+    "blocked_kernel",
+    "compile_specs",
+    "config_for",
+    "prepare",
+    "reads_transposed_a",
+    "unsupported_reason",
+]
 
 
 @gluon.jit(do_not_specialize_on_alignment=["bias"])
@@ -47,17 +56,19 @@ def blocked_kernel(
     bias,
     MMA: gl.constexpr,
     B_KMAJOR: gl.constexpr,
+    A_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     HAS_BIAS: gl.constexpr,
 ):
-    """One [BLOCK_M, BLOCK_N] tile of C = A @ B (+ bias[N] with HAS_BIAS; None and False without)."""
+    """One [BLOCK_M, BLOCK_N] tile of C = A @ B (+ bias[N] with HAS_BIAS; None and False without).
+    A_KMAJOR False: A is read through the [K, M] matrix behind a transposed view."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1] if A_KMAJOR else a_desc.block_type.shape[0]
     dtype: gl.constexpr = a_desc.dtype
     M = c_desc.shape[0]
     N = c_desc.shape[1]
-    K = a_desc.shape[1]
+    K = a_desc.shape[1] if A_KMAJOR else a_desc.shape[0]
 
     pid_m, pid_n = grouped_tile(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M)
     off_m = pid_m * BLOCK_M
@@ -71,10 +82,10 @@ def blocked_kernel(
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
     phase = 0
     for k in range(0, K, BLOCK_K):
-        load_step(a_desc, b_desc, off_m, off_n, k, bar, a_buf, b_buf, B_KMAJOR)
+        load_step(a_desc, b_desc, off_m, off_n, k, bar, a_buf, b_buf, B_KMAJOR, A_KMAJOR=A_KMAJOR)
         mbarrier.wait(bar, phase)
         phase ^= 1
-        mma = mma.issue(a_buf, b_operand(b_buf, B_KMAJOR))
+        mma = mma.issue(a_operand(a_buf, A_KMAJOR), b_operand(b_buf, B_KMAJOR))
         mma = mma.wait(0)  # synchronous: a_buf/b_buf are free for the next step
     mbarrier.invalidate(bar)
 
@@ -87,11 +98,18 @@ def blocked_kernel(
     tma.store_wait(0)
 
 
-def _constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
-    return {"MMA": select_mma(capability), "B_KMAJOR": is_kmajor(layout), "GROUP_M": cfg.GROUP_M}
+def _constexprs(
+    cfg: GemmConfig, capability: tuple[int, int], layout: str, a_layout: str = "row"
+) -> dict[str, object]:
+    return {
+        "MMA": select_mma(capability),
+        "B_KMAJOR": is_kmajor(layout),
+        "A_KMAJOR": is_a_kmajor(a_layout),
+        "GROUP_M": cfg.GROUP_M,
+    }
 
 
-RUNG = Rung("Blocked", blocked_kernel, _constexprs, configs=CONFIGS)
+RUNG = Rung("Blocked", blocked_kernel, _constexprs, configs=CONFIGS, transposed_a=True)
 
 
 # The provider contract (gluon_survey/registry.py), answered by the Rung.

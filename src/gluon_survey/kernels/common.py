@@ -167,13 +167,35 @@ class Ring:
 
 
 @gluon.jit
-def load_step(a_desc, b_desc, off_m, off_n, off_k, bar, a_buf, b_buf, B_KMAJOR: gl.constexpr, pred=True):
-    """TMA-load one K step of A ([BM, BK]) and B into shared memory, completing on `bar`.
-    B is a [BK, BN] tile of a row-major [K, N] matrix, or (B_KMAJOR) a [BN, BK] tile of a [N, K]
-    weight. Out-of-bounds rows/columns (ragged M, N and the K tail) arrive as zeros."""
+def load_step(
+    a_desc,
+    b_desc,
+    off_m,
+    off_n,
+    off_k,
+    bar,
+    a_buf,
+    b_buf,
+    B_KMAJOR: gl.constexpr,
+    pred=True,
+    A_KMAJOR: gl.constexpr = True,
+):
+    """TMA-load one K step of A and B into shared memory, completing on `bar`.
+    A is a [BM, BK] tile of a row-major [M, K] matrix, or (A_KMAJOR False) a [BK, BM] tile of the
+    [K, M] matrix behind a transposed view (`load_a`). B is a [BK, BN] tile of a row-major [K, N]
+    matrix, or (B_KMAJOR) a [BN, BK] tile of a [N, K] weight. Out-of-bounds rows/columns (ragged
+    M, N and the K tail) arrive as zeros."""
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred)
-    tma_load(a_desc, [off_m, off_k], bar, a_buf, pred)
+    load_a(a_desc, off_m, off_k, bar, a_buf, A_KMAJOR, pred)
     load_b(b_desc, off_n, off_k, bar, b_buf, B_KMAJOR, pred)
+
+
+@gluon.jit
+def load_a(a_desc, off_m, off_k, bar, a_buf, A_KMAJOR: gl.constexpr = True, pred=True):
+    if A_KMAJOR:
+        tma_load(a_desc, [off_m, off_k], bar, a_buf, pred)
+    else:
+        tma_load(a_desc, [off_k, off_m], bar, a_buf, pred)
 
 
 @gluon.jit
@@ -195,6 +217,18 @@ def b_operand(b_buf, B_KMAJOR: gl.constexpr):
 
 
 @gluon.jit
+def a_operand(a_buf, A_KMAJOR: gl.constexpr = True):
+    """A as the MMA wants it, [BM, BK]: an M-major tile ([BK, BM], of the [K, M] matrix behind a
+    transposed A) is just a transposed view, which wgmma reads for 16-bit operands (fp8 wgmma
+    reads A K-major only, so fp8 kernels never get one)."""
+    if A_KMAJOR:
+        a = a_buf
+    else:
+        a = a_buf.permute((1, 0))
+    return a
+
+
+@gluon.jit
 def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
     """Tile id -> (pid_m, pid_n) so that GROUP_M consecutive tile rows walk N together: the
     programs running at one time share A rows and B columns in L2."""
@@ -209,20 +243,29 @@ def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 @gluon.jit
 def load_partition(
-    a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR: gl.constexpr, GROUP_M: gl.constexpr
+    a_desc,
+    b_desc,
+    a_bufs,
+    b_bufs,
+    ready,
+    empty,
+    B_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    A_KMAJOR: gl.constexpr = True,
 ):
     """The TMA-load partition of the warp-specialized kernels (Hopper and Blackwell): fill the ring
     for every (tile, K step) of this program in grouped order, each fill once whoever read the
     stage's previous contents has released it on `empty`. A tile is BOXES A boxes tall (a_bufs has
-    BOXES buffers per stage of b_bufs), and stage s holds them in a_bufs[s * BOXES + i]."""
+    BOXES buffers per stage of b_bufs), and stage s holds them in a_bufs[s * BOXES + i]. An A box
+    is [BOX_M, BLOCK_K], or with A_KMAJOR False [BLOCK_K, BOX_M] of the [K, M] matrix (`load_a`)."""
     STAGES: gl.constexpr = b_bufs.shape[0]
     BOXES: gl.constexpr = a_bufs.shape[0] // STAGES
-    BOX_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BOX_M: gl.constexpr = a_desc.block_type.shape[0] if A_KMAJOR else a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1] if A_KMAJOR else a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
-    num_pid_m = gl.cdiv(a_desc.shape[0], BOX_M * BOXES)
+    num_pid_m = gl.cdiv(a_desc.shape[0] if A_KMAJOR else a_desc.shape[1], BOX_M * BOXES)
     num_pid_n = gl.cdiv(b_desc.shape[0] if B_KMAJOR else b_desc.shape[1], BLOCK_N)
-    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
+    k_steps = gl.cdiv(a_desc.shape[1] if A_KMAJOR else a_desc.shape[0], BLOCK_K)
     ring = Ring.start(STAGES)
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
@@ -232,8 +275,13 @@ def load_partition(
             bar = ready.index(slot)
             mbarrier.expect(bar, BOXES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             for i in gl.static_range(BOXES):
-                tma_load(
-                    a_desc, [(pid_m * BOXES + i) * BOX_M, k * BLOCK_K], bar, a_bufs.index(slot * BOXES + i)
+                load_a(
+                    a_desc,
+                    (pid_m * BOXES + i) * BOX_M,
+                    k * BLOCK_K,
+                    bar,
+                    a_bufs.index(slot * BOXES + i),
+                    A_KMAJOR,
                 )
             load_b(b_desc, pid_n * BLOCK_N, k * BLOCK_K, bar, b_bufs.index(slot), B_KMAJOR)
             ring = ring.next()

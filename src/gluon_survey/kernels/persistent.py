@@ -28,6 +28,7 @@ from .arch import unsupported_reason
 from .common import (
     GemmConfig,
     Ring,
+    a_operand,
     b_operand,
     deferred_store_spacing,
     grouped_tile,
@@ -40,7 +41,7 @@ from .common import (
     store_staged_slice,
     tma,
 )
-from .plan import Rung, provider_functions
+from .plan import Rung, provider_functions, reads_transposed_a
 
 CONFIGS = {
     # Hopper: Pipelined's tile; the C tile is staged whole beside the ring, so 3 stages of 48 KB +
@@ -106,6 +107,7 @@ __all__ = [
     "config_for",
     "persistent_kernel",
     "prepare",
+    "reads_transposed_a",
     "unsupported_reason",
 ]
 
@@ -131,13 +133,14 @@ def _next_load(
     ready,
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
+    A_KMAJOR: gl.constexpr = True,
 ):
     """Issue the producer's next load and advance the producer state
     p = (tile, K step, ring position, tile's row offset, tile's column offset) past it. At the end of a
     tile the producer moves on to this program's next tile, so loads run ahead across tile
     boundaries; the tile-order divisions run once per tile, not once per K step."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0] if A_KMAJOR else a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1] if A_KMAJOR else a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
     tile, k, ring, off_m, off_n = p
     slot = ring.slot()
@@ -152,6 +155,7 @@ def _next_load(
         b_bufs.index(slot),
         B_KMAJOR,
         pred=tile < num_pid_m * num_pid_n,
+        A_KMAJOR=A_KMAJOR,
     )
     k += 1
     if k == k_steps:
@@ -171,19 +175,22 @@ def persistent_kernel(
     bias,
     MMA: gl.constexpr,
     B_KMAJOR: gl.constexpr,
+    A_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALING: gl.constexpr,
     HAS_BIAS: gl.constexpr,
 ):
-    """C = A @ B (times the fp8 scales, SCALING; + bias[N], HAS_BIAS) over this program's tiles."""
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    """C = A @ B (times the fp8 scales, SCALING; + bias[N], HAS_BIAS) over this program's tiles.
+    A_KMAJOR False: A is read through the [K, M] matrix behind a transposed view (16-bit only)."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0] if A_KMAJOR else a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1] if A_KMAJOR else a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_KMAJOR else b_desc.block_type.shape[1]
     SLICES: gl.constexpr = BLOCK_N // c_desc.block_type.shape[1]
     dtype: gl.constexpr = a_desc.dtype
     num_pid_m = gl.cdiv(c_desc.shape[0], BLOCK_M)
     num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
-    k_steps = gl.cdiv(a_desc.shape[1], a_desc.block_type.shape[1])
+    k_steps = gl.cdiv(a_desc.shape[1] if A_KMAJOR else a_desc.shape[0], BLOCK_K)
 
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -196,7 +203,18 @@ def persistent_kernel(
     p = (gl.program_id(0), 0, Ring.start(STAGES), off_m, off_n)
     for _ in gl.static_range(STAGES - 1):
         p = _next_load(
-            a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready, B_KMAJOR, GROUP_M
+            a_desc,
+            b_desc,
+            p,
+            num_pid_m,
+            num_pid_n,
+            k_steps,
+            a_bufs,
+            b_bufs,
+            ready,
+            B_KMAJOR,
+            GROUP_M,
+            A_KMAJOR,
         )
 
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
@@ -207,13 +225,24 @@ def persistent_kernel(
         for k in range(k_steps):
             ring.wait_filled(ready)
             slot = ring.slot()
-            mma = mma.issue(a_bufs.index(slot), b_operand(b_bufs.index(slot), B_KMAJOR))
+            mma = mma.issue(a_operand(a_bufs.index(slot), A_KMAJOR), b_operand(b_bufs.index(slot), B_KMAJOR))
             # The previous tile's C leaves while this tile's MMAs run.
             store_staged_slice(c_desc, c_bufs, prev_m, prev_n, k, spacing, tile != gl.program_id(0))
             mma = mma.wait(1)
             # The freed slot gets the producer's next load, which may already be the next tile's.
             p = _next_load(
-                a_desc, b_desc, p, num_pid_m, num_pid_n, k_steps, a_bufs, b_bufs, ready, B_KMAJOR, GROUP_M
+                a_desc,
+                b_desc,
+                p,
+                num_pid_m,
+                num_pid_n,
+                k_steps,
+                a_bufs,
+                b_bufs,
+                ready,
+                B_KMAJOR,
+                GROUP_M,
+                A_KMAJOR,
             )
             ring = ring.next()
         acc, mma = mma.take_result()
@@ -270,6 +299,7 @@ RUNG = Rung(
     fp8_configs=FP8_CONFIGS,
     more=MID_M,
     scaled=True,
+    transposed_a=True,
 )
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch import is_kmajor
+from ..launch import is_a_kmajor, is_kmajor
 from .arch import select_mma, unsupported_reason
 from .common import (
     GemmConfig,
     Ring,
+    a_operand,
     b_operand,
     grouped_tile,
     init_barriers,
@@ -30,7 +31,7 @@ from .common import (
     store_tile,
     tma,
 )
-from .plan import Rung, provider_functions
+from .plan import Rung, provider_functions, reads_transposed_a
 
 CONFIGS = {
     # Hopper: the tutorials' 128x256x64 with 8 warps (two warpgroups, 128 accumulator registers per
@@ -57,6 +58,7 @@ __all__ = [
     "constexprs",
     "pipelined_kernel",
     "prepare",
+    "reads_transposed_a",
     "unsupported_reason",
 ]
 
@@ -80,13 +82,16 @@ def ring_mma(
     B_KMAJOR: gl.constexpr,
     OPERANDS: gl.constexpr,
     TAKE: gl.constexpr = True,
+    A_KMAJOR: gl.constexpr = True,
 ):
     """The rung's idea: K steps first .. first + steps - 1 of one tile through a ring of STAGES
     shared-memory stages, STAGES - 1 loads in flight behind the one MMA in flight; returns the fp32
     accumulator (TAKE False: the MMA, whose accumulator is then taken in slices, `result_slice`).
     `OPERANDS(a_buf, b_buf, B_KMAJOR)` says how a stage feeds the MMA (`operands`; the swap-AB
-    rung passes its own). Later rungs reuse this loop."""
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    rung passes its own); with A_KMAJOR False the A stages hold [BK, BM] tiles of the [K, M]
+    matrix behind a transposed A, and `a_buf` is their transposed view (`a_operand`). Later rungs
+    reuse this loop."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1] if A_KMAJOR else a_desc.block_type.shape[0]
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -106,12 +111,15 @@ def ring_mma(
             b_bufs.index(s),
             B_KMAJOR,
             pred=s < steps,
+            A_KMAJOR=A_KMAJOR,
         )
 
     for k in range(steps):
         ring = Ring(k, STAGES)
         ring.wait_filled(ready)
-        lhs, rhs = OPERANDS(a_bufs.index(ring.slot()), b_bufs.index(ring.slot()), B_KMAJOR)
+        lhs, rhs = OPERANDS(
+            a_operand(a_bufs.index(ring.slot()), A_KMAJOR), b_bufs.index(ring.slot()), B_KMAJOR
+        )
         mma = mma.issue(lhs, rhs)
         mma = mma.wait(1)  # retires MMA k-1, whose stage is the one refilled next
         nxt = k + STAGES - 1
@@ -127,6 +135,7 @@ def ring_mma(
             b_bufs.index(refill),
             B_KMAJOR,
             pred=nxt < steps,
+            A_KMAJOR=A_KMAJOR,
         )
     if TAKE:
         acc, mma = mma.take_result()
@@ -148,6 +157,7 @@ def pipelined_kernel(
     bias,
     MMA: gl.constexpr,
     B_KMAJOR: gl.constexpr,
+    A_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALING: gl.constexpr,
@@ -155,10 +165,11 @@ def pipelined_kernel(
 ):
     """One [BLOCK_M, BLOCK_N] tile of C = A @ B; for fp8 operands C = (A @ B) * scales
     (`scale_tile`, SCALING 1 or 2; None scales and SCALING 0 for fp16/bf16); then + bias[N]
-    (`add_bias`, HAS_BIAS; None and False without)."""
+    (`add_bias`, HAS_BIAS; None and False without). A_KMAJOR False: A is read through the [K, M]
+    matrix behind a transposed view (16-bit operands only)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1] if A_KMAJOR else a_desc.block_type.shape[0]
     dtype: gl.constexpr = a_desc.dtype
     pid_m, pid_n = grouped_tile(
         gl.program_id(0), gl.cdiv(c_desc.shape[0], BLOCK_M), gl.cdiv(c_desc.shape[1], BLOCK_N), GROUP_M
@@ -167,30 +178,45 @@ def pipelined_kernel(
     off_n = pid_n * BLOCK_N
 
     mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
-    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
+    k_steps = gl.cdiv(a_desc.shape[1] if A_KMAJOR else a_desc.shape[0], BLOCK_K)
     if HAS_BIAS:  # the accumulator taken in column slices, each with its scales and bias
-        mma = ring_mma(a_desc, b_desc, off_m, off_n, 0, k_steps, mma, STAGES, B_KMAJOR, operands, False)
+        mma = ring_mma(
+            a_desc, b_desc, off_m, off_n, 0, k_steps, mma, STAGES, B_KMAJOR, operands, False, A_KMAJOR
+        )
         c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         store_biased_tile(c_desc, c_smem, mma, off_m, off_n, scale_a, scale_b, SCALING, bias)
     else:
-        acc = ring_mma(a_desc, b_desc, off_m, off_n, 0, k_steps, mma, STAGES, B_KMAJOR, operands)
+        acc = ring_mma(
+            a_desc, b_desc, off_m, off_n, 0, k_steps, mma, STAGES, B_KMAJOR, operands, True, A_KMAJOR
+        )
         acc = scale_tile(acc, scale_a, scale_b, off_m, off_n, c_desc.shape[0], c_desc.shape[1], SCALING)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         store_tile(c_desc, c_smem, acc, off_m, off_n)
     tma.store_wait(0)
 
 
-def constexprs(cfg: GemmConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
+def constexprs(
+    cfg: GemmConfig, capability: tuple[int, int], layout: str, a_layout: str = "row"
+) -> dict[str, object]:
     """The kernel's constexprs, for its launch and its compile specs alike (persistent's too)."""
     return {
         "MMA": select_mma(capability),
         "B_KMAJOR": is_kmajor(layout),
+        "A_KMAJOR": is_a_kmajor(a_layout),
         "GROUP_M": cfg.GROUP_M,
         "STAGES": cfg.STAGES,
     }
 
 
-RUNG = Rung("Pipelined", pipelined_kernel, constexprs, configs=CONFIGS, fp8_configs=FP8_CONFIGS, scaled=True)
+RUNG = Rung(
+    "Pipelined",
+    pipelined_kernel,
+    constexprs,
+    configs=CONFIGS,
+    fp8_configs=FP8_CONFIGS,
+    scaled=True,
+    transposed_a=True,
+)
 
 
 # The provider contract (gluon_survey/registry.py), answered by the Rung.

@@ -31,7 +31,19 @@ from triton.experimental.gluon import language as gl
 from triton.runtime.driver import driver
 
 from ..compat import RawLaunch, raw_launch
-from ..launch import ALIGN, B_LAYOUTS, CompileSpec, Launch, Scales, Target, Unaligned, b_layout, is_kmajor
+from ..launch import (
+    ALIGN,
+    B_LAYOUTS,
+    CompileSpec,
+    Launch,
+    Scales,
+    Target,
+    Unaligned,
+    a_layout,
+    b_layout,
+    is_a_kmajor,
+    is_kmajor,
+)
 from .common import GemmConfig
 
 GL_DTYPES = {"float16": gl.float16, "bfloat16": gl.bfloat16, "float8_e4m3fn": gl.float8e4nv}
@@ -48,24 +60,55 @@ def smem_layout(block_shape, gl_dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
-def block_shapes(cfg: GemmConfig, layout: str) -> tuple[list[int], list[int], list[int]]:
-    """TMA block shapes of A, B and C: A one box of BLOCK_M rows, B K-major for layout "t", C one
-    epilogue slice (the whole tile where the epilogue is not sliced)."""
+def block_shapes(
+    cfg: GemmConfig, layout: str, a_layout: str = "row"
+) -> tuple[list[int], list[int], list[int]]:
+    """TMA block shapes of A, B and C: A one box of BLOCK_M rows ([BK, BM] of the [K, M] matrix
+    for A layout "t"), B K-major for layout "t", C one epilogue slice (the whole tile where the
+    epilogue is not sliced)."""
     BM, BN, BK = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
-    return [BM, BK], ([BN, BK] if is_kmajor(layout) else [BK, BN]), [BM, cfg.epilogue_n]
+    a_block = [BM, BK] if is_a_kmajor(a_layout) else [BK, BM]
+    return a_block, ([BN, BK] if is_kmajor(layout) else [BK, BN]), [BM, cfg.epilogue_n]
 
 
-def make_descriptors(a, b, c, cfg: GemmConfig, layout: str, blocks=None):
-    """Host TMA descriptors for A [M,K], B ([K,N], or the [N,K] weight behind a "t" view) and C [M,N],
-    with the config's block shapes (`block_shapes`) or the (A, B, C) `blocks` given."""
+def make_descriptors(a, b, c, cfg: GemmConfig, layout: str, blocks=None, a_layout: str = "row"):
+    """Host TMA descriptors for A ([M,K], or the [K,M] matrix behind an A layout "t" view), B ([K,N],
+    or the [N,K] weight behind a "t" view) and C [M,N], with the config's block shapes
+    (`block_shapes`) or the (A, B, C) `blocks` given."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    a_block, b_block, c_block = blocks or block_shapes(cfg, layout)
+    a_block, b_block, c_block = blocks or block_shapes(cfg, layout, a_layout)
+    a_src = a if is_a_kmajor(a_layout) else a.t()
     b_src = b.t() if is_kmajor(layout) else b
     return tuple(
         TensorDescriptor.from_tensor(t, block, smem_layout(block, gl_dtype(t)))
-        for t, block in ((a, a_block), (b_src, b_block), (c, c_block))
+        for t, block in ((a_src, a_block), (b_src, b_block), (c, c_block))
     )
+
+
+def check_a_layout(mode: str, layout: str, capability: tuple[int, int], fp8: bool) -> None:
+    """What a rung refuses of an A in layout "t" (the transpose view of a row-major [K, M] matrix),
+    which `gluon_survey.matmul` hands on only where `reads_transposed_a` says it may: fp8 operands
+    (fp8 wgmma reads A K-major) and a GPU other than Hopper (the tcgen05 kernels read A K-major
+    only; none of them is compiled with an M-major A)."""
+    if is_a_kmajor(layout):
+        return
+    if fp8:
+        raise ValueError(
+            f"{mode}: fp8 MMAs read both operands K-major: A must be a row-major [M, K] matrix, not "
+            "the transpose view of a [K, M] one (pass a.contiguous())"
+        )
+    if capability[0] != 9:
+        raise ValueError(
+            f"{mode}: a transposed A (the view x.t() of a row-major [K, M] matrix) is read in place "
+            f"on Hopper (sm_90) only; this GPU is sm_{capability[0]}{capability[1]} (pass a.contiguous())"
+        )
+
+
+def reads_transposed_a(a, b, target: Target, fp8: bool = False) -> bool:
+    """The provider contract's `reads_transposed_a` (gluon_survey/registry.py) of a rung that reads
+    A through `make_descriptors`: on Hopper, for 16-bit operands (`check_a_layout`)."""
+    return target.capability[0] == 9 and not fp8
 
 
 def gl_dtype(t):
@@ -394,6 +437,9 @@ class Rung:
     more: Mapping[int, tuple[GemmConfig, ...]] = field(default_factory=dict)
     scaled: bool = False
     desc_args: tuple[str, str, str] = DESC_ARGS  # the kernel's names of the A, B and C descriptors
+    # The kernel takes A_KMAJOR (right after B_KMAJOR), and `constexprs` an A layout: it reads a
+    # transposed A in place on Hopper (16-bit operands), and its compile specs include one.
+    transposed_a: bool = False
 
     def configs_of(self, fp8: bool) -> Mapping[int, GemmConfig]:
         return self.fp8_configs if fp8 else self.configs
@@ -428,7 +474,11 @@ class Rung:
         none)."""
         if capability[0] not in self.configs_of(dtype == FP8):
             return []
-        return self.compile_specs(capability, dtype, list(self.candidates(capability, dtype == FP8).values()))
+        fp8 = dtype == FP8
+        transposed = [self.config_for(capability, 0, fp8)] if self.transposed_a else []
+        return self.compile_specs(
+            capability, dtype, list(self.candidates(capability, fp8).values()), transposed
+        )
 
     def plan(
         self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None, has_bias: bool = False
@@ -436,19 +486,26 @@ class Rung:
         """The launch plan for tensors like these (only their shapes, strides and dtype are read;
         bases must be 16-byte aligned): descriptors' block shapes and layouts, grid, constexprs
         (HAS_BIAS: `has_bias`; the bias itself is an argument of each launch)."""
-        layout = b_layout(b)
-        templates = templates_of(make_descriptors(a, b, out, cfg, layout))
+        layout, alayout = b_layout(b), a_layout(a)
+        check_a_layout(self.mode, alayout, target.capability, scales is not None)
+        kw = self.kernel_constexprs(cfg, target.capability, layout, scaling_code(scales), has_bias, alayout)
+        templates = templates_of(make_descriptors(a, b, out, cfg, layout, a_layout=alayout))
         tiles = num_tiles(*out.shape, cfg)
         grid = (min(target.sm_count, tiles) if self.persistent else tiles,)
-        kw = self.kernel_constexprs(cfg, target.capability, layout, scaling_code(scales), has_bias)
         launcher = Launcher(self.kernel, grid, kw, cfg.num_warps)
         return Plan(launcher, templates, cfg, scaled=self.scaled, biased=True)
 
     def kernel_constexprs(
-        self, cfg, capability, layout: str, scaling: int, has_bias: bool = False
+        self, cfg, capability, layout: str, scaling: int, has_bias: bool = False, a_layout: str = "row"
     ) -> dict[str, object]:
-        """`constexprs`, then SCALING for a scaled kernel and HAS_BIAS (its last parameters)."""
-        kw = self.constexprs(cfg, capability, layout)
+        """`constexprs`, then SCALING for a scaled kernel and HAS_BIAS (its last parameters). A kernel
+        that takes A_KMAJOR (`transposed_a`) gets it from `a_layout`; the others only "row"."""
+        if self.transposed_a:
+            kw = self.constexprs(cfg, capability, layout, a_layout)
+        else:
+            if not is_a_kmajor(a_layout):
+                raise ValueError(f"{self.mode}: reads A row-major only (pass a.contiguous())")
+            kw = self.constexprs(cfg, capability, layout)
         if self.scaled:
             kw = kw | {"SCALING": scaling}
         return kw | {"HAS_BIAS": has_bias}
@@ -462,15 +519,23 @@ class Rung:
         plan = self.plan(a, b, out, target, cfg, scales, bias is not None)
         return Launch(plan.bind(a, b, out, scales, bias), cfg.table() | bias_table(bias))
 
-    def compile_specs(self, capability: tuple[int, int], dtype: str, configs) -> list[CompileSpec]:
+    def compile_specs(
+        self, capability: tuple[int, int], dtype: str, configs, transposed=()
+    ) -> list[CompileSpec]:
         """One spec per config and B layout, for `gluon-survey inspect`; fp8 (K-major B only)
-        with row-wise scales, the epilogue that does the most; no bias (`with_bias` adds one)."""
+        with row-wise scales, the epilogue that does the most; no bias (`with_bias` adds one).
+        Then, on Hopper for 16-bit operands, one per config of `transposed` (a rung's default
+        config per design) and B layout with A in layout "t" (label " A=t"), the kernel that
+        reads a transposed A in place."""
         specs = []
         fp8 = dtype == FP8
-        for cfg in configs:
+        variants = [(cfg, "row") for cfg in configs]
+        if capability[0] == 9 and not fp8:
+            variants += [(cfg, "t") for cfg in transposed]
+        for cfg, alayout in variants:
             for layout in ("t",) if fp8 else B_LAYOUTS:
-                values = self.kernel_constexprs(cfg, capability, layout, 2 if fp8 else 0)
-                blocks = block_shapes(cfg, layout)
+                values = self.kernel_constexprs(cfg, capability, layout, 2 if fp8 else 0, a_layout=alayout)
+                blocks = block_shapes(cfg, layout, alayout)
                 dtypes = (dtype, dtype, FP8_OUT if fp8 else dtype)
                 signature = {
                     arg: desc_signature(block, dt)
@@ -484,7 +549,8 @@ class Rung:
                 specs.append(
                     CompileSpec(
                         self.mode,
-                        f"{self.kernel.__name__} {cfg.label} B={layout}" + (" scales=row" if fp8 else ""),
+                        f"{self.kernel.__name__} {cfg.label}{' A=t' if alayout == 't' else ''} B={layout}"
+                        + (" scales=row" if fp8 else ""),
                         self.kernel,
                         signature | dict.fromkeys(values, "constexpr"),
                         values,

@@ -37,7 +37,17 @@ from triton.experimental.gluon import language as gl
 
 from .. import memory
 from ..compat import cta_barrier
-from ..launch import B_LAYOUTS, CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
+from ..launch import (
+    B_LAYOUTS,
+    CompileSpec,
+    Launch,
+    Scales,
+    Target,
+    a_layout,
+    b_layout,
+    is_a_kmajor,
+    is_kmajor,
+)
 from .arch import select_mma, unsupported_reason
 from .common import GemmConfig, add_bias, grouped_tile, scale_tile, store_tile, tma
 from .pipelined import operands, ring_mma
@@ -48,9 +58,11 @@ from .plan import (
     Plan,
     bias_table,
     block_shapes,
+    check_a_layout,
     check_config_kind,
     desc_signature,
     make_descriptors,
+    reads_transposed_a,
     scaling_code,
     templates_of,
 )
@@ -123,6 +135,7 @@ __all__ = [
     "compile_specs",
     "config_for",
     "prepare",
+    "reads_transposed_a",
     "split_for",
     "split_reduce",
     "splitk_kernel",
@@ -221,6 +234,7 @@ def splitk_kernel(
     counters,
     MMA: gl.constexpr,
     B_KMAJOR: gl.constexpr,
+    A_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT_K: gl.constexpr,
@@ -229,11 +243,12 @@ def splitk_kernel(
 ):
     """Slice `split` of K of one [BLOCK_M, BLOCK_N] tile of C = A @ B (for fp8 operands times the
     scales, SCALING 1 or 2; None scales and SCALING 0 for fp16/bf16; then + bias[N] with
-    HAS_BIAS, None and False without)."""
+    HAS_BIAS, None and False without). A_KMAJOR False: A is read through the [K, M] matrix behind
+    a transposed view (16-bit only)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1] if A_KMAJOR else a_desc.block_type.shape[0]
+    k_steps = gl.cdiv(a_desc.shape[1] if A_KMAJOR else a_desc.shape[0], BLOCK_K)
     per_split = gl.cdiv(k_steps, SPLIT_K)
 
     tile = gl.program_id(0) // SPLIT_K  # the programs of one tile are neighbours in launch order
@@ -246,7 +261,9 @@ def splitk_kernel(
     steps = gl.minimum(per_split, k_steps - first)
 
     mma = MMA.initialize(a_desc.dtype, BLOCK_M, BLOCK_N, gl.num_warps())
-    acc = ring_mma(a_desc, b_desc, off_m, off_n, first, steps, mma, STAGES, B_KMAJOR, operands)
+    acc = ring_mma(
+        a_desc, b_desc, off_m, off_n, first, steps, mma, STAGES, B_KMAJOR, operands, True, A_KMAJOR
+    )
     if SPLIT_K == 1:
         store_sum(c_desc, acc, off_m, off_n, scale_a, scale_b, SCALING, bias, HAS_BIAS)
     else:
@@ -323,10 +340,13 @@ def plan_split(cfg: SplitKConfig, tiles: int, K: int, sm_count: int) -> int:
     return triton.cdiv(k_steps, triton.cdiv(k_steps, split))
 
 
-def _constexprs(cfg: SplitKConfig, capability: tuple[int, int], layout: str, split: int) -> dict[str, object]:
+def _constexprs(
+    cfg: SplitKConfig, capability: tuple[int, int], layout: str, split: int, a_layout: str = "row"
+) -> dict[str, object]:
     return {
         "MMA": select_mma(capability),
         "B_KMAJOR": is_kmajor(layout),
+        "A_KMAJOR": is_a_kmajor(a_layout),
         "GROUP_M": cfg.GROUP_M,
         "STAGES": cfg.STAGES,
         "SPLIT_K": split,
@@ -403,9 +423,10 @@ def prepare(
     a, b, out, target: Target, cfg: SplitKConfig | None = None, scales: Scales | None = None, bias=None
 ) -> Launch:
     cfg = cfg or config_for(target.capability, a.shape[1], scales is not None)
-    layout = b_layout(b)
+    layout, alayout = b_layout(b), a_layout(a)
     check_operands("splitk", cfg, layout, scales)
-    descs = make_descriptors(a, b, out, cfg, layout)
+    check_a_layout("splitk", alayout, target.capability, scales is not None)
+    descs = make_descriptors(a, b, out, cfg, layout, a_layout=alayout)
     tiles = triton.cdiv(out.shape[0], cfg.BLOCK_M) * triton.cdiv(out.shape[1], cfg.BLOCK_N)
     return launch(
         splitk_kernel,
@@ -416,19 +437,22 @@ def prepare(
         target,
         cfg,
         descs,
-        lambda split: _constexprs(cfg, target.capability, layout, split),
+        lambda split: _constexprs(cfg, target.capability, layout, split, alayout),
         scales,
         bias,
     )
 
 
-def splitk_specs(mode, kernel, cfg, dtype: str, desc_args, blocks, constexprs) -> list[CompileSpec]:
+def splitk_specs(
+    mode, kernel, cfg, dtype: str, desc_args, blocks, constexprs, a_layout: str = "row"
+) -> list[CompileSpec]:
     """Compile specs of a split-K kernel (this rung's or swapab's) with 4 K slices, so that the
     reduction is compiled in: one per B layout for fp16/bf16, for fp8 (`dtype` FP8) one for layout
     "t" with row-wise scales (the epilogue that loads the most) and a bf16 C. The arguments:
     descriptors `desc_args` of the block shapes `blocks(layout)`, the scales (None constexprs for
     fp16/bf16), no bias (a None constexpr; `plan.with_bias` adds one), the fp32 partials and the
-    int32 counters, then `constexprs(layout)`, SCALING and HAS_BIAS."""
+    int32 counters, then `constexprs(layout)`, SCALING and HAS_BIAS. `a_layout` "t" (which
+    `blocks` and `constexprs` must have been given too) adds " A=t" to the labels."""
     fp8 = dtype == FP8
     specs = []
     for layout in ("t",) if fp8 else B_LAYOUTS:
@@ -442,7 +466,8 @@ def splitk_specs(mode, kernel, cfg, dtype: str, desc_args, blocks, constexprs) -
         constants = constexprs(layout) | {"SCALING": 2 if fp8 else 0, "HAS_BIAS": False}
         signature |= {"partials": "*fp32", "counters": "*i32"} | dict.fromkeys(constants, "constexpr")
         values = ({} if fp8 else {"scale_a": None, "scale_b": None}) | {"bias": None} | constants
-        label = f"{kernel.__name__} {cfg.label} B={layout}" + (" scales=row" if fp8 else "")
+        transposed = " A=t" if a_layout == "t" else ""
+        label = f"{kernel.__name__} {cfg.label}{transposed} B={layout}" + (" scales=row" if fp8 else "")
         specs.append(
             CompileSpec(mode, label, kernel, signature, values, {"num_warps": cfg.num_warps}, config=cfg)
         )
@@ -462,5 +487,17 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
             ("a_desc", "b_desc", "c_desc"),
             lambda layout, cfg=cfg: block_shapes(cfg, layout),
             lambda layout, cfg=cfg: _constexprs(cfg, capability, layout, 4),
+        )
+    if capability[0] == 9 and dtype != FP8:  # the default config reading a transposed A in place
+        cfg = config_for(capability, 0)
+        specs += splitk_specs(
+            "splitk",
+            splitk_kernel,
+            cfg,
+            dtype,
+            ("a_desc", "b_desc", "c_desc"),
+            lambda layout: block_shapes(cfg, layout, "t"),
+            lambda layout: _constexprs(cfg, capability, layout, 4, "t"),
+            "t",
         )
     return specs

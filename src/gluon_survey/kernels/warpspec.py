@@ -34,10 +34,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..compat import aggregate
-from ..launch import CompileSpec, Launch, Scales, Target, is_kmajor
+from ..launch import CompileSpec, Launch, Scales, Target, is_a_kmajor, is_kmajor
 from .common import (
     GemmConfig,
     Ring,
+    a_operand,
     b_operand,
     boxes_bias,
     boxes_scales,
@@ -53,7 +54,7 @@ from .common import (
     tma,
 )
 from .hopper import WGMMA, wgmma_layout
-from .plan import FP8, Rung
+from .plan import FP8, Rung, reads_transposed_a
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ __all__ = [
     "compile_specs",
     "config_for",
     "prepare",
+    "reads_transposed_a",
     "unsupported_reason",
 ]
 
@@ -198,11 +200,12 @@ def _boxes_init(BOXES: gl.constexpr, dtype: gl.constexpr, BOX_M: gl.constexpr, B
 
 
 @gluon.jit
-def _boxes_issue(mmas, a_bufs, first, b):
-    """Box i's MMA multiplies A box a_bufs[first + i] into accumulator i."""
+def _boxes_issue(mmas, a_bufs, first, b, A_KMAJOR: gl.constexpr = True):
+    """Box i's MMA multiplies A box a_bufs[first + i] (its transposed view with A_KMAJOR False:
+    `a_operand`) into accumulator i."""
     out = ()
     for i in gl.static_range(len(mmas)):
-        out = out + (mmas[i].issue(a_bufs.index(first + i), b),)
+        out = out + (mmas[i].issue(a_operand(a_bufs.index(first + i), A_KMAJOR), b),)
     return out
 
 
@@ -235,6 +238,7 @@ def _consumer(
     s,
     K,
     B_KMAJOR: gl.constexpr,
+    A_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     ME: gl.constexpr,
     CONSUMERS: gl.constexpr,
@@ -245,11 +249,12 @@ def _consumer(
     of its A boxes into an accumulator of its own. Two consumers alternate on the tensor cores
     through the `turns` barriers and store C in slices; one alone never waits for a turn and
     defers its C store into the next tile's K loop. fp8 scales, then the bias, are applied as C
-    is stored (`store_boxes_sliced`, `stage_tile`)."""
+    is stored (`store_boxes_sliced`, `stage_tile`). With A_KMAJOR False an A box is [BLOCK_K,
+    BOX_M], of the [K, M] matrix behind a transposed A, and multiplied as its transposed view."""
     PINGPONG: gl.constexpr = CONSUMERS == 2
-    BOX_M: gl.constexpr = s.a_bufs.shape[1]
+    BOX_M: gl.constexpr = s.a_bufs.shape[1] if A_KMAJOR else s.a_bufs.shape[2]
     BLOCK_N: gl.constexpr = s.b_bufs.shape[1] if B_KMAJOR else s.b_bufs.shape[2]
-    BLOCK_K: gl.constexpr = s.a_bufs.shape[2]
+    BLOCK_K: gl.constexpr = s.a_bufs.shape[2] if A_KMAJOR else s.a_bufs.shape[1]
     STAGES: gl.constexpr = s.b_bufs.shape[0]
     BOXES: gl.constexpr = s.a_bufs.shape[0] // STAGES
     EPILOGUE_BUFFERS: gl.constexpr = s.c_bufs.shape[0] // CONSUMERS  # this consumer's: from ME * that
@@ -293,7 +298,7 @@ def _consumer(
         for k in range(k_steps):
             ring.wait_filled(s.ready)
             b = b_operand(s.b_bufs.index(ring.slot()), B_KMAJOR)
-            mmas = _boxes_issue(mmas, s.a_bufs, ring.slot() * BOXES, b)
+            mmas = _boxes_issue(mmas, s.a_bufs, ring.slot() * BOXES, b, A_KMAJOR)
             if not PINGPONG:  # the previous tile's C leaves while this tile's MMAs run
                 store_staged_slice(c_desc, s.c_bufs, prev_m, prev_n, k, spacing, t > ME)
             # Only this step's MMAs may still run: the previous step's are retired, its stage is free.
@@ -353,6 +358,7 @@ def warpspec_kernel(
     scale_b,
     bias,
     B_KMAJOR: gl.constexpr,
+    A_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     BOXES: gl.constexpr,
@@ -363,7 +369,8 @@ def warpspec_kernel(
     SCALING: gl.constexpr,
     HAS_BIAS: gl.constexpr,
 ):
-    """C = A @ B (times the fp8 scales, SCALING; + bias[N], HAS_BIAS) over this program's tiles."""
+    """C = A @ B (times the fp8 scales, SCALING; + bias[N], HAS_BIAS) over this program's tiles.
+    A_KMAJOR False: A is read through the [K, M] matrix behind a transposed view (16-bit only)."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES * BOXES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -378,20 +385,48 @@ def warpspec_kernel(
     init_barriers(turns, CONSUMERS)
     s = Shared(a_bufs, b_bufs, c_bufs, ready, empty, turns)
 
-    K = a_desc.shape[1]
+    K = a_desc.shape[1] if A_KMAJOR else a_desc.shape[0]
     # (Partition tuples are written in place: a tuple stored in a variable loses its constexprs.)
     if CONSUMERS == 2:  # ping-pong: consumer 0 is the default partition, consumer 1 a 4-warp worker
         gl.warp_specialize(
             [
                 (
                     _consumer,
-                    (c_desc, scale_a, scale_b, bias, s, K, B_KMAJOR, GROUP_M, 0, 2, SCALING, HAS_BIAS),
+                    (
+                        c_desc,
+                        scale_a,
+                        scale_b,
+                        bias,
+                        s,
+                        K,
+                        B_KMAJOR,
+                        A_KMAJOR,
+                        GROUP_M,
+                        0,
+                        2,
+                        SCALING,
+                        HAS_BIAS,
+                    ),
                 ),
                 (
                     _consumer,
-                    (c_desc, scale_a, scale_b, bias, s, K, B_KMAJOR, GROUP_M, 1, 2, SCALING, HAS_BIAS),
+                    (
+                        c_desc,
+                        scale_a,
+                        scale_b,
+                        bias,
+                        s,
+                        K,
+                        B_KMAJOR,
+                        A_KMAJOR,
+                        GROUP_M,
+                        1,
+                        2,
+                        SCALING,
+                        HAS_BIAS,
+                    ),
                 ),
-                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
+                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, A_KMAJOR)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -401,18 +436,35 @@ def warpspec_kernel(
             [
                 (
                     _consumer,
-                    (c_desc, scale_a, scale_b, bias, s, K, B_KMAJOR, GROUP_M, 0, 1, SCALING, HAS_BIAS),
+                    (
+                        c_desc,
+                        scale_a,
+                        scale_b,
+                        bias,
+                        s,
+                        K,
+                        B_KMAJOR,
+                        A_KMAJOR,
+                        GROUP_M,
+                        0,
+                        1,
+                        SCALING,
+                        HAS_BIAS,
+                    ),
                 ),
-                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M)),
+                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, A_KMAJOR)),
             ],
             [1],
             [PRODUCER_REGS],
         )
 
 
-def _constexprs(cfg: WarpSpecConfig, capability: tuple[int, int], layout: str) -> dict[str, object]:
+def _constexprs(
+    cfg: WarpSpecConfig, capability: tuple[int, int], layout: str, a_layout: str = "row"
+) -> dict[str, object]:
     return {
         "B_KMAJOR": is_kmajor(layout),
+        "A_KMAJOR": is_a_kmajor(a_layout),
         "GROUP_M": cfg.GROUP_M,
         "STAGES": cfg.STAGES,
         "BOXES": cfg.BOXES,
@@ -423,7 +475,7 @@ def _constexprs(cfg: WarpSpecConfig, capability: tuple[int, int], layout: str) -
     }
 
 
-RUNG = Rung("warpspec", warpspec_kernel, _constexprs, persistent=True, scaled=True)
+RUNG = Rung("warpspec", warpspec_kernel, _constexprs, persistent=True, scaled=True, transposed_a=True)
 
 
 def _designs(fp8: bool) -> tuple[WarpSpecConfig, WarpSpecConfig]:
@@ -451,4 +503,7 @@ def prepare(
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     if unsupported_reason(capability):
         return []
-    return RUNG.compile_specs(capability, dtype, list(candidates(capability, dtype == FP8).values()))
+    # and each design reading a transposed A in place (16-bit: `Rung.compile_specs`)
+    return RUNG.compile_specs(
+        capability, dtype, list(candidates(capability, dtype == FP8).values()), (PINGPONG, COOPERATIVE)
+    )
