@@ -73,10 +73,10 @@ major order from shared memory, so the Hopper rungs (Blocked, Pipelined, persist
 and splitk) can instead load [BLOCK_K, BLOCK_M] boxes of the [K, M] matrix and multiply their
 transposed view, as they read a K-major B. That path is switched by `TRANSPOSED_A_IN_PLACE`
 (below), off by default because it is compile-checked only (it is switched on once
-tests/test_alayout_gpu.py passes on a GPU); with it on, a plan reads such an A in place where the mode that runs
-says it can (the provider's `reads_transposed_a`: 16-bit operands on Hopper, and not swapab,
-slab or gemv, the few-token modes, nor the baselines) and the [K, M] matrix is one TMA can
-describe; else it copies A as before. `explain` says which.
+tests/test_alayout_gpu.py passes on a GPU); with it on, a plan reads such an A in place where
+the mode that runs says it can (the provider's `reads_transposed_a`: 16-bit operands on Hopper,
+and not swapab, slab or gemv, the few-token modes, nor the baselines) and the [K, M] matrix is
+one TMA can describe; else it copies A as before. `explain` says which.
 """
 
 from __future__ import annotations
