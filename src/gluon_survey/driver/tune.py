@@ -375,6 +375,8 @@ def main(argv: Sequence[str]) -> int:
                 print(f"{where}: no entry to confirm", file=sys.stderr)
                 continue
             entry = confirm_entry(old, target, settings, args.confirm_top)
+            if "paired" not in entry:  # nothing beat cuBLAS there: nothing re-timed, the entry is kept
+                continue
         else:
             entry = tune_shape(shape, dtype, layout, modes, target, settings)
         table["entries"].append(entry)
