@@ -24,6 +24,9 @@
 #                                                               -> tune-table.json, tune.log
 #   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
 #   tool returns at most 8 files; packing is automatic when there are more)
+# Several calls in one device command: give each its own OUT outside the device tool's folder and
+# tar them into it at the end (the 8-file limit counts the whole folder, and each call packs only
+# its own OUT): e.g. OUT=/tmp/w/a ...; OUT=/tmp/w/b ...; tar czf "$DEVICE_OUT/all.tgz" -C /tmp/w .
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
