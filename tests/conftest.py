@@ -70,6 +70,15 @@ def hopper_or_blackwell():
 
 
 @pytest.fixture
+def hopper_only():
+    """The grouped kernel (and what runs on it) is Hopper's: elsewhere its GPU tests skip, saying why."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the grouped kernel runs on sm_90 only")
+
+
+@pytest.fixture
 def sweeps(monkeypatch):
     """The timing command on a machine with a GPU whose sweep is replaced: the calls, no worker."""
     from gluon_survey.driver import cli, runner

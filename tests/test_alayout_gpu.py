@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from gluon_survey import api, ops
-from gluon_survey.driver.check import reference, rel_error, tolerance
 from gluon_survey.kernels import splitk, warpspec
 from gluon_survey.launch import a_layout as layout_of
+from gpu_checks import assert_close_to_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper")]
 
@@ -59,14 +59,6 @@ def _inputs(M, N, K, dtype, a_layout, b_layout, seed=0):
     return a, b
 
 
-def _assert_close_to_reference(out, a, b):
-    ref = reference(a, b)
-    cublas_err = rel_error(torch.matmul(a, b), ref)
-    err = rel_error(out, ref)
-    assert not torch.isnan(out).any(), "output has NaN: some tile was never written"
-    assert err <= tolerance(cublas_err, a.dtype), f"rel error {err:.3e} vs cuBLAS {cublas_err:.3e}"
-
-
 def _assert_read_in_place(rung, a, b, out):
     config = api.prepare(rung, a, b, out).config
     assert config.get("a_layout") == "t" and "a" not in config.get("aligned_copy", ""), config
@@ -83,13 +75,13 @@ def test_rung_matches_reference_in_every_layout(rung, shape, dtype, a_layout, b_
     out = torch.full(shape[:2], float("nan"), dtype=dtype, device="cuda")
     assert api.matmul(a, b, kernel=rung, out=out) is out
     torch.cuda.synchronize()
-    _assert_close_to_reference(out, a, b)
+    assert_close_to_reference(out, a, b)
     if a_layout == "t":
         _assert_read_in_place(rung, a, b, out)
         out.fill_(float("nan"))  # the driver's path: prepare, then the launch alone
         api.prepare(rung, a, b, out).fn()
         torch.cuda.synchronize()
-        _assert_close_to_reference(out, a, b)
+        assert_close_to_reference(out, a, b)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +98,7 @@ def test_warpspec_designs_read_a_transposed_a(cfg, b_layout, shape):
     out = torch.full(shape[:2], float("nan"), dtype=torch.bfloat16, device="cuda")
     warpspec.prepare(a, b, out, api.target_of(a.device), cfg).fn()
     torch.cuda.synchronize()
-    _assert_close_to_reference(out, a, b)
+    assert_close_to_reference(out, a, b)
 
 
 @pytest.mark.parametrize("split", [1, 4])
@@ -119,7 +111,7 @@ def test_splitk_reduces_slices_of_a_transposed_a(split, b_layout):
     assert launch.config["split_k"] == split
     launch.fn()
     torch.cuda.synchronize()
-    _assert_close_to_reference(out, a, b)
+    assert_close_to_reference(out, a, b)
 
 
 @pytest.mark.parametrize("rung", RUNGS)
@@ -133,7 +125,7 @@ def test_a_repeated_call_reads_the_new_transposed_a(rung):
     out.fill_(float("nan"))
     api.matmul(a2, b, kernel=rung, out=out)
     torch.cuda.synchronize()
-    _assert_close_to_reference(out, a2, b)
+    assert_close_to_reference(out, a2, b)
 
 
 def test_the_weight_gradient_reads_the_transposed_activations():

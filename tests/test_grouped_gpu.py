@@ -19,17 +19,9 @@ import torch
 from gluon_survey import grouped as gg
 from gluon_survey.driver.check import rel_error, tolerance
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 
 DTYPES = [torch.float16, torch.bfloat16]
-
-
-@pytest.fixture(autouse=True)
-def hopper():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the grouped kernel runs on sm_90 only")
 
 
 def _problem(counts, K, N, dtype, seed=0, S=None):

@@ -12,8 +12,8 @@ import torch
 
 from bad_inputs import BAD_INPUTS
 from gluon_survey import api, choice, registry
-from gluon_survey.driver.check import reference, rel_error, tolerance
 from gluon_survey.kernels import gemv, persistent, slab, splitk, swapab, warpspec
+from gpu_checks import assert_close_to_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_or_blackwell")]
 
@@ -46,14 +46,6 @@ def _inputs(M, N, K, dtype, b_layout, seed=0):
     return a, b
 
 
-def _assert_close_to_reference(out, a, b):
-    ref = reference(a, b)
-    cublas_err = rel_error(torch.matmul(a, b), ref)
-    err = rel_error(out, ref)
-    assert not torch.isnan(out).any(), "output has NaN: some tile was never written"
-    assert err <= tolerance(cublas_err, a.dtype), f"rel error {err:.3e} vs cuBLAS {cublas_err:.3e}"
-
-
 @pytest.mark.parametrize("b_layout", ["row", "t"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -64,7 +56,7 @@ def test_rung_matches_reference(rung, shape, dtype, b_layout):
     result = api.matmul(a, b, kernel=rung, out=out)
     torch.cuda.synchronize()
     assert result is out
-    _assert_close_to_reference(out, a, b)
+    assert_close_to_reference(out, a, b)
 
 
 @pytest.mark.parametrize("rung", RUNGS)
@@ -80,7 +72,7 @@ def test_rung_reuses_launch_on_fresh_inputs(rung):
     out.fill_(float("nan"))
     launch.fn()
     torch.cuda.synchronize()
-    _assert_close_to_reference(out, a, b)
+    assert_close_to_reference(out, a, b)
 
 
 # The persistent designs (warpspec's two are chosen per K on the host), each forced onto shapes where
@@ -109,12 +101,12 @@ def test_design_hands_over_between_tiles(design, shape, b_layout):
     out = torch.full(shape[:2], float("nan"), dtype=torch.float16, device="cuda")
     module.prepare(a, b, out, api.target_of(a.device), DESIGNS[design]()).fn()
     torch.cuda.synchronize()
-    _assert_close_to_reference(out, a, b)
+    assert_close_to_reference(out, a, b)
 
 
 def test_default_kernel_matches_reference():
     a, b = _inputs(1000, 1000, 1000, torch.bfloat16, "t")
-    _assert_close_to_reference(api.matmul(a, b), a, b)
+    assert_close_to_reference(api.matmul(a, b), a, b)
     assert "mode:" in api.explain(a, b)
 
 
@@ -136,7 +128,7 @@ def test_unaligned_views_are_copied_not_misread():
     b = torch.randn(199, 96, device="cuda", dtype=torch.float16)
     for rung in RUNGS:
         out = api.matmul(a, b, kernel=rung)
-        _assert_close_to_reference(out, a, b)
+        assert_close_to_reference(out, a, b)
     launch = api.prepare("Pipelined", a, b, torch.empty(300, 96, device="cuda", dtype=torch.float16))
     assert launch.config["aligned_copy"] == "a"
 
@@ -173,7 +165,7 @@ def test_small_m_modes_match_reference(mode, shape, dtype, b_layout):
     out = torch.full(shape[:2], float("nan"), dtype=dtype, device="cuda")
     assert api.matmul(a, b, kernel=mode, out=out) is out
     torch.cuda.synchronize()
-    _assert_close_to_reference(out, a, b)
+    assert_close_to_reference(out, a, b)
 
 
 @pytest.mark.parametrize("split", [1, 3, 5])
@@ -192,7 +184,7 @@ def test_forced_splits_sum_every_slice_and_reset_their_counters(module, split):
         out.fill_(float("nan"))
         launch.fn()
         torch.cuda.synchronize()
-        _assert_close_to_reference(out, a, b)
+        assert_close_to_reference(out, a, b)
 
 
 @pytest.mark.parametrize("b_layout", ["row", "t"])
@@ -252,7 +244,7 @@ def _assert_relaunches_match_reference(launch, out, a, b):
     for _ in range(2):
         launch.fn()
         torch.cuda.synchronize()
-        _assert_close_to_reference(out, a, b)
+        assert_close_to_reference(out, a, b)
         a.copy_(torch.randn_like(a))
         out.fill_(float("nan"))
 

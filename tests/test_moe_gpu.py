@@ -26,17 +26,9 @@ from gluon_survey import grouped, moe
 from gluon_survey.driver.check import rel_error, tolerance
 from gluon_survey.driver.model import _grads, _grads_error, _train_step
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 
 BF16 = torch.bfloat16
-
-
-@pytest.fixture(autouse=True)
-def hopper():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the grouped kernel runs on sm_90 only")
 
 
 @pytest.fixture

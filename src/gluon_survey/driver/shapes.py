@@ -29,8 +29,21 @@ DEFAULT_N = "8192"
 DEFAULT_K = "512:16384"
 
 
+class _Work:
+    """The arithmetic of a GEMM of M x N x K (a grouped one: M is its S rows), for a shape class
+    with M, N and K."""
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+    def tflops(self, ms: float) -> float:
+        """Throughput in TFLOP/s of one GEMM of this shape taking `ms` milliseconds."""
+        return self.flops / (ms * 1e-3) / 1e12
+
+
 @dataclass(frozen=True, order=True)
-class Shape:
+class Shape(_Work):
     """out[M, N] = a[M, K] @ b[K, N]."""
 
     M: int
@@ -40,14 +53,6 @@ class Shape:
     @property
     def label(self) -> str:
         return f"{self.M}x{self.N}x{self.K}"
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.M * self.N * self.K
-
-    def tflops(self, ms: float) -> float:
-        """Throughput in TFLOP/s of one GEMM of this shape taking `ms` milliseconds."""
-        return self.flops / (ms * 1e-3) / 1e12
 
     @property
     def tokens(self) -> int:
@@ -69,7 +74,7 @@ ZIPF_EXPONENT = 1.0  # zipf routing: expert of rank r (1-based) is picked with w
 
 
 @dataclass(frozen=True, order=True)
-class GroupedShape:
+class GroupedShape(_Work):
     """A mixture-of-experts layer's expert GEMMs in one call: T tokens, each routed to `topk` of
     `E` experts, give x [S, K] with S = T * topk rows grouped by expert; expert e's rows times its
     weight [K, N] (the transpose view of an [N, K] slice of the [E, N, K] weight). How the S rows
@@ -99,15 +104,6 @@ class GroupedShape:
     @property
     def label(self) -> str:
         return f"{self.N}x{self.K} E={self.E} top-{self.topk} T={self.T} {self.routing}"
-
-    @property
-    def flops(self) -> int:
-        """2 S N K: every token-slot's row times its expert's weight."""
-        return 2 * self.M * self.N * self.K
-
-    def tflops(self, ms: float) -> float:
-        """Throughput in TFLOP/s of the grouped GEMM taking `ms` milliseconds."""
-        return self.flops / (ms * 1e-3) / 1e12
 
     @property
     def tokens(self) -> int:
