@@ -977,7 +977,10 @@ def test_modes_that_read_a_row_major_a_get_a_copy_with_the_switch_on(host, copie
     assert "the mode that runs reads A row-major only here" in api.explain(a, b, "slab")
     big = _transposed_a(3000, 264, 3000)
     _, b, _ = _operands(3000, 520, 264)
-    assert "reads A row-major only here" in api.explain(big, b, "torch")  # cuBLAS through the copy
+    assert "reads A row-major only here" in api.explain(big, b, "triton")  # plain Triton: a copy
+    assert "read in place, no copy" in api.explain(big, b, "torch")  # cuBLAS: a transposed operand
+    assert api._reads_a_in_place(torch_ops, big, b, H100, False)
+    assert not api._reads_a_in_place(torch_ops, big, b, H100, True)  # _scaled_mm: a row-major fp8 A
     assert api._reads_a_in_place(warpspec, big, b, H100, False)
     assert not api._reads_a_in_place(warpspec, big, b, H100, True)  # fp8
 

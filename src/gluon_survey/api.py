@@ -67,16 +67,16 @@ where `auto` chooses it) runs `torch.addmm(bias, a, b)`, whose bias cuBLASLt add
 into the output first), and for fp8 `torch._scaled_mm(..., bias=)`.
 
 **A transposed A.** An `a` in A layout "t" (`launch.a_layout`: the view x.t() of a row-major
-[K, M] matrix, as in a weight's gradient grad^T @ x) is copied to row-major before the launch,
-as TMA cannot describe it as an [M, K] matrix. Hopper's wgmma reads 16-bit operands of either
-major order from shared memory, so the Hopper rungs (Blocked, Pipelined, persistent, warpspec
-and splitk) can instead load [BLOCK_K, BLOCK_M] boxes of the [K, M] matrix and multiply their
-transposed view, as they read a K-major B. That path is switched by `TRANSPOSED_A_IN_PLACE`
-(below), off by default because it is compile-checked only (it is switched on once
-tests/test_alayout_gpu.py passes on a GPU); with it on, a plan reads such an A in place where
-the mode that runs says it can (the provider's `reads_transposed_a`: 16-bit operands on Hopper,
-and not swapab, slab or gemv, the few-token modes, nor the baselines) and the [K, M] matrix is
-one TMA can describe; else it copies A as before. `explain` says which.
+[K, M] matrix, as in a weight's gradient grad^T @ x) is read in place where the mode that runs
+can (the provider's `reads_transposed_a`), and copied to row-major otherwise. Hopper's wgmma
+reads 16-bit operands of either major order from shared memory, so the Hopper rungs (Blocked,
+Pipelined, persistent, warpspec and splitk) load [BLOCK_K, BLOCK_M] boxes of the [K, M] matrix
+and multiply their transposed view, as they read a K-major B (tests/test_alayout_gpu.py checks
+all four layout pairs on an H100); cuBLAS (`torch`) takes the view as a transposed operand.
+swapab, slab and gemv (the few-token modes), the other baselines and fp8 operands (fp8 MMAs
+read A K-major) get a row-major copy, as does a [K, M] matrix whose row stride or base TMA
+cannot describe. `explain` says which. `TRANSPOSED_A_IN_PLACE` (below) switches reading in
+place off, for comparison.
 """
 
 from __future__ import annotations
@@ -96,12 +96,10 @@ FP8 = torch.float8_e4m3fn  # fp8 operands: e4m3, fp32 accumulation, dequantized 
 FP8_OUT_DTYPES = (torch.bfloat16, torch.float16)  # what an fp8 product may be written as
 
 # Whether `matmul` reads an A in layout "t" (the transpose view of a row-major [K, M] matrix) in
-# place where the mode that runs can (module docstring), instead of copying it to row-major.
-# Off by default: the device path (the rungs' A_KMAJOR False) is compile-checked for sm_90a
-# (tests/test_alayout_compile.py) but has not run on a GPU yet; it is switched on once
-# tests/test_alayout_gpu.py passes on one. Set it here or with GLUON_SURVEY_A_IN_PLACE=1 in the
-# environment (read at import). It is part of the plan key, so changing it takes effect at once.
-TRANSPOSED_A_IN_PLACE = os.environ.get("GLUON_SURVEY_A_IN_PLACE", "") == "1"
+# place where the mode that runs can (module docstring), instead of copying it to row-major. On by
+# default; GLUON_SURVEY_A_IN_PLACE=0 in the environment (read at import) or setting it here turns
+# it off. It is part of the plan key, so changing it takes effect at once.
+TRANSPOSED_A_IN_PLACE = os.environ.get("GLUON_SURVEY_A_IN_PLACE", "1") != "0"
 
 
 @functools.cache
@@ -377,14 +375,14 @@ def _transposed_a(provider, a, b, target: Target, fp8: bool) -> tuple[bool, str]
     if reads is None or not reads(a, b, target, False):
         return False, (
             "copied to row-major (the mode that runs reads A row-major only here; Blocked, Pipelined, "
-            "persistent, warpspec and splitk read a transposed 16-bit A in place on Hopper)"
+            "persistent, warpspec, splitk on Hopper and cuBLAS read a transposed 16-bit A in place)"
         )
     if not _tma_ok(a.t()):
         return False, (
             "copied to row-major (TMA cannot describe the [K, M] matrix behind it: its row stride or "
             "base address is not a multiple of 16 bytes)"
         )
-    return True, "read in place: M-major tiles of the [K, M] matrix behind the view, no copy"
+    return True, "read in place, no copy (of the [K, M] matrix behind the view)"
 
 
 def _reads_a_in_place(provider, a, b, target: Target, fp8: bool) -> bool:

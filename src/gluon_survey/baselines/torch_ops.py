@@ -19,6 +19,10 @@ scaling goes to cuBLASLt's outer-vector scaling where PyTorch was built with cuB
 to PyTorch's CUTLASS kernel otherwise (bf16 output only there). `_scaled_mm` takes K and N only as
 multiples of 16: other shapes raise a ValueError here rather than deep inside PyTorch.
 
+**A transposed A** (the view x.t() of a row-major [K, M] matrix, as in a weight's gradient): cuBLAS
+takes it as a transposed operand, so `reads_transposed_a` says yes for 16-bit operands and
+`gluon_survey.matmul` hands it on without a copy; `_scaled_mm` needs a row-major fp8 A.
+
 **bias**: `torch.addmm(bias, a, b, out=out)` for fp16/bf16, whose bias cuBLASLt adds in its
 epilogue (PyTorch's Lt path: a contiguous `out`, a contiguous 1-D bias, M, N and K > 1; otherwise
 PyTorch copies the bias into `out` and runs the GEMM with beta = 1), and for fp8
@@ -37,6 +41,12 @@ FP8_ALIGN = 16  # torch._scaled_mm: K and N (mat1.size(1), mat2's sizes) must be
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
     """cuBLAS runs on every CUDA GPU PyTorch supports (fp8 needs sm_89+; `_scaled_mm` says so)."""
     return None
+
+
+def reads_transposed_a(a, b, target: Target, fp8: bool = False) -> bool:
+    """The provider contract's `reads_transposed_a`: cuBLAS reads a transposed 16-bit A in place
+    (module docstring), as torch.matmul does for autograd's own weight gradients."""
+    return not fp8
 
 
 def _scaled_mm(a, b, out, scale_a, scale_b, bias=None) -> torch.Tensor:
