@@ -4,7 +4,7 @@ name, and for the patched model every distinct matmul call (shapes, strides, bia
 `explain` says it runs. Written to find which products make a model row slower than stock.
 
     PYTHONPATH=src python3 scripts/model_profile.py --config llama3-8b --layers 4 \
-        --steps prefill,decode,train --prefill-tokens 512 --decode-batch 64 --output out/profile
+        --steps prefill,decode,train --prefill-tokens 512 --decode-batch 64 --output out/profile [--host]
 """
 
 from __future__ import annotations
@@ -45,6 +45,29 @@ def _profile(fn, iters: int) -> tuple[dict[str, tuple[float, int]], float]:
     return _kernel_times(prof), start.elapsed_time(end) * 1000 / iters
 
 
+WAITS = ("Synchronize", "cudaMemcpy", "cudaStreamWait", "item", "_local_scalar")
+
+
+def _host(fn, label: str, out: Path) -> None:
+    """The host side of one run of fn: the ops with the most self CPU time, and every CUDA runtime
+    call that waits for the GPU (a synchronize, a blocking copy)."""
+    fn()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)
+    (out / f"host-{label}.txt").write_text(table)
+    waits = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if any(w in event.name for w in WAITS):
+            waits[event.name][0] += 1
+            waits[event.name][1] += event.cpu_time_total
+    print(f"  host {label}: " + "; ".join(f"{k} x{n} {us:.0f} us" for k, (n, us) in waits.items()))
+    print("    " + "\n    ".join(table.splitlines()[:16]))
+
+
 def _calls(fn) -> dict[tuple, int]:
     """Every distinct `api.matmul` call of one run of fn: (a shape, a stride, b shape, b stride,
     dtype, bias) -> count."""
@@ -73,6 +96,8 @@ def main(argv: list[str]) -> int:
     extra = argv.index("--output") if "--output" in argv else None
     out = Path(argv[extra + 1]) if extra is not None else Path("out/profile")
     argv = argv[:extra] + argv[extra + 2 :] if extra is not None else argv
+    host = "--host" in argv  # also the host side of each step (self CPU time, GPU waits)
+    argv = [a for a in argv if a != "--host"]
     args = cmd.parse_args(argv)
     out.mkdir(parents=True, exist_ok=True)
     transformers = cmd.import_transformers()
@@ -97,6 +122,9 @@ def main(argv: list[str]) -> int:
             print(f"  {who} top kernels (us/iter, calls/iter):")
             for name, (us, n) in top:
                 print(f"    {us / iters:9.1f} {n // iters:5d}  {name[:110]}")
+        if host:
+            _host(stock, f"{label}-stock", out)
+            _host(ours, f"{label}-ours", out)
         calls = _calls(ours)
         print(f"  ours: {len(calls)} distinct matmul calls")
         for (ash, ast, bsh, bst, dtype, bias), n in sorted(calls.items(), key=lambda kv: kv[0][0]):
