@@ -873,7 +873,7 @@ def test_linear_passes_its_bias_to_matmul(monkeypatch):
         return _cpu_matmul(a, b, bias=bias)
 
     monkeypatch.setattr(api, "matmul", recording)
-    monkeypatch.setattr(ops, "_eager_inference", lambda x, weight: True)
+    monkeypatch.setattr(ops, "_eager", lambda x, weight: True)
     ref = torch.nn.Linear(40, 24, dtype=torch.bfloat16)
     x = torch.randn(5, 40, dtype=torch.bfloat16)
     expected = F.linear(x.float(), ref.weight.float(), ref.bias.float())
@@ -882,6 +882,39 @@ def test_linear_passes_its_bias_to_matmul(monkeypatch):
         y = ops.Linear.from_linear(ref, kernel=kernel)(x)
         torch.testing.assert_close(y.float(), expected, rtol=2e-2, atol=2e-2)
         assert seen == [None] if kernel == "triton" else seen == [ref.bias]
+
+
+def test_linear_trains_through_matmul_without_the_operator(monkeypatch):
+    """Eager training: the forward and both backward products are `matmul` calls (the operator's
+    dispatch skipped), the weight's gradient as (grad^T @ x)^T with grad^T a transposed A, and the
+    gradients those of F.linear."""
+    seen = []
+
+    def recording(a, b, *, kernel=None, out=None, bias=None):
+        seen.append((a_layout(a), kernel, bias is not None))
+        return _cpu_matmul(a, b, bias=bias)
+
+    monkeypatch.setattr(api, "matmul", recording)
+    monkeypatch.setattr(ops, "_eager", lambda x, weight: True)
+    monkeypatch.setattr(ops, "_OP", None)  # calling the operator would raise
+    torch.manual_seed(3)
+    ref = torch.nn.Linear(40, 24)
+    lin = ops.Linear.from_linear(torch.nn.Linear(40, 24), kernel="persistent")
+    with torch.no_grad():
+        lin.weight.copy_(ref.weight)
+        lin.bias.copy_(ref.bias)
+    x = torch.randn(5, 3, 40)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    grad = torch.randn(5, 3, 24)
+    lin(x1).backward(grad)
+    ref(x2).backward(grad)
+    assert seen == [("row", "persistent", True), ("row", "persistent", False), ("t", "persistent", False)]
+    for ours, theirs in (
+        (x1.grad, x2.grad),
+        (lin.weight.grad, ref.weight.grad),
+        (lin.bias.grad, ref.bias.grad),
+    ):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -359,10 +359,10 @@ def test_linear_from_linear_in_a_model_and_its_gradients():
 
 @pytest.mark.parametrize("how", ["no_grad", "inference_mode", "frozen", "training", "compiled"])
 def test_linear_skips_the_operator_only_where_nothing_records_or_traces(monkeypatch, how):
-    """In eager inference (grad disabled, inference mode, or a frozen module) `Linear` calls
-    `gluon_survey.matmul` itself; where autograd must record the product it goes through the
-    operator, which has the backward, and torch.compile(fullgraph=True) of a frozen module under
-    no_grad traces the operator (a direct call would break the graph). The products are the same."""
+    """In eager mode (grad disabled, inference mode, a frozen module, or training) `Linear` calls
+    `gluon_survey.matmul` itself (in training through `_EagerMatmul`, which has the operator's
+    backward); torch.compile(fullgraph=True) of a frozen module under no_grad traces the operator
+    (a direct call would break the graph). The products and the gradients are the same."""
     calls = []
     operator = ops._OP
     monkeypatch.setattr(ops, "_OP", lambda *args: calls.append(args) or operator(*args))
@@ -382,11 +382,20 @@ def test_linear_skips_the_operator_only_where_nothing_records_or_traces(monkeypa
         else:
             y = lin(x)
     if how != "compiled":  # (fullgraph=True already says the compiled forward is the operator's)
-        assert len(calls) == (how == "training")
+        assert calls == []
     assert y.requires_grad == (how == "training")
     w, b = lin.weight.detach(), lin.bias.detach()
     ref = F.linear(x.float(), w.float(), b.float())
     _assert_close(y.detach(), ref, F.linear(x, w, b), torch.bfloat16, f"Linear, {how}")
+    if how == "training":
+        grad = torch.randn_like(y)
+        y.backward(grad)
+        assert calls == []
+        g = grad.float().reshape(-1, 100)
+        ref_w = g.t() @ x.float().reshape(-1, 264)
+        stock_w = grad.reshape(-1, 100).t() @ x.reshape(-1, 264)
+        _assert_close(lin.weight.grad, ref_w, stock_w, torch.bfloat16, "Linear's weight gradient")
+        torch.testing.assert_close(lin.bias.grad.float(), g.sum(0), rtol=2e-2, atol=2e-2)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,12 +8,13 @@ matmul's argument checks, so CPU tensors, fp32, mismatched shapes or dtypes and 
 fail when a function is traced (TypeError / ValueError / KeyError), not when compiled code first
 runs. In eager mode the operator costs torch.library's Python dispatch on top of `matmul`, several
 times `matmul`'s own overhead (`gluon-survey overhead` measures both): eager code that wants the
-cheapest call, and needs no autograd, calls `gluon_survey.matmul`, as `Linear` does itself in eager
-inference; compiled code and CUDA graphs do not pay it per call.
+cheapest call calls `gluon_survey.matmul`, as `Linear` does itself in eager mode (in eager
+training through `_EagerMatmul`, an autograd.Function with the operator's backward); compiled
+code and CUDA graphs do not pay it per call.
 
 Gradients are registered with the operator itself: grad_a = grad @ b^T, grad_b = a^T @ grad, both
-through the survey's kernels (an operand that is a transposed view gets matmul's aligned copy;
-with `gluon_survey.api.TRANSPOSED_A_IN_PLACE` on, the Hopper rungs read such an A in place),
+through the survey's kernels (a transposed A, such as grad^T, is read in place where the mode
+that runs can, `gluon_survey.api`'s docstring; else it gets matmul's aligned copy),
 and with a bias (added in the kernels' epilogue: `gluon_survey.matmul(bias=)`) grad_bias = grad
 summed over its rows, in fp32, then cast to the bias's dtype.
 For B the transpose view of a weight ("t", `w.t()`, as in `Linear`) grad_b is computed as
@@ -63,19 +64,25 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def _backward(ctx, grad: torch.Tensor):
+def _gradients(ctx, grad: torch.Tensor, mm):
+    """The backward of a @ b (+ bias) for the inputs that need one, its two products through `mm`
+    (the operator, or in eager autograd `gluon_survey.matmul` itself: `_EagerMatmul`)."""
     a, b = ctx.saved_tensors
     grad_a = grad_b = grad_bias = None
     if ctx.needs_input_grad[0]:
-        grad_a = _OP(grad, b.t(), ctx.kernel)
+        grad_a = mm(grad, b.t(), ctx.kernel)
     if ctx.needs_input_grad[1]:
         if b_layout(b) == "t":  # b = w.t(): the [N, K] weight's gradient, row-major
-            grad_b = _OP(grad.t(), a, ctx.kernel).t()
+            grad_b = mm(grad.t(), a, ctx.kernel).t()
         else:
-            grad_b = _OP(a.t(), grad, ctx.kernel)
+            grad_b = mm(a.t(), grad, ctx.kernel)
     if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
         grad_bias = grad.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
     return grad_a, grad_b, None, grad_bias
+
+
+def _backward(ctx, grad: torch.Tensor):
+    return _gradients(ctx, grad, _OP)
 
 
 _matmul.register_autograd(_backward, setup_context=_setup_context)
@@ -97,6 +104,29 @@ def matmul(
     return _OP(a, b, kernel or "", bias)
 
 
+def _direct(a: torch.Tensor, b: torch.Tensor, kernel: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return api.matmul(a, b, kernel=kernel or None, bias=bias)
+
+
+class _EagerMatmul(torch.autograd.Function):
+    """The operator's product and backward for eager autograd, without its dispatch: `Linear` in
+    eager training (`_eager`) runs the forward and both backward products as `gluon_survey.matmul`
+    calls, the same kernels as the operator's, at `matmul`'s host cost instead of torch.library's
+    (module docstring). Autograd runs the backward on a thread of its own, so it makes the
+    gradient's device current first, as the operator does."""
+
+    @staticmethod
+    def forward(ctx, a, b, kernel: str, bias):
+        _setup_context(ctx, (a, b, kernel, bias), None)
+        return _direct(a, b, kernel, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad.is_cuda:
+            torch.cuda.set_device(grad.device)
+        return _gradients(ctx, grad, _direct)
+
+
 def fuses_bias(kernel: str | None) -> bool:
     """Whether matmul with this kernel (None or "": the default, `auto`) adds a bias in its
     epilogue; those that add none (the triton and torch.compile baselines) get `Linear`'s bias
@@ -109,22 +139,26 @@ def fuses_bias(kernel: str | None) -> bool:
         return True
 
 
-def _eager_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _eager(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Linear.forward` may call `gluon_survey.matmul` itself instead of the operator,
     whose dispatch costs more host time in eager mode than `matmul` does (`gluon-survey
     overhead`): nothing traces the call (no torch.compile, no dispatch mode such as FakeTensorMode
-    or a FLOP counter), no gradient is to be recorded (grad disabled, or neither x nor the weight
-    requires one), and x is a plain CUDA tensor on the current device (the operator makes its
-    device current; `matmul` launches on the current one)."""
+    or a FLOP counter), and x is a plain CUDA tensor on the current device (the operator makes its
+    device current; `matmul` launches on the current one). Where autograd records the product,
+    it is `_EagerMatmul`'s."""
     return (
         not torch.compiler.is_compiling()
         and type(x) is torch.Tensor
         and type(weight) in (torch.Tensor, nn.Parameter)
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and x.is_cuda
         and not is_in_torch_dispatch_mode()
         and x.get_device() == torch.cuda.current_device()
     )
+
+
+def _records(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records a product of these tensors."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 class Linear(nn.Linear):
@@ -136,9 +170,9 @@ class Linear(nn.Linear):
     product is the operator `gluon_survey::matmul` on `weight.t()` (the "t" B layout: no copy of
     the weight), and the bias goes with it, added in the GEMM's epilogue (with a `kernel` that
     adds none, the triton and torch.compile baselines: a separate, in-place add on the product).
-    `kernel` is a mode name; None runs matmul's default. In eager inference
-    (no gradient to record, nothing tracing) the product is `gluon_survey.matmul` itself, the same
-    kernels without the operator's dispatch (`_eager_inference`).
+    `kernel` is a mode name; None runs matmul's default. In eager mode (nothing tracing) the
+    product is `gluon_survey.matmul` itself, the same kernels without the operator's dispatch
+    (`_eager`), and where autograd records it, `_EagerMatmul` with the operator's backward.
     """
 
     def __init__(
@@ -177,10 +211,12 @@ class Linear(nn.Linear):
         weight, bias = self.weight, self.bias
         separate = bias is not None and not fuses_bias(self.kernel)
         fused = None if separate else bias
-        if _eager_inference(x, weight):
-            y = api.matmul(x2, weight.t(), kernel=self.kernel or None, bias=fused)
-        else:
+        if not _eager(x, weight):
             y = _OP(x2, weight.t(), self.kernel or "", fused)
+        elif _records(x, weight, fused):
+            y = _EagerMatmul.apply(x2, weight.t(), self.kernel or "", fused)
+        else:
+            y = api.matmul(x2, weight.t(), kernel=self.kernel or None, bias=fused)
         if separate:
             y.add_(bias)
         return y.view(*x.shape[:-1], self.out_features) if flat else y
