@@ -6,8 +6,9 @@ transformers 5 keeps a mixture-of-experts layer's experts as 3-D Parameters (`ga
 dispatches on `config._experts_implementation` to a function registered in
 `transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS` ("eager", "grouped_mm", ...). `register()`
 adds `experts_forward` under the name "gluon_survey"; `patch_experts(model)` registers it, checks
-every experts module of the model, and sets their configs' `_experts_implementation` to it.
-transformers is imported only by these two, when called (it is the optional extra `.[models]`).
+every experts module of the model (`experts_modules` lists them), and sets their configs'
+`_experts_implementation` to it. transformers is imported only by these two, when called (it is
+the optional extra `.[models]`).
 
     gluon_survey.patch_experts(model)                   # or, once registered:
     model.config._experts_implementation = "gluon_survey"
@@ -49,7 +50,7 @@ NEEDS_TRANSFORMERS = (
     "transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS): pip install -e .[models]"
 )
 
-__all__ = ["NAME", "experts_forward", "experts_reason", "patch_experts", "register"]
+__all__ = ["NAME", "experts_forward", "experts_modules", "experts_reason", "patch_experts", "register"]
 
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -130,7 +131,7 @@ def register() -> None:
     _experts_interface().register(NAME, experts_forward)
 
 
-def _experts_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+def experts_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """(name, module) for every module that dispatches on `config._experts_implementation` and holds
     3-D expert weights."""
     for name, module in model.named_modules():
@@ -184,7 +185,7 @@ def patch_experts(model: nn.Module) -> tuple[str, ...]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     register()
-    found = list(_experts_modules(model))
+    found = list(experts_modules(model))
     if not found:
         raise ValueError(
             f"{type(model).__name__} has no experts module (3-D down_proj weights behind "

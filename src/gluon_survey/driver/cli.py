@@ -9,7 +9,7 @@
     gluon-survey memcpy ...             rung 0: the copy ladder, this GPU's bandwidth floor
     gluon-survey overhead ...           host time per call: matmul against its bare launch and cuBLAS
     gluon-survey tune ...               measure candidates per shape, write matmul's choice table
-    gluon-survey model ...              a transformers model, stock against gluon_survey.patch
+    gluon-survey model ...              a transformers model, stock against ours (patch; MoE: patch_experts)
 
 The timing command writes every row to a JSON Lines results file as it is measured (default
 out/results-<run id>.jsonl), then prints the report, and ends by naming the results file (also

@@ -1,16 +1,29 @@
-"""`gluon-survey model`: a whole transformers model, stock against patched (`gluon_survey.patch`),
-in one process. The model is built from a config with random weights (nothing is downloaded):
-one of the named architectures below, or a FILE.json as in a Hugging Face repository's
-config.json, with --layers decoder layers, on the GPU in --dtype.
+"""`gluon-survey model`: a whole transformers model, stock against gluon_survey's, in one process.
+The model is built from a config with random weights (nothing is downloaded): one of the named
+architectures below, or a FILE.json as in a Hugging Face repository's config.json, with --layers
+decoder layers, on the GPU in --dtype.
 
     gluon-survey model --config llama3-8b --layers 4
     gluon-survey model --config qwen2.5-7b --layers 4 --steps decode --compile eager,static
+    gluon-survey model --config mixtral-8x7b --layers 2 --moe-baseline grouped_mm,eager
     gluon-survey model --config my-config.json --layers 2 --results out/model.jsonl --format json
 
-The patched model is a twin of the stock one: the same Parameters and buffers (no copy of the
-weights), its nn.Linear modules swapped for gluon_survey.Linear running --kernel (default:
-matmul's choice per call). What is measured, each step as stock, ours, stock, ours, ... after a
-warm-up of each, timed with CUDA events, medians over --repeats:
+Ours is a twin of the stock model: the same Parameters and buffers (no copy of the weights). A
+dense model's twin has its nn.Linear modules swapped for gluon_survey.Linear running --kernel
+(default: matmul's choice per call), as `gluon_survey.patch` does; every row is against "stock".
+
+A mixture-of-experts model (one with transformers experts modules: mixtral-8x7b, qwen3-30b-a3b,
+a config.json of the same kinds) is compared by experts implementation. Ours runs its experts on
+"gluon_survey" (`gluon_survey.patch_experts`: the survey's grouped kernel); the baselines are the
+same model on transformers' own implementations, one twin each, named by --moe-baseline (default
+grouped_mm,eager); each twin has its own config, since an experts module finds its implementation
+in `config._experts_implementation` at every forward. Each measurement is a row per baseline, the
+row's `baseline` naming it. By default only the experts differ, so the rows compare experts
+implementations alone; --patch-linear also swaps ours' nn.Linear modules (attention, lm_head, dense
+MLP layers) as for a dense model, --kernel picking their mode.
+
+What is measured, each step as stock (the row's baseline), ours, stock, ours, ... after a warm-up of
+each, timed with CUDA events, medians over --repeats:
 
     prefill   forward of [1, T] tokens without a KV cache, at each --prefill-tokens T
     decode    greedy generate: --decode-tokens new tokens (min = max) after an 8-token prompt, at
@@ -19,11 +32,11 @@ warm-up of each, timed with CUDA events, medians over --repeats:
               fast decode); the row's tokens/s is batch * new tokens / the generate call's time
     train     forward + backward of a loss on random labels (no optimizer step) at --train-batch BxT
 
-x_stock = stock_ms / ours_ms (> 1: the patch is faster); spread = (p80 - p20) / median of the
-per-repeat ratios. Agreement: rel. Frobenius error of the stock and of the patched model's logits
-against an fp32 copy of the stock model (prefill: the [1, T] forward; decode: a forward of the
-batch's prompt), and for train of the weight gradients of one step (all of them together), with
-their ratio ours / stock.
+x_stock = stock_ms / ours_ms (> 1: ours is faster); spread = (p80 - p20) / median of the
+per-repeat ratios. Agreement: rel. Frobenius error of the stock (baseline) and of our model's
+logits against an fp32 copy of the stock model (its experts on transformers' "eager"; prefill: the
+[1, T] forward; decode: a forward of the batch's prompt), and for train of the weight gradients of
+one step (all of them together), with their ratio ours / stock.
 
 Rows go to a JSON Lines results file (default out/model-<run id>.jsonl): a header (env, settings)
 as the other commands write, then one row per measurement. Exit status: 0, 1 when a measurement
@@ -56,11 +69,22 @@ COMPILES = ("eager", "static")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 FORMATS = ("table", "json", "csv")
 PROMPT_TOKENS = 8  # the decode prompt
+# transformers' experts implementations that a mixture-of-experts model can be compared against
+# (those that need no package besides transformers), and the default: the issue's pair.
+MOE_BASELINES = ("grouped_mm", "eager", "batched_mm")
+DEFAULT_MOE_BASELINES = ["grouped_mm", "eager"]
+DENSE_BASELINE = "stock"  # a dense model's only baseline: the model as transformers builds it
+REFERENCE_EXPERTS = "eager"  # the fp32 copy's experts implementation (torch._grouped_mm is bf16 only)
 TIMER = "CUDA events around each call; stock and ours alternate, each warmed up first"
 
 # The published architectures, as in the config.json of the model cards meta-llama/Meta-Llama-3-8B,
-# Qwen/Qwen2.5-7B and mistralai/Mistral-7B-v0.1 (num_hidden_layers comes from --layers). Qwen2's
-# q/k/v projections always have biases (attention_bias records it; the model class adds them).
+# Qwen/Qwen2.5-7B, mistralai/Mistral-7B-v0.1, mistralai/Mixtral-8x7B-v0.1 and Qwen/Qwen3-30B-A3B
+# (num_hidden_layers comes from --layers). Qwen2's q/k/v projections always have biases
+# (attention_bias records it; the model class adds them). The two mixture-of-experts models:
+# Mixtral's num_local_experts is transformers' num_experts; Qwen3-MoE's experts are
+# moe_intermediate_size wide (intermediate_size is its dense MLP's, used by no layer here:
+# mlp_only_layers is empty and decoder_sparse_step 1), and its head_dim (128) is not
+# hidden_size / heads (64).
 CONFIGS: dict[str, dict[str, Any]] = {
     "llama3-8b": {
         "model_type": "llama",
@@ -115,6 +139,49 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "bos_token_id": 1,
         "eos_token_id": 2,
     },
+    "mixtral-8x7b": {
+        "model_type": "mixtral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-5,
+        "hidden_act": "silu",
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    },
 }
 # Keys of a repository's config.json that describe the checkpoint, not the architecture.
 _NOT_ARCHITECTURE = ("torch_dtype", "dtype", "transformers_version", "_name_or_path", "quantization_config")
@@ -158,10 +225,11 @@ def batch_by_tokens(text: str) -> tuple[int, int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="A transformers model with random weights, stock against gluon_survey.patch, in one "
-        "process: prefill, greedy decode and a training step, timed alternately, and the logits' and "
-        "gradients' agreement with an fp32 copy.",
-        epilog="\n\n".join(__doc__.split("\n\n")[1:5]),
+        description="A transformers model with random weights, stock against ours (gluon_survey.patch; "
+        "a mixture-of-experts model's experts on gluon_survey's grouped kernel) in one process: prefill, "
+        "greedy decode and a training step, timed alternately, and the logits' and gradients' agreement "
+        "with an fp32 copy.",
+        epilog="\n\n".join(__doc__.split("\n\n")[1:7]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -174,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--layers", type=argtypes.positive_int, required=True, metavar="N", help="decoder layers (>= 1)"
     )
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="(default: %(default)s)")
-    parser.add_argument("--kernel", metavar="MODE", help="the survey mode to patch with (default: matmul's)")
+    parser.add_argument(
+        "--kernel", metavar="MODE", help="the survey mode to patch nn.Linear with (default: matmul's)"
+    )
     parser.add_argument(
         "--steps",
         metavar="prefill,decode,train",
@@ -220,6 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="untimed calls of each first (default: 2)",
     )
     parser.add_argument(
+        "--moe-baseline",
+        metavar=",".join(MOE_BASELINES),
+        type=_choices(MOE_BASELINES),
+        help="mixture-of-experts models: transformers' experts implementations to compare the "
+        f"gluon_survey experts against, a row each (default: {','.join(DEFAULT_MOE_BASELINES)})",
+    )
+    parser.add_argument(
+        "--patch-linear",
+        action="store_true",
+        help="mixture-of-experts models: also swap our twin's nn.Linear modules for gluon_survey.Linear "
+        "(default: only the experts differ)",
+    )
+    parser.add_argument(
         "--results", type=Path, metavar="FILE.jsonl", help="(default: out/model-<run id>.jsonl)"
     )
     parser.add_argument("--format", choices=FORMATS, default="table", help="(default: %(default)s)")
@@ -233,7 +316,7 @@ def load_config(spec: str) -> dict[str, Any]:
     """The architecture `spec` names (a key of CONFIGS) or the dict of a config.json file; ValueError
     naming the fix otherwise."""
     if spec.lower() in CONFIGS:
-        return dict(CONFIGS[spec.lower()])
+        return copy.deepcopy(CONFIGS[spec.lower()])
     path = Path(spec)
     if path.suffix.lower() != ".json" and not path.exists():
         raise ValueError(f"--config {spec}: not a named config ({', '.join(CONFIGS)}) nor a FILE.json")
@@ -277,6 +360,46 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def baselines_of(args: argparse.Namespace, moe: bool) -> list[str]:
+    """What the rows are against: "stock" for a dense model; for a mixture-of-experts model (`moe`)
+    the --moe-baseline experts implementations. ValueError naming the fix for an option that does
+    not fit the model."""
+    if not moe:
+        for given, option in ((args.moe_baseline, "--moe-baseline"), (args.patch_linear, "--patch-linear")):
+            if given:
+                raise ValueError(
+                    f"{option} applies to mixture-of-experts models, and --config {args.config} has no "
+                    "experts modules (a dense model's nn.Linear modules are always patched, against "
+                    f"stock): leave {option} out"
+                )
+        return [DENSE_BASELINE]
+    if args.kernel is not None and not args.patch_linear:
+        raise ValueError(
+            f"--kernel picks the mode of the patched nn.Linear modules, and a mixture-of-experts model "
+            f"(--config {args.config}) keeps them unless --patch-linear: add --patch-linear or leave "
+            "--kernel out"
+        )
+    return list(args.moe_baseline or DEFAULT_MOE_BASELINES)
+
+
+def model_config(transformers: Any, args: argparse.Namespace) -> Any:
+    """transformers' config object of `args.arch` with `args.layers` layers."""
+    arch = dict(args.arch)
+    return transformers.AutoConfig.for_model(arch.pop("model_type"), **arch, num_hidden_layers=args.layers)
+
+
+def count_experts(transformers: Any, config: Any) -> int:
+    """How many experts modules (`gluon_survey.experts.experts_modules`) the model of `config` has,
+    counted on a model built on the meta device (no memory, no GPU)."""
+    import torch
+
+    from gluon_survey.experts import experts_modules
+
+    with torch.device("meta"):
+        built = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(1 for _ in experts_modules(built))
+
+
 def import_transformers() -> Any:
     """transformers, or ImportError with the install line."""
     try:
@@ -300,6 +423,8 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_tokens": PROMPT_TOKENS,
         "train_batch": list(args.train_batch),
         "compile": args.compile,
+        "moe_baseline": args.moe_baseline,
+        "patch_linear": args.patch_linear,
         "repeats": args.repeats,
         "warmup": args.warmup,
         "seed": args.seed,
@@ -313,12 +438,13 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
 @dataclass
 class Row:
-    """One measurement: stock against ours."""
+    """One measurement: stock (the row's baseline) against ours."""
 
     what: str  # prefill, decode, train
     batch: int
     tokens: int  # prefill: T; decode: new tokens; train: tokens per sequence
     mode: str  # eager or static
+    baseline: str = DENSE_BASELINE  # "stock", or the experts implementation ours is against
     status: str = "OK"
     error: str = ""
     stock_ms: float | None = None
@@ -398,21 +524,40 @@ def cuda_timer(fn: Callable[[], object]) -> float:
 
 @dataclass
 class Models:
-    stock: Any
+    stock: Any  # the model as built (a mixture-of-experts one on the first baseline's experts)
     ours: Any
-    swapped: int
-    skipped: dict[str, str]
+    swapped: int  # ours' nn.Linear modules swapped for gluon_survey.Linear
+    skipped: dict[str, str]  # and those left alone, name -> why
+    baselines: dict[str, Any] = field(default_factory=dict)  # name -> the model timed as it
+    experts: tuple[str, ...] = ()  # ours' experts modules on "gluon_survey" (mixture-of-experts)
+
+    def names(self) -> tuple[str, ...]:
+        """The baselines, in order."""
+        return tuple(self.baselines) or (DENSE_BASELINE,)
+
+    def baseline(self, name: str) -> Any:
+        return self.baselines.get(name, self.stock)
+
+
+def _twin(model: Any) -> Any:
+    """A copy of `model`'s modules and config on the same Parameters and buffers (no weight copied).
+    A fresh memo each time: deepcopy fills it with the copies it makes."""
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo=shared)
 
 
 def build_models(transformers: Any, args: argparse.Namespace, device: str = "cuda") -> Models:
-    """The stock model from `args.arch` with `args.layers` layers, random weights, and its patched
-    twin on the same Parameters."""
+    """The stock model from `args.arch` with `args.layers` layers, random weights, and our twin on
+    the same Parameters: a dense model's with its nn.Linear modules patched; a mixture-of-experts
+    model's with its experts on "gluon_survey" (and, with --patch-linear, its nn.Linear patched),
+    the stock model on the first --moe-baseline and one more twin for each other. ValueError when
+    an option does not fit the model or the experts cannot run on the grouped kernel."""
     import torch
 
-    from gluon_survey import patch
+    from gluon_survey import patch, patch_experts
+    from gluon_survey.experts import experts_modules
 
-    arch = dict(args.arch)
-    config = transformers.AutoConfig.for_model(arch.pop("model_type"), **arch, num_hidden_layers=args.layers)
+    config = model_config(transformers, args)
     dtype = getattr(torch, DTYPES[args.dtype])
     torch.manual_seed(args.seed)
     previous = torch.get_default_dtype()
@@ -423,10 +568,24 @@ def build_models(transformers: Any, args: argparse.Namespace, device: str = "cud
     finally:
         torch.set_default_dtype(previous)
     stock.eval()
-    shared = {id(t): t for t in (*stock.parameters(), *stock.buffers())}
-    ours = copy.deepcopy(stock, memo=shared)  # the modules copied, every tensor shared
-    report = patch(ours, kernel=args.kernel)
-    return Models(stock, ours, len(report), dict(report.skipped))
+    moe = any(True for _ in experts_modules(stock))
+    names = baselines_of(args, moe)
+    if not moe:
+        ours = _twin(stock)
+        report = patch(ours, kernel=args.kernel)
+        return Models(stock, ours, len(report), dict(report.skipped), {DENSE_BASELINE: stock})
+    stock.config._experts_implementation = names[0]
+    baselines = {names[0]: stock}
+    for name in names[1:]:
+        baselines[name] = _twin(stock)
+        baselines[name].config._experts_implementation = name  # its own config: stock's is unchanged
+    ours = _twin(stock)
+    switched = patch_experts(ours)
+    swapped, skipped = 0, {}
+    if args.patch_linear:
+        report = patch(ours, kernel=args.kernel)
+        swapped, skipped = len(report), dict(report.skipped)
+    return Models(stock, ours, swapped, skipped, baselines, switched)
 
 
 def _tokens(vocab: int, batch: int, tokens: int, seed: int, device: str) -> Any:
@@ -458,39 +617,65 @@ def _grads_error(grads: dict[str, Any], ref: dict[str, Any]) -> float:
     return error if math.isfinite(error) else math.inf
 
 
+def _input_of(row: Row) -> tuple[int, int]:
+    """The (batch, tokens) of the input that `row`'s agreement is measured on."""
+    return row.batch, PROMPT_TOKENS if row.what == "decode" else row.tokens
+
+
+def _by_input(rows: Sequence[Row]) -> dict[tuple[int, int], list[Row]]:
+    groups: dict[tuple[int, int], list[Row]] = {}
+    for row in rows:
+        groups.setdefault(_input_of(row), []).append(row)
+    return groups
+
+
+def _compared(models: Models, rows: Sequence[Row]) -> list[Any]:
+    """The models that `rows` compare, each once: their baselines, then ours."""
+    found = [models.baseline(row.baseline) for row in rows] + [models.ours]
+    return list({id(m): m for m in found}.values())
+
+
+def _fill_from(row: Row, kind: str, errors: dict[int, float], models: Models) -> None:
+    """`row`'s agreement from `errors`, id(model) -> its error: its baseline's, ours."""
+    fill_agreement(row, kind, errors[id(models.baseline(row.baseline))], errors[id(models.ours)])
+
+
 def agreement(models: Models, args: argparse.Namespace, rows: Sequence[Row], device: str) -> None:
     """The agreement figures of every row, against an fp32 copy of the stock model (made and freed
-    here)."""
+    here; a mixture-of-experts model's copy runs its experts on transformers' "eager"). Each input
+    is run once per model, whatever number of rows share it."""
     import torch
 
     from gluon_survey.driver.check import rel_error
 
-    ref = copy.deepcopy(models.stock).float()
+    ref = copy.deepcopy(models.stock).float()  # its own config too
+    if models.experts:
+        ref.config._experts_implementation = REFERENCE_EXPERTS
     vocab = models.stock.config.vocab_size
+    measured = [row for row in rows if row.status == "OK"]
     with torch.no_grad():
-        for row in rows:
-            if row.what == "train" or row.status != "OK":
-                continue
-            ids = _tokens(
-                vocab, row.batch, row.tokens if row.what == "prefill" else PROMPT_TOKENS, args.seed, device
-            )
+        for (batch, tokens), group in _by_input([r for r in measured if r.what != "train"]).items():
+            ids = _tokens(vocab, batch, tokens, args.seed, device)
             want = ref(input_ids=ids, use_cache=False).logits
-            got = [m(input_ids=ids, use_cache=False).logits for m in (models.stock, models.ours)]
-            fill_agreement(row, "logits", rel_error(got[0], want), rel_error(got[1], want))
-            del want, got
-    for row in rows:
-        if row.what != "train" or row.status != "OK":
-            continue
-        ids = _tokens(vocab, row.batch, row.tokens, args.seed, device)
-        labels = _tokens(vocab, row.batch, row.tokens, args.seed + 1, device)
-        errors = []  # stock's, then ours: the twins share their Parameters, so one at a time
-        for model in (ref, models.stock, models.ours):
+            errors = {
+                id(m): rel_error(m(input_ids=ids, use_cache=False).logits, want)
+                for m in _compared(models, group)
+            }
+            for row in group:
+                _fill_from(row, "logits", errors, models)
+            del want
+    for (batch, tokens), group in _by_input([r for r in measured if r.what == "train"]).items():
+        ids = _tokens(vocab, batch, tokens, args.seed, device)
+        labels = _tokens(vocab, batch, tokens, args.seed + 1, device)
+        errors = {}  # one model at a time: the twins share their Parameters, and so their .grad
+        for model in (ref, *_compared(models, group)):
             model.train()
             _train_step(model, ids, labels)
             model.eval()
             if model is not ref:
-                errors.append(_grads_error(_grads(model), _grads(ref)))
-        fill_agreement(row, "grads", *errors)
+                errors[id(model)] = _grads_error(_grads(model), _grads(ref))
+        for row in group:
+            _fill_from(row, "grads", errors, models)
     for model in (models.stock, models.ours):
         for p in model.parameters():
             p.grad = None
@@ -499,20 +684,25 @@ def agreement(models: Models, args: argparse.Namespace, rows: Sequence[Row], dev
         torch.cuda.empty_cache()
 
 
-def plan(args: argparse.Namespace) -> list[Row]:
-    """The rows to measure, in order."""
+def plan(args: argparse.Namespace, baselines: Sequence[str] = (DENSE_BASELINE,)) -> list[Row]:
+    """The rows to measure, in order: each measurement once per baseline, those rows together."""
     rows = []
     if "prefill" in args.steps:
-        rows += [Row("prefill", 1, t, "eager") for t in args.prefill_tokens]
+        rows += [Row("prefill", 1, t, "eager", base) for t in args.prefill_tokens for base in baselines]
     if "decode" in args.steps:
-        rows += [Row("decode", b, args.decode_tokens, m) for m in args.compile for b in args.decode_batch]
+        rows += [
+            Row("decode", b, args.decode_tokens, m, base)
+            for m in args.compile
+            for b in args.decode_batch
+            for base in baselines
+        ]
     if "train" in args.steps:
-        rows.append(Row("train", args.train_batch[0], args.train_batch[1], "eager"))
+        rows += [Row("train", args.train_batch[0], args.train_batch[1], "eager", base) for base in baselines]
     return rows
 
 
 def step_fns(models: Models, row: Row, args: argparse.Namespace, device: str) -> tuple[Callable, Callable]:
-    """The (stock, ours) calls that `row` times."""
+    """The (stock, ours) calls that `row` times, stock the model of the row's baseline."""
     import torch
 
     vocab = models.stock.config.vocab_size
@@ -551,7 +741,7 @@ def step_fns(models: Models, row: Row, args: argparse.Namespace, device: str) ->
 
             return step
 
-    return make(models.stock), make(models.ours)
+    return make(models.baseline(row.baseline)), make(models.ours)
 
 
 def _allow_recompiles() -> None:
@@ -572,8 +762,9 @@ def measure(
     device: str = "cuda",
     progress: Callable[[str], None] = lambda what: None,
 ) -> list[Row]:
-    """Every row of `plan(args)`: agreement first, then timed, each handed to `on_row` when done."""
-    rows = plan(args)
+    """Every row of `plan(args, models.names())`: agreement first, then timed, each handed to `on_row`
+    when done."""
+    rows = plan(args, models.names())
     if "static" in args.compile:
         _allow_recompiles()
     progress("agreement against an fp32 copy")
@@ -583,7 +774,7 @@ def measure(
         for row in rows:
             row.error = f"agreement: {type(exc).__name__}: {str(exc).strip()}"
     for row in rows:
-        progress(f"{row.what} {row.mode} batch {row.batch} x {row.tokens}")
+        progress(f"{row.what} {row.mode} batch {row.batch} x {row.tokens} against {row.baseline}")
         try:
             stock, ours = step_fns(models, row, args, device)
             fill_times(row, *alternate(stock, ours, args.repeats, args.warmup, timer))
@@ -601,6 +792,7 @@ COLUMNS = (
     ("batch", "batch"),
     ("tokens", "tokens"),
     ("mode", "mode"),
+    ("baseline", "against"),
     ("stock_ms", "stock ms"),
     ("ours_ms", "ours ms"),
     ("x_stock", "x stock"),
@@ -629,6 +821,17 @@ def _cell(key: str, value: Any) -> str:
     return str(value)
 
 
+def _ours(doc: dict[str, Any]) -> str:
+    """What ours is, for the table's title."""
+    s = doc["settings"]
+    linear = f"kernel {s['kernel'] or 'default'} ({doc.get('swapped', '?')} Linear swapped)"
+    if not s.get("experts"):
+        return linear
+    return f"experts on gluon_survey ({s['experts']} modules), " + (
+        linear if s.get("patch_linear") else "nn.Linear as stock"
+    )
+
+
 def render(doc: dict[str, Any], fmt: str, out: Any = None) -> None:
     """The run (`document`) in `fmt` to `out` (default stdout)."""
     out = out or sys.stdout
@@ -646,14 +849,15 @@ def render(doc: dict[str, Any], fmt: str, out: Any = None) -> None:
 
         s, env = doc["settings"], doc.get("env") or {}
         table = Table(
-            title=f"{PROG}: {s['config']}, {s['layers']} layers, {s['dtype']}, "
-            f"kernel {s['kernel'] or 'default'} ({doc.get('swapped', '?')} Linear swapped); "
+            title=f"{PROG}: {s['config']}, {s['layers']} layers, {s['dtype']}, {_ours(doc)}; "
             f"{env.get('name') or 'unknown GPU'}",
-            caption="x stock = stock ms / ours ms (> 1: patched faster); errors: rel. Frobenius against fp32",
+            caption="x stock = stock ms / ours ms, stock the row's baseline (> 1: ours faster); errors: rel. "
+            "Frobenius against fp32",
         )
         for key, title in COLUMNS:
             table.add_column(
-                title, justify="left" if key in ("what", "mode", "agreement", "status") else "right"
+                title,
+                justify="left" if key in ("what", "mode", "baseline", "agreement", "status") else "right",
             )
         for r in rows:
             table.add_row(*(_cell(k, r.get(k)) for k, _ in COLUMNS))
@@ -661,7 +865,10 @@ def render(doc: dict[str, Any], fmt: str, out: Any = None) -> None:
         console.print(table)
         for r in rows:
             if r.get("error"):
-                console.print(f"{r['what']} batch {r['batch']} x {r['tokens']} {r['mode']}: {r['error']}")
+                where = f"{r['what']} batch {r['batch']} x {r['tokens']} {r['mode']}"
+                if r.get("baseline", DENSE_BASELINE) != DENSE_BASELINE:
+                    where += f" against {r['baseline']}"
+                console.print(f"{where}: {r['error']}")
 
 
 def document(header: dict[str, Any], rows: Sequence[Row], swapped: int | None = None) -> dict[str, Any]:
@@ -705,6 +912,21 @@ def main(argv: Sequence[str], timer: Callable[[Callable[[], object]], float] = c
     except ImportError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        config = model_config(transformers, args)
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"{PROG}: error: --config {args.config}: transformers cannot build it: {exc}", file=sys.stderr)
+        return 2
+    try:
+        experts = count_experts(transformers, config)
+    except Exception:  # not on the meta device: the real build decides (build_models checks again)
+        experts = None
+    if experts is not None:
+        try:
+            baselines_of(args, experts > 0)
+        except ValueError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
     if not _cuda_available():
         from gluon_survey.api import describe_torch_cuda
 
@@ -713,12 +935,6 @@ def main(argv: Sequence[str], timer: Callable[[Callable[[], object]], float] = c
             f"{describe_torch_cuda()}. `gluon-survey inspect` compiles kernels without one.",
             file=sys.stderr,
         )
-        return 2
-    arch = dict(args.arch)
-    try:
-        transformers.AutoConfig.for_model(arch.pop("model_type"), **arch, num_hidden_layers=args.layers)
-    except (ValueError, KeyError, TypeError) as exc:
-        print(f"{PROG}: error: --config {args.config}: transformers cannot build it: {exc}", file=sys.stderr)
         return 2
     return run(args, transformers, argv, timer)
 
@@ -742,9 +958,23 @@ def run(
     path = args.results or Path("out") / f"model-{run_id}.jsonl"
     header = results.make_header(run_id, env, settings_of(args))
     print(f"{PROG}: building {args.config} with {args.layers} layers ({args.dtype})", file=sys.stderr)
-    models = build_models(transformers, args, device)
-    header["settings"]["swapped"] = models.swapped
-    header["settings"]["skipped"] = models.skipped
+    try:
+        models = build_models(transformers, args, device)
+    except ValueError as exc:  # an option that does not fit the model, experts the kernel cannot run
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    header["settings"].update(
+        swapped=models.swapped,
+        skipped=models.skipped,
+        experts=len(models.experts),
+        baselines=list(models.names()),
+    )
+    if models.experts:
+        print(
+            f"{PROG}: ours runs {len(models.experts)} experts modules on gluon_survey, against "
+            f"{', '.join(models.names())}",
+            file=sys.stderr,
+        )
     print(
         f"{PROG}: patched {models.swapped} Linear modules, left {len(models.skipped)} alone", file=sys.stderr
     )
@@ -756,7 +986,7 @@ def run(
     rows: list[Row] = []
     try:
         with writer, _progress_bar() as bar:
-            task = bar.add_task("model", total=len(plan(args)))
+            task = bar.add_task("model", total=len(plan(args, models.names())))
 
             def on_row(row: Row) -> None:
                 writer.append(row)
