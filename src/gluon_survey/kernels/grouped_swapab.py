@@ -45,14 +45,15 @@ a 64-row weight slab (kernels/swapab.py, WHOLE_K): BLOCK_K 256 and 4 stages at 1
 128 and 6 at 64; 160-192 KB in all, 96-128 KB of weight in flight per SM.
 
 BLOCK_W = 64 and the grid. A 64-row weight block is the smallest tile a warpgroup's wgmma can
-take, so it makes the most tiles: the fewest come at one token, top-k experts x N / 64: Mixtral
-down (N 4096) 2 x 64 = 128 tiles for 132 SMs, Qwen3 gate_up (N 1536) 8 x 24 = 192, GPT-OSS down
-(N 2880) 4 x 45 = 180, every other surveyed projection more. So no split along K is needed to
-fill the GPU for these models; a model with one or two experts a token and N <= 4096 at one token
-would leave SMs idle (N / 64 tiles an expert), and a split of K over programs (the splitk rung's
-partial sums) is then the lever. BLOCK_W = 128 would halve the token bytes read per weight byte
-(from L2: tokens are few) but also the tiles, leaving Mixtral down at 64 programs. The grid is
-min(SMs, `tile_bound`), one program per SM (the ring takes most of its shared memory).
+take, so it makes the most tiles. The fewest come at one token, where at most top-k experts have
+rows: top-k x N / 64 tiles, Mixtral down (N 4096) 2 x 64 = 128 for 132 SMs, Qwen3 gate_up
+(N 1536) 8 x 24 = 192, GPT-OSS down (N 2880) 4 x 45 = 180, every other surveyed projection more.
+So no split along K is needed to fill the GPU for these models; a model with one expert a token
+and N up to 4096 would leave SMs idle at one token (N / 64 tiles), and a split of K over programs
+(the splitk rung's partial sums) is then the lever. BLOCK_W = 128 would halve the token bytes
+read per weight byte (from L2: tokens are few) but also the tiles, leaving Mixtral down at 64
+programs. The grid is min(SMs, `tile_bound`), one program per SM (the ring takes most of its
+shared memory).
 
 BLOCK_T (`config_for`): the narrowest of 16, 32, 64 that holds the rows an expert gets when the
 S token-slots spread over as many experts as they can reach, ceil(S / min(E, S)): 16 for every
