@@ -1,9 +1,15 @@
-"""Kernel-only GPU time of `grouped_matmul` against `torch._grouped_mm` and a per-expert loop of
-cuBLAS, on mixture-of-experts expert shapes with uniform routing (a first look before the driver
-measures grouped rows). Each call is preceded by a read of 2x L2 (kernel_time.py's flush); the
-output of each is checked against an fp32 per-expert product first. `--tiles` also times each
-of the kernel's tile configs on every problem (modes `gluon 128x128`, `gluon 128x256`), not only
-the one `grouped_matmul` picks by N.
+"""Kernel-only GPU time of `grouped_matmul` and of each of its two kernels against
+`torch._grouped_mm` and a per-expert loop of cuBLAS, on mixture-of-experts expert shapes with
+uniform routing, from decode (1, 4, 16, 64 tokens) to prefill (512, 4096). Each call is preceded
+by a read of 2x L2 (kernel_time.py's flush); the output of each is checked against an fp32
+per-expert product first.
+
+Modes: `gluon` (grouped_matmul: the swap-AB kernel up to grouped_auto.DECODE_ROWS token-slots,
+the 128-row kernel above), `gluon 128-row` and `gluon swap-AB` (each kernel alone, at every size:
+where the threshold belongs), `torch._grouped_mm`, `loop`. `--tiles` also times each config of
+both kernels (`gluon 128x128`, `gluon 128x256`, `gluon swap-AB T16` / `T32` / `T64`), not only the
+ones they pick. Each row has the bytes of the touched experts' weights, the tokens and the output
+over rung 0's rate (`of_rung0`) and the time 0.90 of it allows.
 
     PYTHONPATH=src python3 scripts/grouped_probe.py --output out/grouped-probe.csv [--tiles]
 """
@@ -16,10 +22,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_time import check_close, flush_buffers, probe_parser, record, timed, write_csv
+from kernel_time import against_rung0, check_close, flush_buffers, probe_parser, record, timed, write_csv
 
 from gluon_survey import api, grouped_matmul
+from gluon_survey import grouped as grouped_api
 from gluon_survey.kernels import grouped as kernel
+from gluon_survey.kernels import grouped_swapab as swapab
 
 # (name, experts, top-k, N, K): each model's gate_up (N = 2I, K = H) and down (N = H, K = I).
 MODELS = (
@@ -28,7 +36,7 @@ MODELS = (
     ("deepseek-v3", 256, 8, 7168, 2048),
     ("gpt-oss-20b", 32, 4, 2880, 2880),
 )
-TOKENS = (16, 512, 4096)
+TOKENS = (1, 4, 16, 64, 512, 4096)
 
 
 def problems():
@@ -44,16 +52,22 @@ def ranges(offs: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def calls_of(x, w, offs, out, tiles: bool = False) -> dict:
-    """The three calls on one problem (the loop reads the offsets to the host once, here), and
-    with `tiles` the kernel's launch with each of its configs."""
+    """The calls on one problem (the loop reads the offsets to the host once, here): grouped_matmul,
+    each kernel alone, and with `tiles` each kernel's launch with each of its configs."""
     spans = ranges(offs)
     calls = {"gluon": lambda: grouped_matmul(x, w, offs, out=out)}
+    for mode, label in (("grouped", "gluon 128-row"), ("grouped-swapab", "gluon swap-AB")):
+        launch = grouped_api.prepare(mode, x, w, offs, out)
+        calls[label] = lambda fn=launch.fn: fn() or out
     if tiles:
         target = api.target_of(x.device)
         major = target.capability[0]
         for cfg in (kernel.CONFIGS[major], kernel.WIDE_CONFIGS[major]):
             launch = kernel.prepare(x, w, offs, out, target, cfg)
             calls[f"gluon {cfg.BLOCK_M}x{cfg.BLOCK_N}"] = lambda fn=launch.fn: fn() or out
+        for width, cfg in swapab.CONFIGS[major].items():
+            launch = swapab.prepare(x, w, offs, out, target, cfg)
+            calls[f"gluon swap-AB T{width}"] = lambda fn=launch.fn: fn() or out
     calls["torch._grouped_mm"] = lambda: torch._grouped_mm(x, w, offs=offs)
     calls["loop"] = lambda: torch.cat([x[s:e] @ w[i] for i, (s, e) in enumerate(spans)])
     return calls
@@ -61,7 +75,7 @@ def calls_of(x, w, offs, out, tiles: bool = False) -> dict:
 
 def main(argv=None) -> int:
     parser = probe_parser(__doc__)
-    parser.add_argument("--tiles", action="store_true", help="also time each tile config of the kernel")
+    parser.add_argument("--tiles", action="store_true", help="also time each config of both kernels")
     args = parser.parse_args(argv)
     flush, sink = flush_buffers()
     rows: list[dict] = []
@@ -70,12 +84,14 @@ def main(argv=None) -> int:
         g = torch.Generator(device="cuda").manual_seed(0)
         counts = torch.full((E,), S // E, dtype=torch.int64)
         counts[: S % E] += 1
+        touched = int((counts > 0).sum())
         x = torch.randn(S, K, device="cuda", generator=g, dtype=torch.bfloat16)
         w = torch.randn(E, N, K, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
         offs = counts.cumsum(0).to(torch.int32).cuda()
         ref = torch.cat([x[s:e].float() @ w[i].float() for i, (s, e) in enumerate(ranges(offs))])
         out = torch.full((S, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         flops = 2 * S * N * K
+        nbytes = 2 * ((S + touched * N) * K + S * N)  # the touched experts' weights, x and out, once
         for mode, fn in calls_of(x, w, offs, out, args.tiles).items():
             try:
                 out.fill_(float("nan"))  # each kernel mode's check sees only its own writes
@@ -85,8 +101,9 @@ def main(argv=None) -> int:
                 print(f"{label} T={T} {mode}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
             row = {
-                "problem": label, "E": E, "topk": topk, "N": N, "K": K, "T": T, "S": S, "mode": mode,
-                **times, "tflops": round(flops / med / 1e6, 1),
+                "problem": label, "E": E, "topk": topk, "N": N, "K": K, "T": T, "S": S,
+                "touched": touched, "mode": mode, **times, "tflops": round(flops / med / 1e6, 1),
+                **against_rung0(nbytes, med),
             }  # fmt: skip
             record(rows, row)
     write_csv(args.output, rows)

@@ -495,7 +495,8 @@ def test_moe_runs_the_grouped_modes_in_bf16_with_b_t(sweeps, tmp_path):
     path = tmp_path / "r.jsonl"
     assert main(["--shapes", "moe", "--dtype", "bf16", "--results", str(path)]) == 0
     ((modes, tasks, *_), _) = sweeps[0]
-    assert modes == ["grouped", "grouped_mm", "cublas-loop"] == [m.name for m in registry.MODES if m.grouped]
+    grouped = ["grouped", "grouped-swapab", "grouped-auto", "grouped_mm", "cublas-loop"]
+    assert modes == grouped == [m.name for m in registry.MODES if m.grouped]
     assert len(tasks) == 144 and {(t.dtype, t.b_layout) for t in tasks} == {("bf16", "t")}
     first = {"M": 2, "N": 28672, "K": 4096, "E": 8, "topk": 2, "routing": "uniform"}  # Mixtral gate_up, T = 1
     assert tasks[0].to_json() == first | {"dtype": "bf16", "b_layout": "t"}

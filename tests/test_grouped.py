@@ -1,6 +1,7 @@
 """grouped_matmul's host side without a GPU: every argument check (on CPU tensors, which each check
-meets before the device check), the device checks, the empty cases, and the launch it prepares on a
-faked H100 (FakeTensors, the kernel swapped for a recorder); the kernel config's arithmetic."""
+meets before the device check), the device checks, the empty cases, the choice between the
+128-row and the swap-AB kernel by S, and the launches they prepare on a faked H100 (FakeTensors,
+the kernels swapped for recorders); the kernel configs' arithmetic."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gluon_survey
-from gluon_survey import api
+from gluon_survey import api, grouped_auto, registry
 from gluon_survey import grouped as gg
 from gluon_survey.kernels import common
 from gluon_survey.kernels import grouped as gk
+from gluon_survey.kernels import grouped_swapab as gs
 from gluon_survey.launch import Target
 from recording import Launched, Recorder
 
@@ -142,11 +144,17 @@ def test_cpu_tensors_on_a_cpu_only_torch_name_the_build():
 # On a faked H100: FakeTensors on "cuda", the kernel a recorder.
 
 
+def _record_kernels(monkeypatch, log: list[Launched] | None) -> None:
+    """Both grouped kernels swapped for recorders into one log (their names tell them apart)."""
+    monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log))
+    monkeypatch.setattr(gs, "grouped_swapab_kernel", Recorder("grouped_swapab_kernel", log))
+
+
 @pytest.fixture
 def fake_h100(monkeypatch) -> list[Launched]:
     log: list[Launched] = []
     monkeypatch.setattr(api, "target_of", lambda device: H100)
-    monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log))
+    _record_kernels(monkeypatch, log)
     with FakeTensorMode():
         yield log
 
@@ -156,6 +164,7 @@ def test_the_launch_is_one_persistent_program_per_sm_over_every_experts_tiles(fa
     out = gg.grouped_matmul(x, w, offs)
     assert (out.shape, out.dtype, out.device.type) == ((1000, 300), BF16, "cuda")
     (launch,) = fake_h100
+    assert launch.kernel == "grouped_kernel"  # S = 1000 > DECODE_ROWS: the 128-row tiles
     cfg = gk.CONFIGS[9]  # N < WIDE_N: the 128-wide tile
     a_desc, b_desc, c, o, S, N, E = launch.args
     assert (c, o, S, N, E) == (out, offs, 1000, 300, 8)
@@ -185,7 +194,9 @@ def test_few_tiles_get_one_program_each(fake_h100):
     x, w, offs = _operands(S=5, K=64, N=64, E=2, device="cuda")
     out = torch.empty(5, 64, dtype=BF16, device="cuda")
     assert gg.grouped_matmul(x, w, offs, out=out) is out
-    assert fake_h100[0].grid == (2,)  # 2 experts x 1 row tile x 1 column tile
+    (launch,) = fake_h100
+    assert launch.kernel == "grouped_swapab_kernel"  # S = 5: decode
+    assert launch.grid == (2,)  # 2 experts x 1 chunk of tokens x 1 block of 64 weight rows
 
 
 @pytest.mark.parametrize(
@@ -232,7 +243,7 @@ def test_k_zero_gives_zeros_without_a_launch(monkeypatch):
     zeroed = []
     monkeypatch.setattr(torch.Tensor, "zero_", lambda t: zeroed.append(tuple(t.shape)) or t)
     monkeypatch.setattr(api, "target_of", lambda device: H100)
-    monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log := []))
+    _record_kernels(monkeypatch, log := [])
     with FakeTensorMode():
         x, w, offs = _operands(S=16, K=0, N=32, E=2, device="cuda")
         gg.grouped_matmul(x, w, offs)
@@ -241,11 +252,14 @@ def test_k_zero_gives_zeros_without_a_launch(monkeypatch):
 
 def test_only_hopper_runs_it(monkeypatch):
     monkeypatch.setattr(api, "target_of", lambda device: A100)
-    monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log := []))
+    _record_kernels(monkeypatch, log := [])
     with FakeTensorMode():
         x, w, offs = _operands(device="cuda")
         with pytest.raises(RuntimeError, match=r"NVIDIA A100.*Hopper \(sm_90\) only; this GPU is sm_80"):
             gg.grouped_matmul(x, w, offs)
+        for mode in ("grouped", "grouped-swapab", "grouped-auto"):
+            with pytest.raises(RuntimeError, match=rf"mode '{mode}' cannot run on this GPU.*sm_80"):
+                gg.prepare(mode, x, w, offs)
     assert log == []
 
 
@@ -318,3 +332,160 @@ def test_specs_only_for_hopper_and_16_bit_operands():
     assert gk.compile_specs((10, 0), "float16") == []
     assert gk.compile_specs((9, 0), "float8_e4m3fn") == []
     assert gk.unsupported_reason((9, 0)) is None and "sm_100" in gk.unsupported_reason((10, 0))
+
+
+# --------------------------------------------------------------------------------------------------
+# The choice by S (grouped-auto, what grouped_matmul runs) and the swap-AB kernel's launch
+
+
+@pytest.mark.parametrize(
+    ("S", "kernel"),
+    [(1, "grouped_swapab_kernel"), (grouped_auto.DECODE_ROWS, "grouped_swapab_kernel")]
+    + [(grouped_auto.DECODE_ROWS + 1, "grouped_kernel")],
+)
+@pytest.mark.parametrize("dtype", [torch.float16, BF16], ids=str)
+def test_grouped_matmul_runs_the_swap_ab_kernel_up_to_decode_rows(fake_h100, S, kernel, dtype):
+    x, w, offs = _operands(S=S, K=128, N=256, E=8, dtype=dtype, device="cuda")
+    gg.grouped_matmul(x, w, offs)
+    assert [launch.kernel for launch in fake_h100] == [kernel]
+
+
+@pytest.mark.parametrize(
+    ("S", "mode", "tile"),
+    [(512, "grouped-swapab", (16, 64, 256)), (513, "grouped", (128, 128, 64))],
+)
+def test_the_choice_says_which_kernel_and_tile_and_why(fake_h100, S, mode, tile):
+    x, w, offs = _operands(S=S, K=128, N=256, E=128, device="cuda")
+    config = gg.prepare("grouped-auto", x, w, offs).config
+    assert config["mode"] == mode and str(S) in config["why"]
+    assert (config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]) == tile
+    assert config.get("swap_ab", False) == (mode == "grouped-swapab")
+    assert fake_h100 == []  # prepared, not launched
+
+
+def test_the_swap_ab_kernel_takes_16_bit_operands_only():
+    assert grouped_auto.choose(1, torch.float8_e4m3fn)[0] == "grouped"
+    assert "16-bit" in grouped_auto.choose(1, torch.float8_e4m3fn)[1]
+    assert grouped_auto.choose(1, torch.float16)[0] == "grouped-swapab"
+
+
+@pytest.mark.parametrize(
+    ("mode", "kernel"), [("grouped", "grouped_kernel"), ("grouped-swapab", "grouped_swapab_kernel")]
+)
+@pytest.mark.parametrize("S", [1, 4096])
+def test_each_kernel_mode_runs_its_kernel_at_every_size(fake_h100, mode, kernel, S):
+    """The rungs' modes are the kernels alone, what the driver and the probe compare at every S."""
+    x, w, offs = _operands(S=S, K=64, N=128, E=4, device="cuda")
+    out = torch.empty(S, 128, dtype=BF16, device="cuda")
+    gg.prepare(mode, x, w, offs, out).fn()
+    assert [launch.kernel for launch in fake_h100] == [kernel]
+
+
+def test_the_grouped_modes_of_the_registry():
+    grouped = [m for m in registry.MODES if m.grouped]
+    assert [m.name for m in grouped] == [
+        "grouped",
+        "grouped-swapab",
+        "grouped-auto",
+        "grouped_mm",
+        "cublas-loop",
+    ]
+    assert [m.kind for m in grouped[:3]] == ["gluon", "gluon", "choice"]
+    assert gg.MODE == "grouped-auto"
+    assert registry.get("grouped-swapab").provider() is gs
+    assert registry.get("grouped-auto").provider() is grouped_auto
+
+
+def test_the_swap_ab_launch_is_the_transpose_on_64_row_weight_blocks(fake_h100):
+    """Mixtral-8x7B's down projection at one token (S = 2 token-slots): 2 experts x 4096 / 64
+    weight blocks = 128 programs, the fewest tiles a surveyed decode cell makes (the 128-row
+    kernel's 256-wide tiles made 32)."""
+    x, w, offs = _operands(S=2, K=14336, N=4096, E=8, device="cuda")
+    out = gg.grouped_matmul(x, w, offs)
+    (launch,) = fake_h100
+    cfg = gs.CONFIGS[9][16]
+    x_desc, w_desc, o, o_offs, S, N, E = launch.args
+    assert (o, o_offs, S, N, E) == (out, offs, 2, 4096, 8)
+    assert launch.grid == (128,)
+    assert list(x_desc.shape) == [2, 14336] and list(x_desc.block_shape) == [16, cfg.BLOCK_K]
+    assert list(w_desc.shape) == [8 * 4096, 14336] and list(w_desc.block_shape) == [64, cfg.BLOCK_K]
+    assert launch.kwargs["MMA"].__name__ == "WGMMA" and launch.kwargs["num_warps"] == 4
+    assert (launch.kwargs["STAGES"], launch.kwargs["GROUP_M"]) == (cfg.STAGES, cfg.GROUP_M)
+    assert launch.kwargs["EXPERTS_PAD"] == 32
+
+
+def test_the_swap_ab_grid_never_exceeds_the_sms_or_the_tiles(fake_h100):
+    x, w, offs = _operands(S=128, K=2048, N=1536, E=128, device="cuda")  # Qwen3-30B gate_up, T = 16
+    gg.grouped_matmul(x, w, offs)
+    x, w, offs = _operands(S=3, K=64, N=200, E=2, device="cuda")
+    gg.grouped_matmul(x, w, offs)
+    big, small = fake_h100
+    assert big.grid == (132,) and big.kwargs["EXPERTS_PAD"] == 128
+    assert small.grid == (2 * 4,)  # 2 experts (3 rows: at most 2 with rows) x 4 blocks of 64 of N = 200
+
+
+@pytest.mark.parametrize(
+    ("S", "E", "rows", "width"),
+    [
+        (1, 8, 1, 16),  # Mixtral at one token
+        (128, 8, 16, 16),  # Mixtral at 64 tokens
+        (256, 8, 32, 32),
+        (512, 8, 64, 64),
+        (128, 128, 1, 16),  # Qwen3-30B at 16 tokens
+        (512, 256, 2, 16),  # DeepSeek-V3 at 64 tokens
+        (17, 1, 17, 32),  # one expert: every row
+        (512, 1, 512, 64),  # more rows than the widest tile: chunks of 64
+        (0, 4, 0, 16),
+    ],
+)
+def test_the_token_tile_holds_the_rows_an_expert_gets(S, E, rows, width):
+    assert gs.rows_per_expert(S, E) == rows
+    cfg = gs.config_for((9, 0), S, E)
+    assert cfg.BLOCK_T == cfg.BLOCK_M == width and cfg is gs.CONFIGS[9][width]
+
+
+def test_the_swap_ab_configs_fit_and_say_their_tile_in_cs_terms():
+    for width, cfg in gs.CONFIGS[9].items():
+        assert (cfg.BLOCK_T, cfg.BLOCK_W, cfg.num_warps) == (width, 64, 4)
+        assert cfg.smem_bytes() == cfg.STAGES * (width + 64) * cfg.BLOCK_K * 2
+        assert cfg.smem_bytes() + cfg.epilogue_bytes() <= common.SMEM_LIMIT
+    cfg = gs.CONFIGS[9][16]
+    assert cfg.label == "W64xT16x256 s4 w4"
+    assert cfg.table() == {
+        "BLOCK_M": 16,  # tokens: C's rows
+        "BLOCK_N": 64,  # weight rows: C's columns
+        "BLOCK_K": 256,
+        "stages": 4,
+        "warps": 4,
+        "group_m": 16,
+        "epilogue_n": 64,
+        "swap_ab": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"BLOCK_N": 96}, "multiple of 64, the rows of one warpgroup's wgmma"),
+        ({"BLOCK_M": 12}, r"token tile: the wgmma's N\) must be a multiple of 8"),
+        ({"BLOCK_M": 512}, "from 8 to 256"),
+        ({"STAGES": 6}, "shared memory"),  # 6 x 48 KB at 32 tokens by 256 of K
+    ],
+)
+def test_bad_swap_ab_configs_are_refused(changes, match):
+    with pytest.raises(ValueError, match=match):
+        replace(gs.CONFIGS[9][32], **changes)
+
+
+def test_swap_ab_specs_only_for_hopper_and_16_bit_operands():
+    assert [s.kernel for s in gs.compile_specs((9, 0), "bfloat16")] == [
+        "grouped_swapab_kernel W64xT16x256 s4 w4 E<=512 B=t",
+        "grouped_swapab_kernel W64xT32x256 s4 w4 E<=512 B=t",
+        "grouped_swapab_kernel W64xT64x128 s6 w4 E<=512 B=t",
+    ]
+    assert gs.compile_specs((10, 0), "float16") == []
+    assert gs.compile_specs((9, 0), "float8_e4m3fn") == []
+    assert gs.unsupported_reason((9, 0)) is None and "sm_100" in gs.unsupported_reason((10, 0))
+    assert grouped_auto.unsupported_reason((9, 0)) is None and "sm_100" in grouped_auto.unsupported_reason(
+        (10, 0)
+    )

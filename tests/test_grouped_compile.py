@@ -1,13 +1,15 @@
-"""The grouped kernel (kernels/grouped.py) compiles for sm_90a on a machine with no GPU, and its
-machine code is what its docstring claims: wgmma (HGMMA, one per 16 of BLOCK_K per K step), TMA
-loads (UTMALDG) and no TMA store (the epilogue is a masked register store, STG), no local-memory
-spills, and the shared memory of its ring (plus the epilogue's layout-conversion scratch).
+"""The grouped kernels (kernels/grouped.py, kernels/grouped_swapab.py) compile for sm_90a on a
+machine with no GPU, and their machine code is what their docstrings claim: wgmma (HGMMA, one per
+16 of BLOCK_K per K step; for the swap-AB kernel 64 weight rows by the token tile, 64xBLOCK_T),
+TMA loads (UTMALDG) and no TMA store (the epilogue is a masked register store, STG), no
+local-memory spills, and the shared memory of the ring (plus the epilogue's layout-conversion
+scratch).
 
-It is the registry's `grouped` mode, which the dense rungs' compile tests leave out (a grouped
-mode's kernel is no rung of the dense ladder), so its specs are compiled here rather than through
-tests/kernel_reports.py's `compiled_report`; the same rule holds: the triton-3.9 pass
-(`-m "compile and not exhaustive"`) compiles the first spec of each design (`design`), and the
-others are marked `exhaustive`."""
+They are the registry's `grouped` and `grouped-swapab` modes, which the dense rungs' compile
+tests leave out (a grouped mode's kernel is no rung of the dense ladder), so their specs are
+compiled here rather than through tests/kernel_reports.py's `compiled_report`; the same rule
+holds: the triton-3.9 pass (`-m "compile and not exhaustive"`) compiles the first spec of each
+design (`design`), and the others are marked `exhaustive`."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from triton.experimental.gluon import language as gl
 from gluon_survey.driver import inspect as gs_inspect
 from gluon_survey.kernels import common
 from gluon_survey.kernels import grouped as gk
+from gluon_survey.kernels import grouped_swapab as gs
 from gluon_survey.launch import CompileSpec
 from kernel_reports import design
 
@@ -30,9 +33,12 @@ ARCH = "sm_90a"
 DTYPES = ("float16", "bfloat16")  # the first of a design is its representative
 
 
+KERNELS = {"grouped": gk, "grouped-swapab": gs}  # mode -> kernel module
+
+
 @functools.cache
-def compiled(dtype: str, index: int):
-    spec = gk.compile_specs((9, 0), dtype)[index]
+def compiled(dtype: str, index: int, mode: str = "grouped"):
+    spec = KERNELS[mode].compile_specs((9, 0), dtype)[index]
     return spec, gs_inspect.inspect_spec(spec, ARCH)
 
 
@@ -76,10 +82,50 @@ def test_grouped_machine_code(dtype, index):
     assert cfg.smem_bytes() < r.shared_bytes <= common.SMEM_LIMIT
 
 
-def test_sizes_of_one_compile_as_constexprs():
+SWAPAB_PARAMS = [
+    pytest.param(
+        dtype,
+        index,
+        id=f"{spec.kernel.replace(' ', '-')}-{dtype}",
+        marks=() if (dtype, index) == (DTYPES[0], 0) else (pytest.mark.exhaustive,),  # one design
+    )
+    for dtype in DTYPES
+    for index, spec in enumerate(gs.compile_specs((9, 0), dtype))
+]
+
+
+def test_three_token_tiles_per_dtype_of_one_design():
+    assert len(SWAPAB_PARAMS) == 3 * len(DTYPES)
+    designs = {design(spec, ARCH) for dtype in DTYPES for spec in gs.compile_specs((9, 0), dtype)}
+    assert len(designs) == 1  # the token tile and the ring only size it
+    assert [p.id for p in SWAPAB_PARAMS if not p.marks] == [
+        "grouped_swapab_kernel-W64xT16x256-s4-w4-E<=512-B=t-float16"
+    ]
+
+
+@pytest.mark.parametrize(("dtype", "index"), SWAPAB_PARAMS)
+def test_grouped_swapab_machine_code(dtype, index):
+    spec, r = compiled(dtype, index, "grouped-swapab")
+    assert r.error is None, r.error
+    cfg = spec.config
+    # swapped: the wgmma's M is 64 weight rows, its N the token tile
+    shape = f"HGMMA.64x{cfg.BLOCK_T}x16.F32"
+    assert sum(n for op, n in r.sass.items() if op.startswith(shape)) == cfg.BLOCK_K // 16, r.sass
+    assert r.count("HGMMA") == cfg.BLOCK_K // 16, "one wgmma per 16 of K per K step"
+    assert r.count("HMMA") == 0 and r.count("UTCHMMA") == 0
+    assert r.count("UTMALDG") > 0, "TMA loads expected"
+    assert r.count("UTMASTG") == 0 and r.count("STG") > 0, "a masked register store, not a TMA store"
+    assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
+    assert r.spill_bytes == 0 and r.stack_bytes == 0
+    assert r.num_warps == 4  # one warpgroup
+    assert cfg.smem_bytes() < r.shared_bytes <= common.SMEM_LIMIT
+
+
+@pytest.mark.parametrize("mode", list(KERNELS))
+def test_sizes_of_one_compile_as_constexprs(mode):
     """Triton specializes an int argument equal to 1 as a constexpr: a launch with S = 1 (one
     token), N = 1 or E = 1 traces the kernel with constants in their place."""
-    spec = gk.compile_specs((9, 0), "bfloat16")[0]
+    spec = KERNELS[mode].compile_specs((9, 0), "bfloat16")[0]
     ones = {"S": 1, "N": 1, "E": 1}
     spec = dataclasses.replace(
         spec,
@@ -100,10 +146,11 @@ def _lookup_kernel(offs, found, t, S, N, E, EXPERTS_PAD: gl.constexpr):
     gl.store(found, total + e + start + count + pid_m + pid_n)
 
 
-def test_the_tile_lookup_stays_inside_each_warp():
+@pytest.mark.parametrize("num_warps", [gk.CONFIGS[9].num_warps, gs.CONFIGS[9][16].num_warps])
+def test_the_tile_lookup_stays_inside_each_warp(num_warps):
     """Every warp holds the offsets' table whole, so the prefix scan and the per-tile lookups are
     shuffles and warp reductions: no shared memory and no CTA barrier, which inside the K loop
-    would stall both warpgroups."""
+    would stall the warpgroups (two in the 128-row kernel, one in the swap-AB kernel)."""
     spec = CompileSpec(
         "grouped",
         "schedule lookup",
@@ -111,7 +158,7 @@ def test_the_tile_lookup_stays_inside_each_warp():
         {"offs": "*i32", "found": "*i32", "t": "i32", "S": "i32", "N": "i32", "E": "i32"}
         | {"EXPERTS_PAD": "constexpr"},
         {"EXPERTS_PAD": gk.MAX_EXPERTS},
-        {"num_warps": gk.CONFIGS[9].num_warps},
+        {"num_warps": num_warps},
         divisible=("offs",),
     )
     c = gs_inspect.compile_spec(spec, ARCH)

@@ -1,5 +1,7 @@
-"""grouped_matmul on a Hopper GPU (the kernel's first version passed these on an H100; its compact
-schedule has not run yet). Every expert's rows are checked against the fp32 product of its inputs
+"""grouped_matmul and its two kernels on a Hopper GPU: the 128-row kernel (`grouped`: its first
+version and its compact schedule passed these on an H100) and the swap-AB kernel
+(`grouped-swapab`: not yet run on a GPU), each case through each kernel alone and through
+grouped_matmul (which picks one by S). Every expert's rows are checked against the fp32 product of its inputs
 with the driver's rule (`driver.check.tolerance`, cuBLAS's error on the same expert as the
 yardstick), on NaN-poisoned outputs: a row of an expert left unwritten shows as NaN, and the rows
 at or past offs[-1], which no expert owns, must still be NaN (nothing writes outside its expert).
@@ -8,7 +10,10 @@ offsets' table padded to 32, 64, 128 and 512 entries), a Zipf-like skew over 128
 empty ones and far more tiles than SMs on both tiles (128 and 256 wide: N >= 2048), one expert
 whose 67 row tiles make five tile-order groups (the last partial), one-K-step tiles (the loads
 run ahead across tiles), fp16 and bf16, CUDA-graph captures replayed with other offsets in the
-same buffer (the tile count changes between replays), and the errors of bad arguments.
+same buffer (the tile count changes between replays), and the errors of bad arguments. For the
+swap-AB kernel also: decode routings (one or two rows an expert over 128 experts, Mixtral down at
+one token), an expert with many more rows than the token tile (several chunk tiles) beside
+one-row experts, K and N tails on long K, and every token tile (16, 32, 64) on the same problems.
 Run on the GPU machine: pytest -m gpu tests/test_grouped_gpu.py."""
 
 from __future__ import annotations
@@ -16,12 +21,24 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gluon_survey import api, grouped_auto
 from gluon_survey import grouped as gg
 from gluon_survey.driver.check import rel_error, tolerance
+from gluon_survey.kernels import grouped_swapab as gs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 
 DTYPES = [torch.float16, torch.bfloat16]
+# None: grouped_matmul (the 128-row or the swap-AB kernel, by S); else that kernel alone, at any S.
+MODES = [None, "grouped", "grouped-swapab"]
+
+
+def _run(mode, x, w, offs, out):
+    """out through grouped_matmul (mode None) or the grouped mode `mode`."""
+    if mode is None:
+        assert gg.grouped_matmul(x, w, offs, out=out) is out
+    else:
+        gg.prepare(mode, x, w, offs, out).fn()
 
 
 def _problem(counts, K, N, dtype, seed=0, S=None):
@@ -93,17 +110,57 @@ CASES = [
     pytest.param(_random_counts(16, 4096, 3), 64, 256, id="one-k-step-many-tiles"),
     pytest.param(_random_counts(300, 3000, 4), 128, 136, id="E300"),
     pytest.param(_random_counts(33, 1000, 5), 128, 136, id="E33"),
+    # Decode: one or two rows an expert (Qwen3-30B-A3B gate_up at 16 tokens, 96 of 128 experts).
+    pytest.param([1] * 64 + [2] * 32 + [0] * 32, 2048, 1536, id="E128-decode"),
+    pytest.param([0, 0, 0, 1, 0, 0, 1, 0], 14336, 4096, id="mixtral-down-one-token"),  # 128 tiles of 64 rows
+    # 150 rows in one expert beside one-row ones: a 16-row token tile (2 rows an expert on
+    # average), so that expert is 10 chunk tiles a weight block, the last one partial.
+    pytest.param([150] + [1] * 50 + [0] * 77, 256, 320, id="E128-one-big-expert"),
+    pytest.param(_random_counts(16, 40, 6), 2056, 1544, id="decode-k-and-n-tails"),  # K: 8 steps + 8
 ]
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "grouped_matmul")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("counts", "K", "N"), CASES)
-def test_every_expert_matches_its_fp32_product(counts, K, N, dtype):
+def test_every_expert_matches_its_fp32_product(counts, K, N, dtype, mode):
     S = sum(counts) + 5  # 5 rows past offs[-1], owned by no expert: never written
     x, w, offs = _problem(counts, K, N, dtype, S=S)
     out = _nan(S, N, dtype)
-    assert gg.grouped_matmul(x, w, offs, out=out) is out
-    _assert_grouped(out, x, w, counts, f"{counts} K={K} N={N}")
+    _run(mode, x, w, offs, out)
+    _assert_grouped(out, x, w, counts, f"{mode} {counts} K={K} N={N}")
+
+
+SWAPAB_CASES = [
+    pytest.param([0, 1, 0, 0], 64, 64, id="S1"),
+    pytest.param([3, 0, 100, 17, 0, 40], 520, 200, id="ragged"),
+    pytest.param([150] + [1] * 50 + [0] * 77, 256, 320, id="E128-one-big-expert"),
+    pytest.param([0, 0, 300, 0], 128, 136, id="one-expert-every-row"),
+]
+
+
+@pytest.mark.parametrize("width", gs.TOKENS)
+@pytest.mark.parametrize(("counts", "K", "N"), SWAPAB_CASES)
+def test_every_token_tile_of_the_swap_ab_kernel(counts, K, N, width):
+    """Each config of the swap-AB kernel on the same problems, whatever the rows would pick."""
+    S = sum(counts) + 3
+    x, w, offs = _problem(counts, K, N, torch.bfloat16, S=S, seed=width)
+    out = _nan(S, N, x.dtype)
+    cfg = gs.CONFIGS[9][width]
+    gs.prepare(x, w, offs, out, api.target_of(x.device), cfg).fn()
+    _assert_grouped(out, x, w, counts, f"T{width} {counts} K={K} N={N}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("S", [grouped_auto.DECODE_ROWS, grouped_auto.DECODE_ROWS + 1])
+def test_grouped_matmul_on_either_side_of_the_choice(S, dtype):
+    counts = _random_counts(64, S, S)
+    x, w, offs = _problem(counts, 256, 384, dtype)
+    expected = "grouped-swapab" if S <= grouped_auto.DECODE_ROWS else "grouped"
+    assert gg.prepare("grouped-auto", x, w, offs).config["mode"] == expected
+    out = _nan(S, 384, dtype)
+    _run(None, x, w, offs, out)
+    _assert_grouped(out, x, w, counts, f"S={S}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -121,27 +178,31 @@ def test_empty_x_gives_an_empty_output():
     assert out.shape == (0, 96)
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "grouped_matmul")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
-    ("S", "K", "N", "E"), [(384, 256, 320, 8), (4096, 128, 2048, 128)], ids=["E8", "E128"]
+    ("S", "K", "N", "E"),
+    [(384, 256, 320, 8), (4096, 128, 2048, 128), (128, 512, 1536, 128)],
+    ids=["E8", "E128", "E128-decode"],
 )
-def test_a_cuda_graph_replays_with_other_offsets(S, K, N, E, dtype):
+def test_a_cuda_graph_replays_with_other_offsets(S, K, N, E, dtype, mode):
     """The offsets are read on the device: one capture serves every routing of S tokens, though
-    the number of tiles, and so each program's share, changes from one to the next."""
+    the number of tiles, and so each program's share, changes from one to the next (for the
+    swap-AB kernel: one expert with every row is S / BLOCK_T chunk tiles a weight block)."""
     routings = [_random_counts(E, S, seed) for seed in range(4)] + [[S] + [0] * (E - 1), [0] * (E - 1) + [S]]
     routings += [_zipf_counts(E, S), _zipf_counts(E, S)[::-1]]
     x, w, offs = _problem(routings[0], K, N, dtype)
     out = _nan(S, N, dtype)
-    gg.grouped_matmul(x, w, offs, out=out)  # warm-up: compiles outside the capture
+    _run(mode, x, w, offs, out)  # warm-up: compiles outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        gg.grouped_matmul(x, w, offs, out=out)
+        _run(mode, x, w, offs, out)
     for counts in routings:
         offs.copy_(torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32))
         out.fill_(float("nan"))
         graph.replay()
-        _assert_grouped(out, x, w, counts, f"replay {counts}")
+        _assert_grouped(out, x, w, counts, f"{mode} replay {counts}")
 
 
 def test_bad_arguments_on_the_gpu():

@@ -329,7 +329,8 @@ def test_an_arch_no_survey_kernel_targets_is_a_usage_error(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("gluon-survey inspect: --arch")
     assert "the survey's kernels target sm_90a (Blocked, Pipelined, persistent, warpspec" in line
-    assert "gemv, grouped, triton); sm_100a (Blocked, Pipelined, persistent, warpspec" in line  # grouped: 90
+    # the grouped modes: sm_90 only
+    assert "gemv, grouped, grouped-swapab, grouped-auto, triton); sm_100a (Blocked, Pipelined" in line
     if arch:
         assert f"no survey kernel targets {'sm_80a' if arch == 'sm_80' else 'sm_75a'};" in line
     else:

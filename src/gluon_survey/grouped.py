@@ -5,15 +5,19 @@
 x [S, K] holds the tokens grouped by expert, w the experts' weights as the [E, K, N] transpose
 view of a contiguous [E, N, K] tensor (`w_nk.transpose(1, 2)`, the layout transformers passes),
 offs the int32 [E] cumulative ends of the experts' token ranges on the GPU, as
-`torch._grouped_mm` takes them. The kernel (`kernels/grouped.py`: one persistent launch over the
-output tiles of the experts that have rows, found on the device from the offsets) reads the
-offsets on the device, so a call does no host synchronisation and can be captured in a CUDA
-graph, with other offsets in the same buffer at each replay. Hopper (sm_90) only, at most
+`torch._grouped_mm` takes them. The kernel (one persistent launch over the output tiles of the
+experts that have rows, found on the device from the offsets) reads the offsets on the device,
+so a call does no host synchronisation and can be captured in a CUDA graph, with other offsets
+in the same buffer at each replay. Which kernel runs is the `grouped-auto` mode's choice by S
+(`grouped_auto.py`, known on the host): up to `grouped_auto.DECODE_ROWS` token-slots the swap-AB
+kernel (`kernels/grouped_swapab.py`: 64 weight rows by a few tokens a tile, for decoding), above
+them 128-row tiles (`kernels/grouped.py`). Hopper (sm_90) only, at most
 `kernels.grouped.MAX_EXPERTS` (512) experts.
 
-Status: the kernel passes tests/test_grouped_gpu.py on an H100; kernel-only with uniform routing
-it ran at 0.84-1.19x torch._grouped_mm (geomean 1.02x) on four models' expert shapes at 16, 512
-and 4096 tokens (docs/perf-notes.md, entry 56; results/experiments/h100-grouped-sched).
+Status: the 128-row kernel passes tests/test_grouped_gpu.py on an H100; kernel-only with uniform
+routing it ran at 0.84-1.19x torch._grouped_mm (geomean 1.02x) on four models' expert shapes at
+16, 512 and 4096 tokens (docs/perf-notes.md, entry 56; results/experiments/h100-grouped-sched).
+The swap-AB kernel is compile-checked only, not yet run on a GPU (entry 58).
 
 Every argument is checked before the GPU, each with an error that names the fix, except what only
 the offsets' values can say: that would need a host sync. The kernel clamps each offset to
@@ -25,8 +29,9 @@ refuses the CPU tensor, since that costs nothing there.
 Each call builds its launch anew (TMA descriptors, Triton's dispatch): no plan cache yet.
 
 `prepare(mode, x, w, offs, out)` is what the benchmark driver times: the same checks, then the
-launch of any grouped mode of the registry (`grouped`, this kernel; `grouped_mm`,
-torch._grouped_mm; `cublas-loop`, cuBLAS per expert) on those tensors, not yet called.
+launch of any grouped mode of the registry (`grouped-auto`, what grouped_matmul runs; the two
+kernels alone, `grouped` and `grouped-swapab`; `grouped_mm`, torch._grouped_mm; `cublas-loop`,
+cuBLAS per expert) on those tensors, not yet called.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from .kernels.grouped import MAX_EXPERTS
 from .launch import Launch
 
 DTYPES = (torch.float16, torch.bfloat16)
+MODE = "grouped-auto"  # what grouped_matmul runs: the 128-row or the swap-AB kernel, by S (grouped_auto.py)
 TMA_K = 8  # K a multiple of 8: TMA needs rows of 16-byte multiples (fp16/bf16)
 
 __all__ = ["check_offsets", "grouped_matmul", "prepare"]
@@ -58,17 +64,17 @@ def grouped_matmul(
         return out
     if x.shape[1] == 0:  # an empty sum: every expert's rows are zero (and the others too)
         return out.zero_()
-    _launch(registry.get("grouped"), x, w, offs, out, "grouped_matmul").fn()
+    _launch(registry.get(MODE), x, w, offs, out, "grouped_matmul").fn()
     return out
 
 
 def prepare(
     mode: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None
 ) -> Launch:
-    """A ready launch of the grouped mode `mode` (a name of the registry: `grouped`, `grouped_mm`,
-    `cublas-loop`) on these tensors, checked as `grouped_matmul` checks them: what the driver
-    times. `Launch.fn()` writes `out` (allocated here when None) or, for `grouped_mm`, returns the
-    product. A dense mode is a TypeError naming the grouped ones."""
+    """A ready launch of the grouped mode `mode` (a name of the registry: `grouped-auto`, `grouped`,
+    `grouped-swapab`, `grouped_mm`, `cublas-loop`) on these tensors, checked as `grouped_matmul`
+    checks them: what the driver times. `Launch.fn()` writes `out` (allocated here when None) or,
+    for `grouped_mm`, returns the product. A dense mode is a TypeError naming the grouped ones."""
     S, N = _check(x, w, offs, out)
     m = registry.get(mode)  # KeyError naming the valid modes
     if reason := registry.wrong_shape_reason(m, grouped=True):

@@ -63,7 +63,7 @@ from types import ModuleType
 class Mode:
     name: str  # as typed on the command line (matched case-insensitively)
     summary: str  # one line for `gluon-survey list`
-    kind: str  # "gluon" (a Gluon kernel of ours), "choice" (matmul's default) or "baseline"
+    kind: str  # "gluon" (a Gluon kernel of ours), "choice" (matmul's or grouped_matmul's default), "baseline"
     archs: tuple[str, ...]  # GPU architectures it supports, for humans: ("sm_90", "sm_100")
     module: str  # provider module, imported lazily
     # Provider modules for particular architectures, by compute-capability major: (10, "...").
@@ -174,6 +174,24 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90",),
         "gluon_survey.kernels.grouped",
+        grouped=True,
+    ),
+    Mode(
+        "grouped-swapab",
+        "grouped + swap-AB: C^T = W X^T per expert, so an expert's few tokens are the MMA's narrow side "
+        "and 64-row weight tiles fill the GPU (decode)",
+        "gluon",
+        ("sm_90",),
+        "gluon_survey.kernels.grouped_swapab",
+        grouped=True,
+    ),
+    Mode(
+        "grouped-auto",
+        "what grouped_matmul runs: grouped-swapab at decode sizes (S <= grouped_auto.DECODE_ROWS "
+        "token-slots), grouped above",
+        "choice",
+        ("sm_90",),
+        "gluon_survey.grouped_auto",
         grouped=True,
     ),
     Mode(

@@ -1,0 +1,55 @@
+"""The `grouped-auto` mode: what `gluon_survey.grouped_matmul` runs. Two rungs compute a grouped
+GEMM, and which is faster depends on how many rows each expert gets:
+
+* `grouped` (kernels/grouped.py): 128-row tiles of tokens, 128 or 256 columns wide. Prefill:
+  many rows an expert, and a tile's MMA is full.
+* `grouped-swapab` (kernels/grouped_swapab.py): the transpose, 64 weight rows by a token tile of
+  16-64. Decode: one to a few rows an expert, where a 128-row tile multiplies padding and its
+  wide weight box leaves few tiles for the SMs.
+
+The choice is by S, x's rows (the token-slots, T * top-k), which the host knows without reading
+the offsets (no sync, so a call stays CUDA-graph capturable): up to DECODE_ROWS the swap-AB
+kernel, above it the 128-row one; fp8 operands, once a grouped mode takes them, stay on the
+128-row kernel (the swap-AB one is 16-bit only). Each launch's config says which kernel ran and
+why. The driver measures this mode like the two rungs (`--shapes moe`), so the threshold can be
+read off one run."""
+
+from __future__ import annotations
+
+import torch
+
+from .kernels import grouped as big_tile
+from .kernels import grouped_swapab
+from .launch import Launch, Target
+
+# S (token-slots) up to which grouped_matmul runs the swap-AB kernel: 64 tokens at top-8
+# (Qwen3-30B-A3B, DeepSeek-V3), 128 at top-4 (GPT-OSS-20B), 256 at top-2 (Mixtral-8x7B). A first
+# guess, not yet measured: every decode cell of `--shapes moe` (T <= 64) is below it, every
+# prefill cell (T >= 512 at top-2 and up) above. docs/perf-notes.md, entry 58.
+DECODE_ROWS = 512
+SWAPAB_DTYPES = (torch.float16, torch.bfloat16)
+
+__all__ = ["DECODE_ROWS", "SWAPAB_DTYPES", "choose", "prepare", "unsupported_reason"]
+
+
+def unsupported_reason(capability: tuple[int, int]) -> str | None:
+    """Both kernels run on Hopper only."""
+    return big_tile.unsupported_reason(capability) or grouped_swapab.unsupported_reason(capability)
+
+
+def choose(S: int, dtype: torch.dtype) -> tuple[str, str]:
+    """(the grouped mode that runs S token-slots of this dtype, why)."""
+    if dtype not in SWAPAB_DTYPES:
+        return "grouped", f"{dtype} operands: the swap-AB kernel takes 16-bit ones only"
+    if S <= DECODE_ROWS:
+        return "grouped-swapab", f"S = {S} <= {DECODE_ROWS} token-slots: few rows an expert (decode)"
+    return "grouped", f"S = {S} > {DECODE_ROWS} token-slots: 128-row tiles (prefill)"
+
+
+def prepare(x, w, offs, out, target: Target) -> Launch:
+    """The launch of the kernel `choose` picks, on operands `gluon_survey.grouped` has checked;
+    its config names the mode that runs (`mode`) and why (`why`)."""
+    mode, why = choose(x.shape[0], x.dtype)
+    kernel = grouped_swapab if mode == "grouped-swapab" else big_tile
+    launch = kernel.prepare(x, w, offs, out, target)
+    return Launch(launch.fn, {"mode": mode, **launch.config, "why": why})
