@@ -1,7 +1,9 @@
 """The grouped kernel (kernels/grouped.py) compiles for sm_90a on a machine with no GPU, and its
-machine code is what its docstring claims: wgmma (HGMMA, one per 16 of BLOCK_K per K step), TMA
-loads (UTMALDG) and no TMA store (the epilogue is a masked register store, STG), no local-memory
-spills, and the shared memory of its ring (plus the epilogue's layout-conversion scratch).
+machine code is what its docstring claims: wgmma (HGMMA, one per 16 of BLOCK_K per K step; with
+fp8 e4m3 operands QGMMA, one per 32, and no 16-bit MMA), TMA loads (UTMALDG) and no TMA store (the
+epilogue is a masked register store, STG), no local-memory spills (fp8: with the row-wise scales'
+loads in the epilogue), and the shared memory of its ring (plus the epilogue's layout-conversion
+scratch).
 
 It is the registry's `grouped` mode, which the dense rungs' compile tests leave out (a grouped
 mode's kernel is no rung of the dense ladder), so its specs are compiled here rather than through
@@ -27,7 +29,10 @@ from kernel_reports import design
 pytestmark = pytest.mark.compile
 
 ARCH = "sm_90a"
-DTYPES = ("float16", "bfloat16")  # the first of a design is its representative
+FP8 = "float8_e4m3fn"
+DTYPES = ("float16", "bfloat16", FP8)  # the first of a design is its representative
+# dtype -> (the wgmma's SASS opcode, the K one instruction covers)
+MMA = {"float16": ("HGMMA", 16), "bfloat16": ("HGMMA", 16), FP8: ("QGMMA", 32)}
 
 
 @functools.cache
@@ -53,11 +58,13 @@ def _params():
 PARAMS = _params()
 
 
-def test_two_specs_per_dtype_and_both_tiles_compiled_by_the_triton_39_pass():
+def test_two_specs_per_dtype_and_both_tiles_of_both_kinds_compiled_by_the_triton_39_pass():
     assert len(PARAMS) == 2 * len(DTYPES)
     assert [p.id for p in PARAMS if not p.marks] == [
         "grouped_kernel-128x128x64-s4-w8-E<=512-B=t-float16",
         "grouped_kernel-128x256x64-s4-w8-E<=512-B=t-float16",
+        f"grouped_kernel-128x128x128-fp8-s4-w8-E<=512-B=t-scales=row-{FP8}",
+        f"grouped_kernel-128x256x128-fp8-s4-w8-E<=512-B=t-scales=row-{FP8}",
     ]
 
 
@@ -66,8 +73,12 @@ def test_grouped_machine_code(dtype, index):
     spec, r = compiled(dtype, index)
     assert r.error is None, r.error
     cfg = spec.config
-    assert r.count("HGMMA") == cfg.BLOCK_K // 16, f"one wgmma per 16 of K per K step: {r.sass}"
-    assert r.count("HMMA") == 0 and r.count("UTCHMMA") == 0
+    mma, k_per_mma = MMA[dtype]
+    assert r.count(mma) == cfg.BLOCK_K // k_per_mma, f"one wgmma per {k_per_mma} of K per K step: {r.sass}"
+    other = "QGMMA" if mma == "HGMMA" else "HGMMA"
+    assert r.count(other) == 0 and r.count("HMMA") == 0 and r.count("UTCHMMA") == 0
+    # the scales' multiplies (row, then column) on the fp32 accumulator: fp8 only, the 16-bit path unchanged
+    assert (r.count("FMUL") > 0) == (dtype == FP8), r.count("FMUL")
     assert r.count("UTMALDG") > 0, "TMA loads expected"
     assert r.count("UTMASTG") == 0 and r.count("STG") > 0, "a masked register store, not a TMA store"
     assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
@@ -76,10 +87,12 @@ def test_grouped_machine_code(dtype, index):
     assert cfg.smem_bytes() < r.shared_bytes <= common.SMEM_LIMIT
 
 
-def test_sizes_of_one_compile_as_constexprs():
+@pytest.mark.parametrize("dtype", ["bfloat16", FP8])
+def test_sizes_of_one_compile_as_constexprs(dtype):
     """Triton specializes an int argument equal to 1 as a constexpr: a launch with S = 1 (one
-    token), N = 1 or E = 1 traces the kernel with constants in their place."""
-    spec = gk.compile_specs((9, 0), "bfloat16")[0]
+    token), N = 1 or E = 1 traces the kernel with constants in their place (fp8: the scales'
+    epilogue too, its masks and the expert's scale row e * N with constants)."""
+    spec = gk.compile_specs((9, 0), dtype)[0]
     ones = {"S": 1, "N": 1, "E": 1}
     spec = dataclasses.replace(
         spec,
@@ -88,7 +101,7 @@ def test_sizes_of_one_compile_as_constexprs():
     )
     r = gs_inspect.inspect_spec(spec, ARCH)
     assert r.error is None, r.error
-    assert r.count("HGMMA") > 0 and r.spill_bytes == 0
+    assert r.count(MMA[dtype][0]) > 0 and r.spill_bytes == 0
 
 
 @gluon.jit
