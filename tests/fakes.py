@@ -7,9 +7,10 @@ worker, hang it, or multiply on the CPU, and the hooks that put them in place of
              host's wall clock; paired with a CPU "cuBLAS" (the same again), so paired timing
              runs too
     _fp16_cpu  _ok_cpu without fp8 kernels (`registry.Mode.fp8` False): its fp8 tasks are SKIPPED
-    _grouped_cpu  a grouped mode (`registry.Mode.grouped`): torch.mm per expert on the CPU, paired
-             with torch._grouped_mm on the CPU; its dense tasks are SKIPPED, as the dense fakes'
-             grouped ones are
+    _grouped_cpu  a grouped mode (`registry.Mode.grouped`): torch.mm per expert on the CPU
+             (fp8-row: torch._scaled_mm per expert), paired with torch._grouped_mm on the CPU
+             (fp8-row: the per-expert loop again, torch._scaled_grouped_mm being CUDA-only); its
+             dense tasks are SKIPPED, as the dense fakes' grouped ones are
 
 `WORKER_COMMAND` starts `fake_worker.py`, a worker whose providers are these (hand it to
 `runner.run_sweep(..., worker_command=...)`); `install(setattr)` makes the CLI of this process use
@@ -29,7 +30,12 @@ import torch
 from gluon_survey import registry
 from gluon_survey.driver import cli, runner
 from gluon_survey.driver.timing import WallClock
-from gluon_survey.driver.worker import Provider, _grouped_mm_launch, cublas_product, grouped_cublas_product
+from gluon_survey.driver.worker import (
+    Provider,
+    _grouped_baseline_launch,
+    cublas_product,
+    grouped_cublas_product,
+)
 from gluon_survey.launch import Launch
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +49,7 @@ MODES = tuple(
         ("_hang", "never returns", False, False),
         ("_ok_cpu", "torch.matmul (fp8: torch._scaled_mm) on the CPU, wall-clock timer", True, False),
         ("_fp16_cpu", "torch.matmul on the CPU, wall-clock timer, no fp8", False, False),
-        ("_grouped_cpu", "torch.mm per expert on the CPU, wall-clock timer", False, True),
+        ("_grouped_cpu", "torch.mm per expert on the CPU, wall-clock timer", True, True),
     )
 )
 GROUPED_CONFIG = {"impl": "torch.mm per expert (a fake)"}  # what the _grouped_cpu rows say they ran
@@ -70,8 +76,10 @@ def fake_provider(mode_name: str) -> Provider:
     def baseline(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor) -> Launch:
         return Launch(lambda: cublas_product(a, b, out, **scales))
 
-    def prepare_grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> Launch:
-        return Launch(lambda: grouped_cublas_product(x, w, offs, out), dict(GROUPED_CONFIG))
+    def prepare_grouped(
+        x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor
+    ) -> Launch:
+        return Launch(lambda: grouped_cublas_product(x, w, offs, out, **scales), dict(GROUPED_CONFIG))
 
     mode = next((m for m in MODES if m.name == mode_name), None)
     if mode is None:
@@ -83,9 +91,26 @@ def fake_provider(mode_name: str) -> Provider:
     }
     if mode.grouped:
         return Provider(
-            "cpu", prepare_grouped, WallClock(), None, 0, lambda: 1 << 30, baseline=_grouped_mm_launch, **kind
+            "cpu",
+            prepare_grouped,
+            WallClock(),
+            None,
+            0,
+            lambda: 1 << 30,
+            baseline=grouped_cpu_baseline,
+            **kind,
         )
     return Provider("cpu", prepare, WallClock(), None, 0, lambda: 1 << 30, baseline=baseline, **kind)
+
+
+def grouped_cpu_baseline(
+    x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor
+) -> Launch:
+    """The grouped fakes' paired baseline: the worker's (torch._grouped_mm) for fp16/bf16, which
+    runs on the CPU; for fp8-row, whose torch._scaled_grouped_mm does not, the per-expert loop."""
+    if not scales:
+        return _grouped_baseline_launch(x, w, offs, out)
+    return Launch(lambda: grouped_cublas_product(x, w, offs, out, **scales))
 
 
 def install(setattr: Callable[[object, str, object], None]) -> None:

@@ -1,4 +1,5 @@
-"""Checks the dense GPU tests share."""
+"""Checks the GPU tests share: the dense ones' reference check, and cuBLAS fp8 on any shape (the
+yardstick of the fp8 tests, dense and grouped)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,24 @@ def assert_close_to_reference(out, a, b):
     err = rel_error(out, ref)
     assert not torch.isnan(out).any(), "output has NaN: some tile was never written"
     assert err <= tolerance(cublas_err, a.dtype), f"rel error {err:.3e} vs cuBLAS {cublas_err:.3e}"
+
+
+def _pad16(x: torch.Tensor, dim: int, fill: float = 0.0) -> torch.Tensor:
+    extra = -x.shape[dim] % 16
+    if extra == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    pad = torch.full(shape, fill, dtype=torch.float32, device=x.device).to(x.dtype)
+    return torch.cat([x, pad], dim=dim)
+
+
+def cublas_fp8(a, b, sa, sb) -> torch.Tensor:
+    """cuBLAS fp8 (`torch._scaled_mm`) on a problem padded with zeros to multiples of 16 in N and K
+    (cuBLASLt's fp8 rule), cropped back: the same product, for shapes it refuses as they are."""
+    M, N = a.shape[0], b.shape[1]
+    a16 = _pad16(a, 1)
+    w16 = _pad16(_pad16(b.t(), 1), 0)  # the [N, K] weight, padded
+    sb16 = sb if sb.numel() == 1 else _pad16(sb, 1, 1.0)
+    out = torch._scaled_mm(a16, w16.t(), scale_a=sa, scale_b=sb16, out_dtype=torch.bfloat16)
+    return out[:M, :N]

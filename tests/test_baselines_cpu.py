@@ -372,3 +372,70 @@ def test_torch_compile_returns_the_result(monkeypatch: pytest.MonkeyPatch) -> No
     torch.testing.assert_close(result, a @ w.T)
     assert out.isnan().all()
     assert launch.config["result"] == "returned"
+
+
+# ----------------------------------------------------------------------------------------------
+# grouped fp8: cublas-loop's torch._scaled_mm per expert, scaled_grouped_mm's checks
+# ----------------------------------------------------------------------------------------------
+
+
+def _grouped_fp8(counts=(3, 0, 5), K=32, N=16):
+    """x [S, K] and the [E, K, N] transpose view of an [E, N, K] weight in e4m3, scales [S] and
+    [E, N], offs: what `gluon_survey.grouped.prepare` hands an fp8 grouped provider."""
+    g = torch.Generator().manual_seed(0)
+    S, E = sum(counts), len(counts)
+    x = torch.randn(S, K, generator=g).to(torch.float8_e4m3fn)
+    w = torch.randn(E, N, K, generator=g).to(torch.float8_e4m3fn).transpose(1, 2)
+    scales = Scales(torch.rand(S, generator=g) + 0.5, torch.rand(E, N, generator=g) + 0.5, "row")
+    offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+    return x, w, offs, scales
+
+
+def test_the_expert_loop_in_fp8_scales_each_experts_rows_and_channels() -> None:
+    from gluon_survey.baselines import expert_loop
+
+    x, w, offs, scales = _grouped_fp8()
+    out = torch.full((8, 16), float("nan"), dtype=torch.bfloat16)
+    launch = expert_loop.prepare(x, w, offs, out, scales=scales)
+    assert launch.config["launches"] == 2  # expert 1 has no rows
+    launch.fn()
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        expected = (x[start:end].float() @ w[e].float()) * scales.a[start:end, None] * scales.b[e]
+        assert torch.allclose(out[start:end].float(), expected, rtol=2**-7, atol=1e-3), e
+        start = end
+
+
+def test_the_expert_loop_in_fp8_needs_multiples_of_16() -> None:
+    from gluon_survey.baselines import expert_loop
+
+    x, w, offs, scales = _grouped_fp8(N=24)
+    with pytest.raises(ValueError, match=r"multiples of 16; got K=32, N=24"):
+        expert_loop.prepare(x, w, offs, torch.empty(8, 24, dtype=torch.bfloat16), scales=scales)
+
+
+def test_scaled_grouped_mm_refuses_what_torch_would_refuse_deep_inside() -> None:
+    from gluon_survey.baselines import scaled_grouped_mm
+
+    x, w, offs, scales = _grouped_fp8()
+    with pytest.raises(ValueError, match=r"bfloat16 only, not torch\.float16"):
+        scaled_grouped_mm.prepare(x, w, offs, torch.empty(8, 16, dtype=torch.float16), scales=scales)
+    x, w, offs, scales = _grouped_fp8(K=40)
+    with pytest.raises(ValueError, match=r"multiples of 16; got K=40, N=16"):
+        scaled_grouped_mm.prepare(x, w, offs, torch.empty(8, 16, dtype=torch.bfloat16), scales=scales)
+    with pytest.raises(TypeError, match="row-wise scales"):
+        scaled_grouped_mm.prepare(x, w, offs, torch.empty(8, 16, dtype=torch.bfloat16))
+
+
+def test_scaled_grouped_mm_is_called_with_torchs_shapes_and_fast_accumulation(monkeypatch) -> None:
+    from gluon_survey.baselines import scaled_grouped_mm
+
+    calls = []
+    monkeypatch.setattr(torch, "_scaled_grouped_mm", lambda *a, **kw: calls.append((a, kw)), raising=False)
+    x, w, offs, scales = _grouped_fp8()
+    scaled_grouped_mm.prepare(x, w, offs, torch.empty(8, 16, dtype=torch.bfloat16), scales=scales).fn()
+    ((args, kwargs),) = calls
+    assert args[0] is x and args[1] is w and args[2] is scales.a and args[3] is scales.b
+    assert kwargs == {"offs": offs, "out_dtype": torch.bfloat16, "use_fast_accum": True}
+    assert scaled_grouped_mm.unsupported_reason((9, 0)) is None
+    assert "sm_90 and sm_100 only; this GPU is sm_89" in scaled_grouped_mm.unsupported_reason((8, 9))

@@ -495,7 +495,7 @@ def test_moe_runs_the_grouped_modes_in_bf16_with_b_t(sweeps, tmp_path):
     path = tmp_path / "r.jsonl"
     assert main(["--shapes", "moe", "--dtype", "bf16", "--results", str(path)]) == 0
     ((modes, tasks, *_), _) = sweeps[0]
-    grouped = ["grouped", "grouped-swapab", "grouped-auto", "grouped_mm", "cublas-loop"]
+    grouped = ["grouped", "grouped-swapab", "grouped-auto", "grouped_mm", "cublas-loop", "scaled_grouped_mm"]
     assert modes == grouped == [m.name for m in registry.MODES if m.grouped]
     assert len(tasks) == 144 and {(t.dtype, t.b_layout) for t in tasks} == {("bf16", "t")}
     first = {"M": 2, "N": 28672, "K": 4096, "E": 8, "topk": 2, "routing": "uniform"}  # Mixtral gate_up, T = 1
@@ -513,18 +513,60 @@ def test_named_modes_of_either_kind_run_on_grouped_shapes_and_dense_sweeps_defau
     assert sweeps[1][0][0] == [m.name for m in registry.MODES if not m.grouped]
 
 
+def test_moe_runs_in_fp8_row_against_scaled_grouped_mm(sweeps, tmp_path):
+    assert main(["--shapes", "moe", "--dtype", "bf16,fp8-row", "--results", str(tmp_path / "r.jsonl")]) == 0
+    ((modes, tasks, *_), _) = sweeps[0]
+    assert "scaled_grouped_mm" in modes and "grouped" in modes
+    assert {(t.dtype, t.b_layout) for t in tasks} == {("bf16", "t"), ("fp8-row", "t")} and len(tasks) == 288
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--dtype", "bf16,fp8-row"], "--dtype fp8-row: grouped GEMMs are not measured in fp8 yet"),
+        (["--dtype", "bf16,fp8"], "--dtype fp8: grouped GEMMs run in fp8 with row-wise scales only"),
         (["--b-layout", "row"], "--b-layout row: grouped shapes run with B layout t only"),
     ],
 )
-def test_grouped_shapes_refuse_fp8_and_the_row_layout_before_the_gpu(sweeps, tmp_path, capsys, argv, message):
+def test_grouped_shapes_refuse_per_tensor_fp8_and_the_row_layout_before_the_gpu(
+    sweeps, tmp_path, capsys, argv, message
+):
     path = tmp_path / "r.jsonl"
     assert main(["grouped", "--shapes", "moe", *argv, "--results", str(path)]) == 2
     assert sweeps == [] and not path.exists()
     assert f"gluon-survey: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["grouped_mm,grouped", "--dtype", "fp8-row"],
+            "--dtype fp8-row: mode 'grouped_mm' has no fp8 kernel; fp8 operands run in: grouped, "
+            "grouped-auto, cublas-loop, scaled_grouped_mm",
+        ),
+        (
+            ["scaled_grouped_mm", "--dtype", "bf16,fp16"],
+            "--dtype bf16,fp16: mode 'scaled_grouped_mm' takes fp8 e4m3 operands only; fp16 and bf16 "
+            "operands run in: grouped, grouped-swapab, grouped-auto, grouped_mm, cublas-loop",
+        ),
+    ],
+)
+def test_named_grouped_modes_that_would_measure_nothing_are_a_usage_error(
+    sweeps, tmp_path, capsys, argv, message
+):
+    assert main([*argv, "--shapes", "moe", "--results", str(tmp_path / "r.jsonl")]) == 2
+    assert sweeps == [] and f"gluon-survey: error: {message}" in capsys.readouterr().err
+    # with the other kind of dtype as well, the mode's cells of the one it lacks are SKIPPED instead
+    assert main([*argv[:2], "bf16,fp8-row", "--shapes", "moe", "--results", str(tmp_path / "s.jsonl")]) == 0
+
+
+def test_a_grouped_csv_in_fp8_row_needs_n_and_k_multiples_of_16(sweeps, tmp_path, capsys):
+    shapes = tmp_path / "moe.csv"
+    shapes.write_text("T,N,K,E,topk,routing\n16,72,64,4,2,zipf\n")
+    assert main(["--shapes", str(shapes), "--dtype", "bf16", "--results", str(tmp_path / "a.jsonl")]) == 0
+    assert main(["--shapes", str(shapes), "--dtype", "fp8-row", "--results", str(tmp_path / "b.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "grouped shape 72x64 E=4 top-2 T=16 zipf: N and K must be multiples of 16 (fp8-row:" in err
 
 
 def test_a_grouped_csv_needs_n_and_k_multiples_of_8(sweeps, tmp_path, capsys):
@@ -580,3 +622,22 @@ def test_a_grouped_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     assert main(["report", str(path), "--format", "csv"]) == 0
     csv_out = capsys.readouterr().out
     assert ",4,2,half," in csv_out and "_grouped_cpu,32,48,64,bf16,t,OK" in csv_out
+
+
+@pytest.mark.timeout(180)
+def test_a_grouped_fp8_row_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
+    """fp8-row grouped tasks beside bf16 ones: e4m3 operands with their token and channel scales,
+    checked against the dequantized product, and the legend names each kind's reference."""
+    shapes, path = tmp_path / "moe.csv", tmp_path / "r.jsonl"
+    shapes.write_text("T,N,K,E,topk,routing\n16,48,64,4,2,half\n")
+    argv = shlex.split(
+        f"_grouped_cpu --shapes {shapes} --dtype bf16,fp8-row --warmup-ms 2 --min-ms 5 --rounds 2"
+    )
+    assert main([*argv, "--format", "markdown", "--results", str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = {r.dtype: r for r in load(path).rows}
+    assert list(rows) == ["bf16", "fp8-row"]
+    fp8 = rows["fp8-row"]
+    assert fp8.status == "OK" and fp8.rel_err <= fp8.tol and fp8.b_layout == "t" and len(fp8.x_rounds) == 2
+    assert fp8.counts == rows["bf16"].counts  # one routing for both dtypes
+    assert "x torch._grouped_mm or, in grouped fp8 rows, x torch._scaled_grouped_mm" in out

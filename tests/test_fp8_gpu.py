@@ -15,11 +15,12 @@ from gluon_survey import api, registry
 from gluon_survey.driver.check import rel_error
 from gluon_survey.kernels import slab, splitk, swapab
 from gluon_survey.launch import Scales
+from gpu_checks import cublas_fp8
 
 pytestmark = pytest.mark.gpu
 
 FP8 = torch.float8_e4m3fn
-FP8_MODES = [m.name for m in registry.MODES if m.fp8 and m.kind != "choice"] + ["auto"]
+FP8_MODES = [m.name for m in registry.MODES if m.fp8 and m.kind != "choice" and not m.grouped] + ["auto"]
 # Tile-aligned, ragged in M and N, one token, K tails (K a multiple of 16: fp8 rows of 16 bytes),
 # deep K (the cooperative design from K = 8192); decode shapes whose few tiles splitk and swapab
 # cut into K slices summed by the reduction (16 x 8192 x 8192: 64 or 128 tiles; 7 x 520: 5 ragged
@@ -72,27 +73,6 @@ def fp8_reference(a, b, sa, sb) -> torch.Tensor:
         return (a.float() @ b.float()) * sa * sb
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
-
-
-def _pad16(x: torch.Tensor, dim: int, fill: float = 0.0) -> torch.Tensor:
-    extra = -x.shape[dim] % 16
-    if extra == 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = extra
-    pad = torch.full(shape, fill, dtype=torch.float32, device=x.device).to(x.dtype)
-    return torch.cat([x, pad], dim=dim)
-
-
-def cublas_fp8(a, b, sa, sb) -> torch.Tensor:
-    """cuBLAS fp8 (`torch._scaled_mm`) on a problem padded with zeros to multiples of 16 in N and K
-    (cuBLASLt's fp8 rule), cropped back: the same product, for shapes it refuses as they are."""
-    M, N = a.shape[0], b.shape[1]
-    a16 = _pad16(a, 1)
-    w16 = _pad16(_pad16(b.t(), 1), 0)  # the [N, K] weight, padded
-    sb16 = sb if sb.numel() == 1 else _pad16(sb, 1, 1.0)
-    out = torch._scaled_mm(a16, w16.t(), scale_a=sa, scale_b=sb16, out_dtype=torch.bfloat16)
-    return out[:M, :N]
 
 
 def assert_close(out, a, b, sa, sb):

@@ -1,7 +1,10 @@
 """grouped_matmul's host side without a GPU: every argument check (on CPU tensors, which each check
 meets before the device check), the device checks, the empty cases, the choice between the
 128-row and the swap-AB kernel by S, and the launches they prepare on a faked H100 (FakeTensors,
-the kernels swapped for recorders); the kernel configs' arithmetic."""
+the kernels swapped for recorders); the kernel configs' arithmetic. fp8 e4m3 operands with
+row-wise scales likewise: the scales' checks and the fixes they name, the fp8 launch (the scales
+after the offsets, SCALING 2, BLOCK_K 128) and `prepare`'s refusals of modes without fp8 (or with
+fp8 only)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of Fa
 H100 = Target((9, 0), 132, "NVIDIA H100 80GB HBM3")
 A100 = Target((8, 0), 108, "NVIDIA A100")
 BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn
+F32 = torch.float32
 
 
 def _weights(E, K, N, dtype=BF16, device="cpu"):
@@ -166,8 +171,9 @@ def test_the_launch_is_one_persistent_program_per_sm_over_every_experts_tiles(fa
     (launch,) = fake_h100
     assert launch.kernel == "grouped_kernel"  # S = 1000 > DECODE_ROWS: the 128-row tiles
     cfg = gk.CONFIGS[9]  # N < WIDE_N: the 128-wide tile
-    a_desc, b_desc, c, o, S, N, E = launch.args
-    assert (c, o, S, N, E) == (out, offs, 1000, 300, 8)
+    a_desc, b_desc, c, o, scale_x, scale_w, S, N, E = launch.args
+    assert (c, o, scale_x, scale_w, S, N, E) == (out, offs, None, None, 1000, 300, 8)
+    assert launch.kwargs["SCALING"] == 0  # fp16/bf16: no scales, None constexprs
     # at most 1000 // 128 full row tiles + one partial per expert, x 3 column tiles: 45 < 132 SMs
     assert launch.grid == (45,)
     assert launch.kwargs["STAGES"] == cfg.STAGES and launch.kwargs["num_warps"] == cfg.num_warps
@@ -278,6 +284,211 @@ def test_the_package_exports_grouped_matmul_lazily():
 
 
 # --------------------------------------------------------------------------------------------------
+# fp8 e4m3 operands with row-wise scales
+
+
+def _fp8_operands(S=32, K=64, N=48, E=4, device="cpu"):
+    """x, w, offs in e4m3 and the scales in torch._scaled_grouped_mm's shapes: [S] and [E, N]."""
+    x, w, offs = _operands(S, K, N, E, FP8, device)
+    return x, w, offs, torch.empty(S, dtype=F32, device=device), torch.empty(E, N, dtype=F32, device=device)
+
+
+def _fp8_args(**changes):
+    x, w, offs, scale_x, scale_w = _fp8_operands()
+    return {"x": x, "w": w, "offs": offs, "scale_x": scale_x, "scale_w": scale_w} | changes
+
+
+FP8_BAD = [
+    pytest.param(
+        _fp8_args(scale_x=None, scale_w=None),
+        TypeError,
+        r"fp8 operands need row-wise .*scale_x \[S\].*scale_w \[E, N\].*"
+        r"got scale_x=NoneType, scale_w=NoneType",
+        id="no-scales",
+    ),
+    pytest.param(
+        _fp8_args(scale_w=None),
+        TypeError,
+        r"got scale_x=a tensor of shape \(32,\), scale_w=NoneType",
+        id="one",
+    ),
+    pytest.param(
+        _fp8_args(scale_x=[1.0] * 32), TypeError, r"scale_x must be a torch\.Tensor", id="scale-list"
+    ),
+    pytest.param(
+        _fp8_args(scale_w=torch.empty(4, 48, dtype=BF16)),
+        TypeError,
+        r"scale_w is torch\.bfloat16; scales are float32 \(use scale_w\.float\(\)\)",
+        id="scale-bf16",
+    ),
+    pytest.param(
+        _fp8_args(scale_x=torch.empty(32, 1)),
+        ValueError,
+        r"scale_x has shape \(32, 1\); grouped_matmul takes it as \(32\), torch\._scaled_grouped_mm's shape: "
+        r"pass scale_x\.reshape\(32\)",
+        id="scale-x-column",
+    ),
+    pytest.param(
+        _fp8_args(scale_w=torch.empty(4, 1, 48)),
+        ValueError,
+        r"pass scale_w\.reshape\(4, 48\)",
+        id="scale-w-3d",
+    ),
+    pytest.param(
+        _fp8_args(scale_x=torch.empty(()), scale_w=torch.empty(1)),
+        ValueError,
+        r"one scale each \(per-tensor\).*scale_x\.reshape\(1\)\.expand\(32\)\.contiguous\(\).*"
+        r"scale_w\.reshape\(1, 1\)\.expand\(4, 48\)\.contiguous\(\)",
+        id="per-tensor",
+    ),
+    pytest.param(
+        _fp8_args(scale_w=torch.empty(4, 47)),
+        ValueError,
+        r"got scale_w \(4, 47\) for S=32, E=4, N=48",
+        id="size",
+    ),
+    pytest.param(
+        _fp8_args(scale_w=torch.empty(48, 4).t()),
+        ValueError,
+        r"scale_w \(strides \(1, 4\)\) must be contiguous.*pass scale_w\.contiguous\(\)",
+        id="scale-w-strided",
+    ),
+    pytest.param(
+        _fp8_args(out_dtype=F32),
+        TypeError,
+        r"out_dtype torch\.float32: an fp8 product is written as torch\.bfloat16 or float16",
+        id="out-dtype-fp32",
+    ),
+    pytest.param(
+        _fp8_args(out=torch.empty(32, 48, dtype=torch.float16)),
+        TypeError,
+        r"out is torch\.float16, expected torch\.bfloat16",  # out_dtype's default
+        id="out-not-out-dtype",
+    ),
+    pytest.param(
+        _fp8_args(x=torch.empty(32, 40, dtype=FP8), w=_weights(4, 40, 48, FP8)),
+        ValueError,
+        r"K=40 is not a multiple of 16: TMA reads rows of 16-byte multiples",
+        id="k-16",
+    ),
+    pytest.param(
+        _fp8_args(x=torch.empty(32, 64, dtype=torch.float8_e5m2), w=_weights(4, 64, 48, torch.float8_e5m2)),
+        TypeError,
+        r"float8_e5m2; grouped_matmul's fp8 kernel takes float8_e4m3fn",
+        id="e5m2",
+    ),
+    pytest.param(_fp8_args(w=_weights(4, 64, 48)), TypeError, "same dtype", id="fp8-x-bf16-w"),
+    pytest.param(_fp8_args(), ValueError, "(?i)cuda", id="fp8-cpu"),
+    pytest.param(
+        _fp8_args(out_dtype=torch.float16, out=torch.empty(32, 48, dtype=torch.float16)),
+        ValueError,
+        "(?i)cuda",  # fp16 out: every check passes, the device is the last
+        id="fp8-fp16-out-cpu",
+    ),
+    # fp16/bf16 operands take no scales and write their own dtype
+    pytest.param(
+        {**dict(zip(("x", "w", "offs"), _operands(), strict=True)), "scale_x": torch.empty(32)},
+        TypeError,
+        r"scale_x / scale_w apply to float8_e4m3fn operands only; x is torch\.bfloat16",
+        id="bf16-with-scales",
+    ),
+    pytest.param(
+        {**dict(zip(("x", "w", "offs"), _operands(), strict=True)), "out_dtype": torch.float16},
+        TypeError,
+        r"out_dtype torch\.float16 differs from the inputs' torch\.bfloat16; it is for fp8 inputs",
+        id="bf16-out-dtype",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), FP8_BAD)
+def test_bad_fp8_arguments_are_refused_with_the_fix(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gg.grouped_matmul(**kwargs)
+
+
+def test_an_fp8_launch_passes_the_callers_scales_after_the_offsets(fake_h100):
+    x, w, offs, scale_x, scale_w = _fp8_operands(S=1000, K=256, N=300, E=8, device="cuda")
+    out = gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w)
+    assert (out.shape, out.dtype) == ((1000, 300), BF16)  # out_dtype's default
+    (launch,) = fake_h100
+    cfg = gk.FP8_CONFIGS[9]
+    a_desc, b_desc, c, o, sx, sw, S, N, E = launch.args
+    # the caller's buffers, not copies: a CUDA graph replays with the values they hold then
+    assert c is out and o is offs and sx is scale_x and sw is scale_w and (S, N, E) == (1000, 300, 8)
+    assert launch.kwargs["SCALING"] == 2 and launch.kwargs["STAGES"] == cfg.STAGES
+    assert launch.grid == (45,)  # the same tiles as 16-bit: 15 row tiles x 3 column tiles
+    assert list(a_desc.block_shape) == [128, 128] and list(b_desc.block_shape) == [cfg.BLOCK_N, 128]
+    assert a_desc.base.dtype == FP8 and b_desc.base.dtype == FP8
+    half = gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w, out_dtype=torch.float16)
+    assert half.dtype == torch.float16 and fake_h100[1].args[2] is half
+
+
+def test_fp8_runs_the_128_row_kernel_at_decode_sizes_too(fake_h100):
+    """grouped-auto sends fp8 operands to the 128-row kernel at every S (the swap-AB kernel is
+    16-bit only), with the caller's scales."""
+    x, w, offs, scale_x, scale_w = _fp8_operands(S=3, K=256, N=300, E=8, device="cuda")
+    gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w)
+    (launch,) = fake_h100
+    assert launch.kernel == "grouped_kernel" and launch.kwargs["SCALING"] == 2
+    assert launch.args[4] is scale_x and launch.args[5] is scale_w
+    config = gg.prepare("grouped-auto", x, w, offs, scale_x=scale_x, scale_w=scale_w).config
+    assert config["mode"] == "grouped" and "16-bit" in config["why"]
+
+
+def test_a_wide_fp8_output_takes_the_wide_fp8_tile(fake_h100):
+    x, w, offs, scale_x, scale_w = _fp8_operands(S=4096, K=128, N=gk.WIDE_N, E=200, device="cuda")
+    gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w)
+    (launch,) = fake_h100
+    cfg = gk.FP8_WIDE_CONFIGS[9]
+    assert (
+        list(launch.args[1].block_shape) == [256, 128] and launch.kwargs["EPILOGUE_N"] == cfg.EPILOGUE_N == 64
+    )
+
+
+def test_fp8_scales_on_another_device_are_refused(fake_h100):
+    x, w, offs, scale_x, scale_w = _fp8_operands(device="cuda")
+    with pytest.raises(ValueError, match=r"x is on cuda:0 but scale_x is on cuda:1"):
+        gg.grouped_matmul(
+            x.to("cuda:0"), w.to("cuda:0"), offs.to("cuda:0"), scale_x=scale_x.to("cuda:1"), scale_w=scale_w
+        )
+    with pytest.raises(ValueError, match=r"scale_w is on cpu"):
+        gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=torch.empty(4, 48, device="cpu"))
+    assert fake_h100 == []
+
+
+def test_prepare_refuses_fp8_for_a_mode_without_fp8_and_16_bit_for_an_fp8_only_mode(fake_h100):
+    x, w, offs, scale_x, scale_w = _fp8_operands(device="cuda")
+    scales = {"scale_x": scale_x, "scale_w": scale_w}
+    with pytest.raises(
+        TypeError, match=r"mode 'grouped_mm' has no fp8 kernel; fp8 operands run in: grouped, "
+    ):
+        gg.prepare("grouped_mm", x, w, offs, **scales)
+    with pytest.raises(
+        TypeError, match=r"mode 'scaled_grouped_mm' takes fp8 e4m3 operands only; fp16 and bf16"
+    ):
+        gg.prepare("scaled_grouped_mm", *_operands(device="cuda"))
+    launch = gg.prepare("scaled_grouped_mm", x, w, offs, **scales)
+    assert launch.config["impl"].startswith("torch._scaled_grouped_mm")
+    launch = gg.prepare("grouped", x, w, offs, **scales)
+    assert launch.config["scales"] == "row" and launch.config["BLOCK_K"] == 128
+    assert fake_h100 == []  # prepared, not launched
+
+
+def test_fp8_with_k_zero_or_no_rows_launches_nothing(monkeypatch):
+    zeroed = []
+    monkeypatch.setattr(torch.Tensor, "zero_", lambda t: zeroed.append(tuple(t.shape)) or t)
+    monkeypatch.setattr(api, "target_of", lambda device: H100)
+    monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log := []))
+    with FakeTensorMode():
+        x, w, offs, scale_x, scale_w = _fp8_operands(S=16, K=0, N=32, E=2, device="cuda")
+        assert gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w).dtype == BF16
+        x, w, offs, scale_x, scale_w = _fp8_operands(S=0, K=64, N=32, E=2, device="cuda")
+        assert gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w).shape == (0, 32)
+    assert zeroed == [(16, 32)] and log == []
+
+
+# --------------------------------------------------------------------------------------------------
 # check_offsets: the values, read on the host
 
 
@@ -324,13 +535,28 @@ def test_the_wide_tile_from_wide_n_on():
     assert gk.config_for((9, 0), gk.WIDE_N) is gk.WIDE_CONFIGS[9]
 
 
-def test_specs_only_for_hopper_and_16_bit_operands():
+def test_specs_only_for_hopper_16_bit_and_fp8_row_wise():
     assert [s.kernel for s in gk.compile_specs((9, 0), "bfloat16")] == [
         "grouped_kernel 128x128x64 s4 w8 E<=512 B=t",
         "grouped_kernel 128x256x64 s4 w8 E<=512 B=t",
     ]
-    assert gk.compile_specs((10, 0), "float16") == []
-    assert gk.compile_specs((9, 0), "float8_e4m3fn") == []
+    fp8 = gk.compile_specs((9, 0), "float8_e4m3fn")
+    assert [s.kernel for s in fp8] == [
+        "grouped_kernel 128x128x128 fp8 s4 w8 E<=512 B=t scales=row",
+        "grouped_kernel 128x256x128 fp8 s4 w8 E<=512 B=t scales=row",
+    ]
+    for spec in fp8:  # the scales are pointers after the offsets; the output bf16
+        assert spec.constexprs["SCALING"] == 2 and spec.signature["out"] == "*bf16"
+        assert [spec.signature[k] for k in ("offs", "scale_x", "scale_w", "S")] == [
+            "*i32",
+            "*fp32",
+            "*fp32",
+            "i32",
+        ]
+    sixteen = gk.compile_specs((9, 0), "float16")[0]
+    assert sixteen.constexprs["scale_x"] is None and sixteen.signature["scale_x"] == "constexpr"
+    assert gk.compile_specs((10, 0), "float16") == [] and gk.compile_specs((10, 0), "float8_e4m3fn") == []
+    assert gk.compile_specs((9, 0), "float32") == []
     assert gk.unsupported_reason((9, 0)) is None and "sm_100" in gk.unsupported_reason((10, 0))
 
 
@@ -389,6 +615,7 @@ def test_the_grouped_modes_of_the_registry():
         "grouped-auto",
         "grouped_mm",
         "cublas-loop",
+        "scaled_grouped_mm",
     ]
     assert [m.kind for m in grouped[:3]] == ["gluon", "gluon", "choice"]
     assert gg.MODE == "grouped-auto"
@@ -489,3 +716,23 @@ def test_swap_ab_specs_only_for_hopper_and_16_bit_operands():
     assert grouped_auto.unsupported_reason((9, 0)) is None and "sm_100" in grouped_auto.unsupported_reason(
         (10, 0)
     )
+
+
+def test_the_fp8_configs_keep_the_16_bit_stage_bytes_with_k_twice_as_deep():
+    for sixteen, fp8 in ((gk.CONFIGS[9], gk.FP8_CONFIGS[9]), (gk.WIDE_CONFIGS[9], gk.FP8_WIDE_CONFIGS[9])):
+        assert (fp8.BLOCK_M, fp8.BLOCK_N, fp8.STAGES) == (sixteen.BLOCK_M, sixteen.BLOCK_N, sixteen.STAGES)
+        assert fp8.BLOCK_K == 128 == 2 * sixteen.BLOCK_K and fp8.ELEM_BYTES == 1
+        assert fp8.smem_bytes() == sixteen.smem_bytes()
+        assert fp8.smem_bytes() + fp8.epilogue_bytes() <= common.SMEM_LIMIT
+    # the wide fp8 tile stores 64 columns at a time: a thread holds a column scale for each of its columns
+    assert gk.FP8_WIDE_CONFIGS[9].EPILOGUE_N == 64
+    assert gk.config_for((9, 0), 1536, fp8=True) is gk.FP8_CONFIGS[9]
+    assert gk.config_for((9, 0), gk.WIDE_N, fp8=True) is gk.FP8_WIDE_CONFIGS[9]
+
+
+def test_the_kernels_prepare_refuses_a_config_of_the_other_kind():
+    with FakeTensorMode():
+        x, w, offs = _operands(device="cuda")
+        out = torch.empty(32, 48, dtype=BF16, device="cuda")
+        with pytest.raises(ValueError, match="is for fp8 operands; these are bfloat16"):
+            gk.prepare(x, w, offs, out, H100, gk.FP8_CONFIGS[9])

@@ -1,9 +1,10 @@
 """The grouped kernels (kernels/grouped.py, kernels/grouped_swapab.py) compile for sm_90a on a
 machine with no GPU, and their machine code is what their docstrings claim: wgmma (HGMMA, one per
-16 of BLOCK_K per K step; for the swap-AB kernel 64 weight rows by the token tile, 64xBLOCK_T),
-TMA loads (UTMALDG) and no TMA store (the epilogue is a masked register store, STG), no
-local-memory spills, and the shared memory of the ring (plus the epilogue's layout-conversion
-scratch).
+16 of BLOCK_K per K step; for the swap-AB kernel 64 weight rows by the token tile, 64xBLOCK_T;
+with fp8 e4m3 operands in the 128-row kernel QGMMA, one per 32, and no 16-bit MMA), TMA loads
+(UTMALDG) and no TMA store (the epilogue is a masked register store, STG), no local-memory
+spills (fp8: with the row-wise scales' loads in the epilogue), and the shared memory of the ring
+(plus the epilogue's layout-conversion scratch).
 
 They are the registry's `grouped` and `grouped-swapab` modes, which the dense rungs' compile
 tests leave out (a grouped mode's kernel is no rung of the dense ladder), so their specs are
@@ -30,7 +31,11 @@ from kernel_reports import design
 pytestmark = pytest.mark.compile
 
 ARCH = "sm_90a"
-DTYPES = ("float16", "bfloat16")  # the first of a design is its representative
+FP8 = "float8_e4m3fn"
+DTYPES = ("float16", "bfloat16", FP8)  # the first of a design is its representative
+SIXTEEN_BIT = DTYPES[:2]
+# dtype -> (the wgmma's SASS opcode, the K one instruction covers)
+MMA = {"float16": ("HGMMA", 16), "bfloat16": ("HGMMA", 16), FP8: ("QGMMA", 32)}
 
 
 KERNELS = {"grouped": gk, "grouped-swapab": gs}  # mode -> kernel module
@@ -59,11 +64,13 @@ def _params():
 PARAMS = _params()
 
 
-def test_two_specs_per_dtype_and_both_tiles_compiled_by_the_triton_39_pass():
+def test_two_specs_per_dtype_and_both_tiles_of_both_kinds_compiled_by_the_triton_39_pass():
     assert len(PARAMS) == 2 * len(DTYPES)
     assert [p.id for p in PARAMS if not p.marks] == [
         "grouped_kernel-128x128x64-s4-w8-E<=512-B=t-float16",
         "grouped_kernel-128x256x64-s4-w8-E<=512-B=t-float16",
+        f"grouped_kernel-128x128x128-fp8-s4-w8-E<=512-B=t-scales=row-{FP8}",
+        f"grouped_kernel-128x256x128-fp8-s4-w8-E<=512-B=t-scales=row-{FP8}",
     ]
 
 
@@ -72,8 +79,12 @@ def test_grouped_machine_code(dtype, index):
     spec, r = compiled(dtype, index)
     assert r.error is None, r.error
     cfg = spec.config
-    assert r.count("HGMMA") == cfg.BLOCK_K // 16, f"one wgmma per 16 of K per K step: {r.sass}"
-    assert r.count("HMMA") == 0 and r.count("UTCHMMA") == 0
+    mma, k_per_mma = MMA[dtype]
+    assert r.count(mma) == cfg.BLOCK_K // k_per_mma, f"one wgmma per {k_per_mma} of K per K step: {r.sass}"
+    other = "QGMMA" if mma == "HGMMA" else "HGMMA"
+    assert r.count(other) == 0 and r.count("HMMA") == 0 and r.count("UTCHMMA") == 0
+    # the scales' multiplies (row, then column) on the fp32 accumulator: fp8 only, the 16-bit path unchanged
+    assert (r.count("FMUL") > 0) == (dtype == FP8), r.count("FMUL")
     assert r.count("UTMALDG") > 0, "TMA loads expected"
     assert r.count("UTMASTG") == 0 and r.count("STG") > 0, "a masked register store, not a TMA store"
     assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
@@ -87,16 +98,17 @@ SWAPAB_PARAMS = [
         dtype,
         index,
         id=f"{spec.kernel.replace(' ', '-')}-{dtype}",
-        marks=() if (dtype, index) == (DTYPES[0], 0) else (pytest.mark.exhaustive,),  # one design
+        marks=() if (dtype, index) == (SIXTEEN_BIT[0], 0) else (pytest.mark.exhaustive,),  # one design
     )
-    for dtype in DTYPES
+    for dtype in SIXTEEN_BIT
     for index, spec in enumerate(gs.compile_specs((9, 0), dtype))
 ]
 
 
 def test_three_token_tiles_per_dtype_of_one_design():
-    assert len(SWAPAB_PARAMS) == 3 * len(DTYPES)
-    designs = {design(spec, ARCH) for dtype in DTYPES for spec in gs.compile_specs((9, 0), dtype)}
+    assert len(SWAPAB_PARAMS) == 3 * len(SIXTEEN_BIT)
+    assert gs.compile_specs((9, 0), FP8) == []  # the swap-AB kernel is 16-bit only
+    designs = {design(spec, ARCH) for dtype in SIXTEEN_BIT for spec in gs.compile_specs((9, 0), dtype)}
     assert len(designs) == 1  # the token tile and the ring only size it
     assert [p.id for p in SWAPAB_PARAMS if not p.marks] == [
         "grouped_swapab_kernel-W64xT16x256-s4-w4-E<=512-B=t-float16"
@@ -121,11 +133,14 @@ def test_grouped_swapab_machine_code(dtype, index):
     assert cfg.smem_bytes() < r.shared_bytes <= common.SMEM_LIMIT
 
 
-@pytest.mark.parametrize("mode", list(KERNELS))
-def test_sizes_of_one_compile_as_constexprs(mode):
+@pytest.mark.parametrize(
+    ("mode", "dtype"), [("grouped", "bfloat16"), ("grouped", FP8), ("grouped-swapab", "bfloat16")]
+)
+def test_sizes_of_one_compile_as_constexprs(mode, dtype):
     """Triton specializes an int argument equal to 1 as a constexpr: a launch with S = 1 (one
-    token), N = 1 or E = 1 traces the kernel with constants in their place."""
-    spec = KERNELS[mode].compile_specs((9, 0), "bfloat16")[0]
+    token), N = 1 or E = 1 traces the kernel with constants in their place (fp8: the scales'
+    epilogue too, its masks and the expert's scale row e * N with constants)."""
+    spec = KERNELS[mode].compile_specs((9, 0), dtype)[0]
     ones = {"S": 1, "N": 1, "E": 1}
     spec = dataclasses.replace(
         spec,
@@ -134,7 +149,7 @@ def test_sizes_of_one_compile_as_constexprs(mode):
     )
     r = gs_inspect.inspect_spec(spec, ARCH)
     assert r.error is None, r.error
-    assert r.count("HGMMA") > 0 and r.spill_bytes == 0
+    assert r.count(MMA[dtype][0]) > 0 and r.spill_bytes == 0
 
 
 @gluon.jit

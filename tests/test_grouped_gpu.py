@@ -14,6 +14,13 @@ same buffer (the tile count changes between replays), and the errors of bad argu
 swap-AB kernel also: decode routings (one or two rows an expert over 128 experts, Mixtral down at
 one token), an expert with many more rows than the token tile (several chunk tiles) beside
 one-row experts, K and N tails on long K, and every token tile (16, 32, 64) on the same problems.
+
+fp8 e4m3 with row-wise scales (scale_x [S], scale_w [E, N]; not yet run on a GPU): each expert's
+rows against the fp32 product of the upcast operands times their scales, with cuBLAS fp8
+(torch._scaled_mm per expert, padded to its multiples of 16) as the yardstick, on NaN-poisoned
+outputs: empty experts, S = 1, ragged S and N (K a multiple of 16), both tiles, E up to 300, bf16
+and fp16 outputs, a CUDA graph replayed with other offsets and other scale values in the same
+buffers, and torch._scaled_grouped_mm on the same inputs within the same bound.
 Run on the GPU machine: pytest -m gpu tests/test_grouped_gpu.py."""
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ import torch
 
 from gluon_survey import api, grouped_auto
 from gluon_survey import grouped as gg
-from gluon_survey.driver.check import rel_error, tolerance
+from gluon_survey.driver.check import quantize, rel_error, tolerance
 from gluon_survey.kernels import grouped_swapab as gs
+from gpu_checks import cublas_fp8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 
@@ -230,3 +238,144 @@ def test_check_offsets_reads_device_offsets():
     gg.check_offsets(torch.tensor([0, 4, 4, 9], dtype=torch.int32, device="cuda"), rows=9)
     with pytest.raises(ValueError, match="never decrease"):
         gg.check_offsets(torch.tensor([4, 2], dtype=torch.int32, device="cuda"))
+
+
+# --------------------------------------------------------------------------------------------------
+# fp8 e4m3 operands, row-wise scales
+
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8_problem(counts, K, N, seed=0, S=None):
+    """x [S, K] and the experts' [E, N, K] weights drawn in fp32 and quantized row-wise (the driver's
+    `quantize`: each token and each expert's output channel its own scale), w the [E, K, N]
+    transpose view, scale_x [S], scale_w [E, N], offs the int32 cumulative ends."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    S = sum(counts) if S is None else S
+    x, scale_x = quantize(torch.randn(S, K, device="cuda", generator=g), rowwise=True)
+    E = len(counts)
+    w = torch.empty(E, N, K, dtype=FP8, device="cuda")
+    scale_w = torch.empty(E, N, device="cuda")
+    for e in range(E):
+        w[e], scale = quantize(torch.randn(N, K, device="cuda", generator=g) * 0.5, rowwise=True)
+        scale_w[e] = scale.view(-1)
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    return x, w.transpose(1, 2), offs, scale_x.view(-1).contiguous(), scale_w
+
+
+def _dequantized(x, w, scale_x, scale_w, e, start, end):
+    """Expert e's exact product of its rows, fp32 (TF32 off), times its token and channel scales."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return (x[start:end].float() @ w[e].float()) * scale_x[start:end, None] * scale_w[e]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _assert_fp8_grouped(out, x, w, scale_x, scale_w, counts, what=""):
+    """Each expert's rows within the driver's tolerance of its dequantized fp32 product, cuBLAS fp8
+    on the same expert (scales copied into buffers of their own) the yardstick; the rows past the
+    last expert's end still NaN."""
+    torch.cuda.synchronize()
+    start = 0
+    for e, count in enumerate(counts):
+        end = start + count
+        if count:
+            rows = out[start:end]
+            ref = _dequantized(x, w, scale_x, scale_w, e, start, end)
+            sa = scale_x[start:end].clone().view(-1, 1)
+            cublas_err = rel_error(cublas_fp8(x[start:end], w[e], sa, scale_w[e].clone().view(1, -1)), ref)
+            assert not torch.isnan(rows).any(), f"{what} expert {e}: NaN, rows left unwritten"
+            err = rel_error(rows, ref)
+            assert err <= tolerance(cublas_err, "fp8-row"), (
+                f"{what} expert {e}: {err:.3e} vs {cublas_err:.3e}"
+            )
+        start = end
+    assert torch.isnan(out[start:]).all(), f"{what}: rows past offs[-1] were written"
+
+
+FP8_CASES = [
+    pytest.param([0, 100, 0, 37, 0, 0, 250, 0], 256, 384, id="empty-experts"),
+    pytest.param([0, 1, 0, 0], 64, 64, id="S1"),
+    pytest.param([1], 64, 64, id="E1-S1"),
+    pytest.param([517], 208, 300, id="E1-ragged"),  # ragged N (not a multiple of 16), K tail in the last step
+    pytest.param(_random_counts(8, 517, 1), 208, 300, id="E8-ragged"),
+    pytest.param([1000, 3, 24], 1024, 136, id="long-k-many-row-tiles"),  # 8 K steps of 128: the ring wraps
+    pytest.param([0, 0, 0], 64, 64, id="all-empty"),
+    pytest.param(_zipf_counts(128, 16384), 512, 2120, id="E128-zipf-wide-tile"),  # 128x256, 64-column slices
+    pytest.param(_zipf_counts(128, 8192), 256, 2048, id="E128-zipf-wide-aligned-n"),
+    pytest.param(_zipf_counts(128, 16384), 208, 384, id="E128-zipf-narrow-tile"),
+    pytest.param([0] * 5 + [8500] + [0] * 2, 256, 256, id="one-expert-67-row-tiles"),
+    pytest.param(_random_counts(16, 4096, 3), 128, 256, id="one-k-step-many-tiles"),
+    pytest.param(_random_counts(300, 3000, 4), 128, 136, id="E300"),
+]
+
+
+@pytest.mark.parametrize(("counts", "K", "N"), FP8_CASES)
+def test_fp8_every_expert_matches_its_dequantized_fp32_product(counts, K, N):
+    S = sum(counts) + 5  # 5 rows past offs[-1], owned by no expert: never written
+    x, w, offs, scale_x, scale_w = _fp8_problem(counts, K, N, S=S)
+    out = _nan(S, N, torch.bfloat16)
+    assert gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w, out=out) is out
+    _assert_fp8_grouped(out, x, w, scale_x, scale_w, counts, f"{counts} K={K} N={N}")
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float16], ids=str)
+def test_fp8_allocates_its_output_in_out_dtype(out_dtype):
+    counts = [64, 0, 129]
+    x, w, offs, scale_x, scale_w = _fp8_problem(counts, 128, 192)
+    out = gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w, out_dtype=out_dtype)
+    assert out.shape == (193, 192) and out.dtype == (out_dtype or torch.bfloat16) and out.is_contiguous()
+    _assert_fp8_grouped(out.bfloat16(), x, w, scale_x, scale_w, counts)
+
+
+def test_fp8_a_cuda_graph_replays_with_other_offsets_and_other_scales():
+    """The offsets and the scales are read on the device, from the caller's buffers: one capture
+    serves every routing, and new scale values written into the same buffers are the ones used."""
+    S, K, N, E = 4096, 256, 2048, 128
+    routings = [_random_counts(E, S, seed) for seed in range(3)] + [[S] + [0] * (E - 1), _zipf_counts(E, S)]
+    x, w, offs, scale_x, scale_w = _fp8_problem(routings[0], K, N)
+    out = _nan(S, N, torch.bfloat16)
+    gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w, out=out)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w, out=out)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for counts in routings:
+        offs.copy_(torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32))
+        scale_x.copy_(torch.rand(S, device="cuda", generator=g) * 0.02 + 0.001)
+        scale_w.copy_(torch.rand(E, N, device="cuda", generator=g) * 0.02 + 0.001)
+        out.fill_(float("nan"))
+        graph.replay()
+        _assert_fp8_grouped(out, x, w, scale_x, scale_w, counts, f"replay {counts}")
+
+
+def test_fp8_matches_torch_scaled_grouped_mm_within_the_same_bound():
+    """Qwen3-30B-A3B's down projection (E 128, N 2048, K 768) at 512 tokens, top-8: ours and
+    torch._scaled_grouped_mm on the same inputs, each within the tolerance of the dequantized product."""
+    counts = _random_counts(128, 4096, 9)
+    x, w, offs, scale_x, scale_w = _fp8_problem(counts, 768, 2048)
+    ours = gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w)
+    theirs = torch._scaled_grouped_mm(
+        x, w, scale_x, scale_w, offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True
+    )
+    _assert_fp8_grouped(ours, x, w, scale_x, scale_w, counts, "grouped_matmul")
+    _assert_fp8_grouped(theirs, x, w, scale_x, scale_w, counts, "torch._scaled_grouped_mm")
+    launch = gg.prepare("scaled_grouped_mm", x, w, offs, scale_x=scale_x, scale_w=scale_w)
+    assert torch.equal(launch.fn(), theirs)  # the baseline mode is that call
+
+
+def test_fp8_bad_arguments_on_the_gpu():
+    x, w, offs, scale_x, scale_w = _fp8_problem([8, 8], 64, 32)
+    with pytest.raises(TypeError, match="fp8 operands need row-wise"):
+        gg.grouped_matmul(x, w, offs)
+    with pytest.raises(ValueError, match=r"scale_x\.reshape\(16\)"):
+        gg.grouped_matmul(x, w, offs, scale_x=scale_x.view(16, 1), scale_w=scale_w)
+    with pytest.raises(ValueError, match=r"scale_w \(strides \(1, 2\)\) must be contiguous"):
+        gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w.t().contiguous().t())
+    with pytest.raises(ValueError, match="scale_w is on cpu"):
+        gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w.cpu())
+    with pytest.raises(TypeError, match="mode 'grouped_mm' has no fp8 kernel"):
+        gg.prepare("grouped_mm", x, w, offs, scale_x=scale_x, scale_w=scale_w)

@@ -359,10 +359,13 @@ def per_expert(x, w, offs, out):
 
 
 def grouped_cpu(prepare, **fields):
-    from gluon_survey.driver.worker import _grouped_mm_launch
+    from gluon_survey.driver.worker import _grouped_baseline_launch
 
     return cpu(
-        prepare, grouped=True, wrong_shape="a grouped mode", **({"baseline": _grouped_mm_launch} | fields)
+        prepare,
+        grouped=True,
+        wrong_shape="a grouped mode",
+        **({"baseline": _grouped_baseline_launch} | fields),
     )
 
 
@@ -410,8 +413,8 @@ def test_a_launch_returning_its_product_is_judged_on_it_grouped_as_dense():
     assert row["status"] == "OK"
 
 
-def test_dense_and_grouped_modes_skip_each_others_tasks_and_grouped_fp8_is_not_yet():
-    def never(*args):
+def test_dense_and_grouped_modes_skip_each_others_tasks_and_grouped_per_tensor_fp8():
+    def never(*args, **scales):
         raise AssertionError("a skipped task is never prepared")
 
     dense = cpu(never, wrong_shape="mode 'Blocked' computes dense GEMMs")
@@ -424,8 +427,74 @@ def test_dense_and_grouped_modes_skip_each_others_tasks_and_grouped_fp8_is_not_y
         "status": "SKIPPED",
         "error": "a grouped mode",
     }
-    fp8 = run_task(grouped, GROUPED_TASK | {"dtype": "fp8-row"}, SETTINGS, lambda _: None)
-    assert fp8["status"] == "SKIPPED" and "not measured in fp8 yet" in fp8["error"]
+    fp8 = run_task(grouped, GROUPED_TASK | {"dtype": "fp8"}, SETTINGS, lambda _: None)
+    assert fp8["status"] == "SKIPPED" and "row-wise scales only (--dtype fp8-row" in fp8["error"]
+
+
+def test_an_fp8_only_mode_skips_16_bit_tasks_and_a_16_bit_mode_fp8_ones():
+    def never(*args, **scales):
+        raise AssertionError("a skipped task is never prepared")
+
+    scaled = grouped_cpu(never, no_16bit="mode 'scaled_grouped_mm' takes fp8 e4m3 operands only")
+    row = run_task(scaled, GROUPED_TASK, SETTINGS, lambda _: None)
+    assert row == {"status": "SKIPPED", "error": "mode 'scaled_grouped_mm' takes fp8 e4m3 operands only"}
+    plain = grouped_cpu(never, no_fp8="mode 'grouped_mm' has no fp8 kernel")
+    row = run_task(plain, GROUPED_TASK | {"dtype": "fp8-row"}, SETTINGS, lambda _: None)
+    assert row == {"status": "SKIPPED", "error": "mode 'grouped_mm' has no fp8 kernel"}
+
+
+def test_the_cuda_provider_skips_by_the_registry():
+    """The real providers' reasons come from the registry (no GPU here: every task is SKIPPED for
+    that first, so the reasons are read off the provider)."""
+    from gluon_survey.driver.worker import cuda_provider
+
+    assert cuda_provider("scaled_grouped_mm").no_16bit.startswith("mode 'scaled_grouped_mm' takes fp8")
+    assert cuda_provider("scaled_grouped_mm").no_fp8 is None
+    assert cuda_provider("grouped").no_fp8 is None and cuda_provider("grouped").no_16bit is None
+    assert "has no fp8 kernel" in cuda_provider("grouped_mm").no_fp8
+
+
+FP8_TASK = GROUPED_TASK | {"dtype": "fp8-row", "N": 48}  # N a multiple of 16, as torch._scaled_mm takes
+
+
+def scaled_per_expert(x, w, offs, out, **scales):
+    from gluon_survey.driver.worker import grouped_cublas_product
+
+    return Launch(lambda: grouped_cublas_product(x, w, offs, out, **scales), {"impl": "scaled loop"})
+
+
+def test_an_fp8_row_grouped_task_takes_its_scales_and_is_checked_against_the_dequantized_product():
+    from fakes import grouped_cpu_baseline
+
+    seen = []
+
+    def prepare(x, w, offs, out, **scales):
+        seen.append((x, w, offs, out, scales))
+        return scaled_per_expert(x, w, offs, out, **scales)
+
+    row = measure(grouped_cpu(prepare, baseline=grouped_cpu_baseline), FP8_TASK, PAIRED, lambda _: None)
+    assert row["status"] == "OK" and row["config"] == {"impl": "scaled loop"}, row.get("error")
+    assert row["rel_err"] <= row["tol"] and row["cublas_ms"] > 0 and len(row["x_rounds"]) == PAIRED.rounds
+    assert row["tol"] == pytest.approx(2 * row["cublas_err"] + 0.25 * 2**-8)  # bf16's roundoff
+    x, w, _, out, scales = seen[0]
+    assert (x.dtype, w.dtype, out.dtype) == (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16)
+    assert set(scales) == {"scale_x", "scale_w"}
+    assert scales["scale_x"].shape == (48,) and scales["scale_w"].shape == (6, 48)
+    assert all(t.dtype == torch.float32 and t.is_contiguous() for t in scales.values())
+
+
+def test_a_grouped_fp8_kernel_that_drops_a_scale_fails():
+    def token_scales_ignored(x, w, offs, out, scale_x, scale_w):
+        return scaled_per_expert(x, w, offs, out, scale_x=torch.ones_like(scale_x), scale_w=scale_w)
+
+    def one_expert_unscaled(x, w, offs, out, scale_x, scale_w):
+        unscaled = scale_w.clone()
+        unscaled[torch.argmax(offs.diff(prepend=offs.new_zeros(1)))] = 1.0  # the busiest expert's
+        return scaled_per_expert(x, w, offs, out, scale_x=scale_x, scale_w=unscaled)
+
+    for prepare in (token_scales_ignored, one_expert_unscaled):
+        row = measure(grouped_cpu(prepare), FP8_TASK, SETTINGS, lambda _: None)
+        assert row["status"] == "FAILED" and row["rel_err"] > row["tol"], prepare.__name__
 
 
 def test_the_cold_l2_rotation_counts_only_the_experts_a_call_reads():

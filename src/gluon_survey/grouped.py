@@ -26,69 +26,112 @@ past offs[-1] are not written. `check_offsets(offs, rows)` checks the values (it
 debugging. Where offs is on the CPU, `grouped_matmul` checks offs[-1] against S before it
 refuses the CPU tensor, since that costs nothing there.
 
+fp8 e4m3 operands take row-wise scales, as `torch._scaled_grouped_mm` does and in its shapes:
+
+    out[rows of e] = (x[rows of e] @ w[e]) * scale_x[rows of e, None] * scale_w[e]
+
+scale_x fp32 [S] (one per token, i.e. per row of x), scale_w fp32 [E, N] (one per expert and
+output channel), both contiguous on x's GPU; the kernel applies them to its fp32 accumulator
+before the store, and writes `out_dtype` (bf16 by default, or fp16, as `gluon_survey.matmul`'s
+fp8 products; torch._scaled_grouped_mm writes bf16 only). [S, 1] or [E, 1, N] scales are refused
+with the reshape that fixes them, as torch._scaled_grouped_mm refuses them; so are per-tensor
+scales (one element each), with the expand that makes them row-wise. K must be a multiple of 16
+there (TMA's 16-byte rows of 1-byte elements). Scales are for fp8 operands only, and fp8
+operands need both.
+
 Each call builds its launch anew (TMA descriptors, Triton's dispatch): no plan cache yet.
 
-`prepare(mode, x, w, offs, out)` is what the benchmark driver times: the same checks, then the
-launch of any grouped mode of the registry (`grouped-auto`, what grouped_matmul runs; the two
-kernels alone, `grouped` and `grouped-swapab`; `grouped_mm`, torch._grouped_mm; `cublas-loop`,
-cuBLAS per expert) on those tensors, not yet called.
+`prepare(mode, x, w, offs, out, scale_x=, scale_w=, out_dtype=)` is what the benchmark driver
+times: the same checks, then the launch of any grouped mode of the registry (`grouped-auto`, what
+grouped_matmul runs; the two kernels alone, `grouped` and `grouped-swapab`; `grouped_mm`,
+torch._grouped_mm; `scaled_grouped_mm`, torch._scaled_grouped_mm, fp8 only; `cublas-loop`, cuBLAS
+per expert) on those tensors, not yet called.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from . import api, registry
 from .kernels.grouped import MAX_EXPERTS
-from .launch import Launch
+from .launch import Launch, Scales
 
 DTYPES = (torch.float16, torch.bfloat16)
 MODE = "grouped-auto"  # what grouped_matmul runs: the 128-row or the swap-AB kernel, by S (grouped_auto.py)
+FP8 = api.FP8  # fp8 operands: e4m3, with row-wise scales
 TMA_K = 8  # K a multiple of 8: TMA needs rows of 16-byte multiples (fp16/bf16)
+FP8_TMA_K = 16  # the same for 1-byte fp8 elements
 
 __all__ = ["check_offsets", "grouped_matmul", "prepare"]
 
 
 def grouped_matmul(
-    x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offs: torch.Tensor,
+    *,
+    scale_x: torch.Tensor | None = None,
+    scale_w: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """out [S, N] with out[rows of expert e] = x[rows of e] @ w[e] (the module docstring).
+    """out [S, N] with out[rows of expert e] = x[rows of e] @ w[e] (the module docstring), for fp8
+    operands times scale_x[row] * scale_w[e, column].
 
-    x: [S, K] fp16/bf16, row-major; w: [E, K, N], the transpose view of a contiguous [E, N, K]
-    weight, x's dtype; offs: int32 [E], cumulative ends; out: optional [S, N] row-major, x's dtype.
-    K must be a multiple of 8. All on one CUDA device, a Hopper GPU."""
-    S, N = _check(x, w, offs, out)
+    x: [S, K] fp16/bf16 or float8_e4m3fn, row-major; w: [E, K, N], the transpose view of a
+    contiguous [E, N, K] weight, x's dtype; offs: int32 [E], cumulative ends; scale_x, scale_w:
+    fp32 [S] and [E, N], contiguous, for fp8 operands only (and then required); out_dtype: for
+    fp8, bf16 (the default) or fp16; out: optional [S, N] row-major, x's dtype (fp8: out_dtype).
+    K must be a multiple of 8 (fp8: 16). All on one CUDA device, a Hopper GPU."""
+    S, N = _check(x, w, offs, out, scale_x, scale_w, out_dtype)
     if out is None:
-        out = torch.empty(S, N, dtype=x.dtype, device=x.device)
+        out = torch.empty(S, N, dtype=_result_dtype(x, out_dtype), device=x.device)
     if S == 0 or N == 0:
         return out
     if x.shape[1] == 0:  # an empty sum: every expert's rows are zero (and the others too)
         return out.zero_()
-    _launch(registry.get(MODE), x, w, offs, out, "grouped_matmul").fn()
+    scales = _scales(x, scale_x, scale_w)
+    _launch(registry.get(MODE), x, w, offs, out, "grouped_matmul", scales).fn()
     return out
 
 
 def prepare(
-    mode: str, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor | None = None
+    mode: str,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offs: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    scale_x: torch.Tensor | None = None,
+    scale_w: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> Launch:
     """A ready launch of the grouped mode `mode` (a name of the registry: `grouped-auto`, `grouped`,
-    `grouped-swapab`, `grouped_mm`, `cublas-loop`) on these tensors, checked as `grouped_matmul`
-    checks them: what the driver times. `Launch.fn()` writes `out` (allocated here when None) or,
-    for `grouped_mm`, returns the product. A dense mode is a TypeError naming the grouped ones."""
-    S, N = _check(x, w, offs, out)
+    `grouped-swapab`, `grouped_mm`, `scaled_grouped_mm`, `cublas-loop`) on these tensors, checked as
+    `grouped_matmul` checks them: what the driver times. `Launch.fn()` writes `out` (allocated here
+    when None) or, for `grouped_mm` and `scaled_grouped_mm`, returns the product. A dense mode is a
+    TypeError naming the grouped ones; so are fp8 operands for a mode without fp8 and fp16/bf16
+    ones for an fp8-only mode."""
+    S, N = _check(x, w, offs, out, scale_x, scale_w, out_dtype)
     m = registry.get(mode)  # KeyError naming the valid modes
     if reason := registry.wrong_shape_reason(m, grouped=True):
         raise TypeError(reason)
+    fp8 = x.dtype == FP8
+    if reason := (registry.no_fp8_reason(m) if fp8 else registry.no_16bit_reason(m)):
+        raise TypeError(reason)
     if out is None:
-        out = torch.empty(S, N, dtype=x.dtype, device=x.device)
+        out = torch.empty(S, N, dtype=_result_dtype(x, out_dtype), device=x.device)
     if S == 0 or N == 0 or x.shape[1] == 0:
         return Launch(lambda: out.zero_(), {"impl": "empty or K=0: zeros"})
-    return _launch(m, x, w, offs, out, f"mode {m.name!r}")
+    return _launch(m, x, w, offs, out, f"mode {m.name!r}", _scales(x, scale_x, scale_w))
 
 
-def _launch(mode: registry.Mode, x, w, offs, out, who: str) -> Launch:
+def _launch(mode: registry.Mode, x, w, offs, out, who: str, scales: Scales | None = None) -> Launch:
     """The launch of a grouped mode on checked, non-empty arguments, once the GPU can run it and
-    every base is 16-byte aligned (TMA's, and torch._grouped_mm's, requirement)."""
+    every base is 16-byte aligned (TMA's, and torch._grouped_mm's, requirement). fp8 `scales` go to
+    the provider as its `scales` keyword (registry docstring); 16-bit launches pass none."""
     target = api.target_of(x.device)
     reason = mode.unsupported_reason(target.capability)
     if reason:
@@ -99,7 +142,8 @@ def _launch(mode: registry.Mode, x, w, offs, out, who: str) -> Launch:
             raise ValueError(
                 f"{arg}'s base address is not 16-byte aligned, which TMA needs: pass {arg}.clone()"
             )
-    return mode.provider(target.capability).prepare(x, w, offs, out, target)
+    extra = {} if scales is None else {"scales": scales}
+    return mode.provider(target.capability).prepare(x, w, offs, out, target, **extra)
 
 
 def check_offsets(offs: torch.Tensor, rows: int | None = None) -> None:
@@ -123,15 +167,21 @@ def check_offsets(offs: torch.Tensor, rows: int | None = None) -> None:
         raise ValueError(f"offs[-1] is {values[-1]} but x has {rows} rows")
 
 
-def _check(x, w, offs, out) -> tuple[int, int]:
+def _check(x, w, offs, out, scale_x=None, scale_w=None, out_dtype=None) -> tuple[int, int]:
     """Every check of grouped_matmul's arguments, the devices last; returns (S, N)."""
     for name, t in (("x", x), ("w", w), ("offs", offs)):
         api.require_tensor(name, t)
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [S, K] (tokens grouped by expert), got shape {tuple(x.shape)}")
-    if x.dtype not in DTYPES:
+    if x.dtype in (torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz):
         raise TypeError(
-            f"x is {x.dtype}; grouped_matmul takes float16 or bfloat16 (convert with x.bfloat16())"
+            f"x is {x.dtype}; grouped_matmul's fp8 kernel takes float8_e4m3fn (e4m3) for x and w "
+            "(quantize with .to(torch.float8_e4m3fn) and row-wise scales)"
+        )
+    if x.dtype not in DTYPES and x.dtype != FP8:
+        raise TypeError(
+            f"x is {x.dtype}; grouped_matmul takes float16, bfloat16 or float8_e4m3fn (convert with "
+            "x.bfloat16())"
         )
     if w.dim() != 3:
         raise ValueError(f"w must be 3-D [E, K, N] (one weight per expert), got shape {tuple(w.shape)}")
@@ -151,10 +201,11 @@ def _check(x, w, offs, out) -> tuple[int, int]:
             "holds every expert's offsets in registers): call it once per group of at most "
             f"{MAX_EXPERTS} experts, with that group's rows and offsets"
         )
-    if K % TMA_K:
+    row_k = FP8_TMA_K if x.dtype == FP8 else TMA_K
+    if K % row_k:
         raise ValueError(
-            f"K={K} is not a multiple of {TMA_K}: TMA reads rows of 16-byte multiples; pad x and w "
-            f"along K with zeros to a multiple of {TMA_K}"
+            f"K={K} is not a multiple of {row_k}: TMA reads rows of 16-byte multiples; pad x and w "
+            f"along K with zeros to a multiple of {row_k}"
         )
     if not w.transpose(1, 2).is_contiguous():
         if w.is_contiguous():
@@ -176,21 +227,89 @@ def _check(x, w, offs, out) -> tuple[int, int]:
         raise ValueError(f"offs has {offs.shape[0]} entries but w has {E} experts: give one end per expert")
     if offs.device.type == "cpu" and offs.numel() and (last := int(offs[-1])) > S:
         raise ValueError(f"offs[-1] is {last} but x has {S} rows")
+    if x.dtype == FP8:
+        _check_scales(scale_x, scale_w, S, E, N)
+        if out_dtype is not None and out_dtype not in api.FP8_OUT_DTYPES:
+            raise TypeError(f"out_dtype {out_dtype}: an fp8 product is written as torch.bfloat16 or float16")
+    else:
+        if scale_x is not None or scale_w is not None:
+            raise TypeError(f"scale_x / scale_w apply to float8_e4m3fn operands only; x is {x.dtype}")
+        if out_dtype is not None and out_dtype != x.dtype:
+            raise TypeError(f"out_dtype {out_dtype} differs from the inputs' {x.dtype}; it is for fp8 inputs")
     if out is not None:
         api.require_tensor("out", out)
+        expected = _result_dtype(x, out_dtype)
         if tuple(out.shape) != (S, N):
             raise ValueError(f"out has shape {tuple(out.shape)}, expected ({S}, {N})")
-        if out.dtype != x.dtype:
-            raise TypeError(f"out is {out.dtype}, expected {x.dtype}")
+        if out.dtype != expected:
+            raise TypeError(f"out is {out.dtype}, expected {expected}")
         if not out.is_contiguous():
             raise ValueError(f"out (strides {out.stride()}) must be row-major: pass a contiguous out")
-    _check_devices(x, w, offs, out)
+    _check_devices(x, w, offs, out, scale_x, scale_w)
     return S, N
 
 
-def _check_devices(x, w, offs, out) -> None:
+_SCALES_HELP = (
+    "fp8 operands need row-wise dequantization scales, fp32 and contiguous, in "
+    "torch._scaled_grouped_mm's shapes: scale_x [S] (one per token, i.e. per row of x) and "
+    "scale_w [E, N] (one per expert and output channel)"
+)
+
+
+def _check_scales(scale_x, scale_w, S: int, E: int, N: int) -> None:
+    """The fp8 scales: both given, fp32, shapes [S] and [E, N], contiguous; each error names the fix."""
+    if scale_x is None or scale_w is None:
+        raise TypeError(f"{_SCALES_HELP}; got scale_x={_describe(scale_x)}, scale_w={_describe(scale_w)}")
+    for name, t in (("scale_x", scale_x), ("scale_w", scale_w)):
+        api.require_tensor(name, t)
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} is {t.dtype}; scales are float32 (use {name}.float())")
+    wanted = (("scale_x", scale_x, (S,)), ("scale_w", scale_w, (E, N)))
+    if scale_x.numel() == 1 and scale_w.numel() == 1 and (S, E * N) != (1, 1):
+        raise ValueError(
+            f"{_SCALES_HELP}; got one scale each (per-tensor), which grouped_matmul does not take: "
+            f"pass scale_x.reshape(1).expand({S}).contiguous() and "
+            f"scale_w.reshape(1, 1).expand({E}, {N}).contiguous()"
+        )
+    for name, t, shape in wanted:
+        if tuple(t.shape) == shape:
+            continue
+        text = ", ".join(map(str, shape))
+        if t.numel() == math.prod(shape):
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)}; grouped_matmul takes it as ({text}), "
+                f"torch._scaled_grouped_mm's shape: pass {name}.reshape({text})"
+            )
+        raise ValueError(f"{_SCALES_HELP}; got {name} {tuple(t.shape)} for S={S}, E={E}, N={N}")
+    for name, t, _ in wanted:
+        if not t.is_contiguous():
+            raise ValueError(
+                f"{name} (strides {t.stride()}) must be contiguous, as the kernel reads it: "
+                f"pass {name}.contiguous()"
+            )
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"a tensor of shape {tuple(t.shape)}"
+    return type(t).__name__
+
+
+def _result_dtype(x: torch.Tensor, out_dtype: torch.dtype | None) -> torch.dtype:
+    """The output's dtype: x's for fp16/bf16; `out_dtype` (default bf16) for fp8 (`api.result_dtype`)."""
+    return api.result_dtype(x, out_dtype)
+
+
+def _scales(x: torch.Tensor, scale_x, scale_w) -> Scales | None:
+    """The checked fp8 scales as the providers take them (registry docstring), None for fp16/bf16."""
+    return Scales(scale_x, scale_w, "row") if x.dtype == FP8 else None
+
+
+def _check_devices(x, w, offs, out, scale_x=None, scale_w=None) -> None:
     """All on one CUDA device: the last check."""
-    named = (("x", x), ("w", w), ("offs", offs)) + ((("out", out),) if out is not None else ())
+    named = (("x", x), ("w", w), ("offs", offs)) + tuple(
+        (name, t) for name, t in (("out", out), ("scale_x", scale_x), ("scale_w", scale_w)) if t is not None
+    )
     for name, t in named:
         api.require_cuda(name, t)
     for name, t in named[1:]:

@@ -9,8 +9,8 @@ GEMM, and which is faster depends on how many rows each expert gets:
 
 The choice is by S, x's rows (the token-slots, T * top-k), which the host knows without reading
 the offsets (no sync, so a call stays CUDA-graph capturable): up to DECODE_ROWS the swap-AB
-kernel, above it the 128-row one; fp8 operands, once a grouped mode takes them, stay on the
-128-row kernel (the swap-AB one is 16-bit only). Each launch's config says which kernel ran and
+kernel, above it the 128-row one; fp8 operands (row-wise scales) run on the 128-row kernel at
+every S (the swap-AB one is 16-bit only). Each launch's config says which kernel ran and
 why. The driver measures this mode like the two rungs (`--shapes moe`), so the threshold can be
 read off one run."""
 
@@ -20,7 +20,7 @@ import torch
 
 from .kernels import grouped as big_tile
 from .kernels import grouped_swapab
-from .launch import Launch, Target
+from .launch import Launch, Scales, Target
 
 # S (token-slots) up to which grouped_matmul runs the swap-AB kernel: 64 tokens at top-8
 # (Qwen3-30B-A3B, DeepSeek-V3), 128 at top-4 (GPT-OSS-20B), 256 at top-2 (Mixtral-8x7B). A first
@@ -46,10 +46,12 @@ def choose(S: int, dtype: torch.dtype) -> tuple[str, str]:
     return "grouped", f"S = {S} > {DECODE_ROWS} token-slots: 128-row tiles (prefill)"
 
 
-def prepare(x, w, offs, out, target: Target) -> Launch:
-    """The launch of the kernel `choose` picks, on operands `gluon_survey.grouped` has checked;
-    its config names the mode that runs (`mode`) and why (`why`)."""
+def prepare(x, w, offs, out, target: Target, scales: Scales | None = None) -> Launch:
+    """The launch of the kernel `choose` picks, on operands `gluon_survey.grouped` has checked
+    (fp8 ones with their `scales`); its config names the mode that runs (`mode`) and why (`why`)."""
     mode, why = choose(x.shape[0], x.dtype)
-    kernel = grouped_swapab if mode == "grouped-swapab" else big_tile
-    launch = kernel.prepare(x, w, offs, out, target)
+    if mode == "grouped-swapab":
+        launch = grouped_swapab.prepare(x, w, offs, out, target)
+    else:
+        launch = big_tile.prepare(x, w, offs, out, target, scales=scales)
     return Launch(launch.fn, {"mode": mode, **launch.config, "why": why})

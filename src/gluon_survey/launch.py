@@ -94,7 +94,11 @@ class Scales:
                        column of B: per output channel of the weight).
 
     `torch_a` / `torch_b` are the same scales in the shapes `torch._scaled_mm` takes: () for
-    per-tensor, [M, 1] and [1, N] for row-wise (views, no copy)."""
+    per-tensor, [M, 1] and [1, N] for row-wise (views, no copy).
+
+    A grouped GEMM's scales (`gluon_survey.grouped`, kind "row" only) are not flat: `a` is the [S]
+    token scales and `b` the [E, N] scales of each expert's output channels, as
+    `torch._scaled_grouped_mm` takes them (`torch_a` / `torch_b` are for dense products)."""
 
     a: object  # torch.Tensor, fp32, flat
     b: object

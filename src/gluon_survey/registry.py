@@ -31,6 +31,13 @@ one call) instead, and its provider's `prepare` is
         row-major, fp16 or bf16, checked by `gluon_survey.grouped.prepare`. As above, `Launch.fn()`
         writes `out` or returns the product (torch._grouped_mm has no `out=`).
 
+A grouped mode with `fp8=True` also takes fp8 e4m3 operands with row-wise scales: its
+provider's `prepare` then gets a keyword `scales: launch.Scales` of kind "row" whose `a` is the
+[S] token scales and `b` the [E, N] scales of each expert's output channels (contiguous fp32,
+torch._scaled_grouped_mm's shapes), and an `out` of bf16 or fp16: out[rows of e] = (x[rows of e]
+@ w[e]) * a[row] * b[e, column]. A mode with `sixteen_bit=False` takes fp8 operands only
+(`scaled_grouped_mm`: torch._scaled_grouped_mm has no 16-bit form).
+
 Dense and grouped modes never meet the other kind of problem: `matmul` refuses a grouped mode,
 `grouped_matmul` and `grouped.prepare` a dense one, and the driver skips such cells
 (`wrong_shape_reason`).
@@ -69,6 +76,7 @@ class Mode:
     # Provider modules for particular architectures, by compute-capability major: (10, "...").
     arch_modules: tuple[tuple[int, str], ...] = ()
     fp8: bool = False  # takes fp8 e4m3 operands with scales (module docstring)
+    sixteen_bit: bool = True  # takes fp16/bf16 operands (False: fp8 only)
     grouped: bool = False  # a grouped GEMM (mixture-of-experts), not a dense one (module docstring)
     bias: bool = False  # adds a bias in its epilogue (module docstring)
 
@@ -174,6 +182,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90",),
         "gluon_survey.kernels.grouped",
+        fp8=True,
         grouped=True,
     ),
     Mode(
@@ -192,6 +201,7 @@ MODES: tuple[Mode, ...] = (
         "choice",
         ("sm_90",),
         "gluon_survey.grouped_auto",
+        fp8=True,
         grouped=True,
     ),
     Mode(
@@ -230,8 +240,8 @@ MODES: tuple[Mode, ...] = (
     ),
     Mode(
         "grouped_mm",
-        "torch._grouped_mm (CUTLASS for bf16 on sm_90 / sm_100): the reference every grouped ratio is "
-        "taken against",
+        "torch._grouped_mm (CUTLASS for bf16 on sm_90 / sm_100): the reference every grouped fp16/bf16 "
+        "ratio is taken against",
         "baseline",
         ("any CUDA GPU",),
         "gluon_survey.baselines.grouped_mm",
@@ -240,16 +250,29 @@ MODES: tuple[Mode, ...] = (
     Mode(
         "cublas-loop",
         "torch.mm per expert, i.e. a cuBLAS call for each expert with rows (offsets read to the host once, "
-        "when prepared)",
+        "when prepared; fp8: torch._scaled_mm per expert)",
         "baseline",
         ("any CUDA GPU",),
         "gluon_survey.baselines.expert_loop",
+        fp8=True,
         grouped=True,
+    ),
+    Mode(
+        "scaled_grouped_mm",
+        "torch._scaled_grouped_mm (fp8 e4m3, row-wise scales, bf16 out; CUTLASS on sm_90 / sm_100): the "
+        "reference every grouped fp8 ratio is taken against",
+        "baseline",
+        ("sm_90 or sm_100 (torch's kernel)",),  # no kernel of ours: `inspect` targets none for it
+        "gluon_survey.baselines.scaled_grouped_mm",
+        fp8=True,
+        grouped=True,
+        sixteen_bit=False,
     ),
 )
 
 BASELINE = "torch"  # the reference of dense rows
-GROUPED_BASELINE = "grouped_mm"  # the reference of grouped rows
+GROUPED_BASELINE = "grouped_mm"  # the reference of grouped fp16/bf16 rows
+GROUPED_FP8_BASELINE = "scaled_grouped_mm"  # the reference of grouped fp8 rows (row-wise scales)
 
 
 def names() -> list[str]:
@@ -278,8 +301,9 @@ def parse_modes(spec: str | None) -> list[Mode]:
     return out
 
 
-def fp8_names() -> list[str]:
-    return [m.name for m in MODES if m.fp8]
+def fp8_names(grouped: bool = False) -> list[str]:
+    """The modes that take fp8 operands, of the dense ones (or the grouped ones)."""
+    return [m.name for m in MODES if m.fp8 and m.grouped == grouped]
 
 
 def bias_names() -> list[str]:
@@ -298,13 +322,29 @@ def no_fp8_reason(mode: Mode) -> str | None:
     and the worker."""
     if mode.fp8:
         return None
-    return f"mode {mode.name!r} has no fp8 kernel; fp8 operands run in: {', '.join(fp8_names())}"
+    return f"mode {mode.name!r} has no fp8 kernel; fp8 operands run in: {', '.join(fp8_names(mode.grouped))}"
 
 
-def baseline_of(grouped: bool) -> str:
+def no_16bit_reason(mode: Mode) -> str | None:
+    """Why `mode` cannot take fp16/bf16 operands, None when it can (one wording for
+    `grouped.prepare`, the CLI and the worker)."""
+    if mode.sixteen_bit:
+        return None
+    others = ", ".join(m.name for m in MODES if m.sixteen_bit and m.grouped == mode.grouped)
+    return f"mode {mode.name!r} takes fp8 e4m3 operands only; fp16 and bf16 operands run in: {others}"
+
+
+def baseline_of(grouped: bool, fp8: bool = False) -> str:
     """The mode every row's ratio is taken against: cuBLAS for dense rows, torch._grouped_mm for
-    grouped ones."""
-    return GROUPED_BASELINE if grouped else BASELINE
+    grouped fp16/bf16 ones, torch._scaled_grouped_mm for grouped fp8 ones."""
+    if not grouped:
+        return BASELINE
+    return GROUPED_FP8_BASELINE if fp8 else GROUPED_BASELINE
+
+
+def baselines() -> frozenset[str]:
+    """Every mode that is a row's reference for some kind of problem and dtype (`baseline_of`)."""
+    return frozenset(baseline_of(grouped, fp8) for grouped in (False, True) for fp8 in (False, True))
 
 
 def modes_of(grouped: bool) -> list[Mode]:

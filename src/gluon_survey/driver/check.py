@@ -18,8 +18,11 @@ Grouped shapes (`shapes.GroupedShape`, a mixture-of-experts layer's expert GEMMs
 `make_grouped_inputs` and `grouped_reference`: x [S, K], the [E, K, N] transpose view of an
 [E, N, K] weight and int32 offsets [E] whose per-expert counts are the routing's; the reference is
 the fp32 product of each expert's rows with its weight, and the tolerance's yardstick is cuBLAS
-called per expert (`gluon_survey.baselines.expert_loop`) on the same inputs. fp16 and bf16 only:
-no grouped mode has an fp8 kernel yet (`GROUPED_FP8`).
+called per expert (`gluon_survey.baselines.expert_loop`) on the same inputs. In fp8-row, x and
+each expert's [N, K] weight are quantized row-wise as the dense fp8-row operands are: scale_x [S]
+(one per token) and scale_w [E, N] (one per expert and output channel), torch._scaled_grouped_mm's
+shapes; the reference is the dequantized product and the yardstick torch._scaled_mm per expert.
+Per-tensor fp8 has no grouped form (`GROUPED_FP8`).
 """
 
 from __future__ import annotations
@@ -191,10 +194,12 @@ def make_inputs(
     return Inputs(a, w.t(), scale_a, scale_b, **extra)
 
 
-# Why a grouped shape has no fp8 task, one wording for the CLI's usage error and the worker's SKIPPED.
+# Why a grouped shape has no per-tensor fp8 task, one wording for the CLI's usage error and the
+# worker's SKIPPED.
 GROUPED_FP8 = (
-    "grouped GEMMs are not measured in fp8 yet: no grouped mode has an fp8 kernel (run them in fp16 or "
-    "bf16; torch._scaled_grouped_mm, row-wise scales, is the baseline once one does)"
+    "grouped GEMMs run in fp8 with row-wise scales only (--dtype fp8-row: one scale per token and one "
+    "per expert and output channel, as torch._scaled_grouped_mm, their baseline, takes them), not with "
+    "per-tensor scales (fp8)"
 )
 
 
@@ -202,37 +207,49 @@ GROUPED_FP8 = (
 class GroupedInputs:
     """One input set of a grouped shape: x [S, K] (the tokens grouped by expert), w the [E, K, N]
     transpose view of a contiguous [E, N, K] weight, offs int32 [E] (cumulative ends, on x's
-    device) and the per-expert row counts they come from. It unpacks as the operands, `x, w, offs =
-    inputs`, what a grouped mode's `prepare` takes before `out`."""
+    device) and the per-expert row counts they come from; for fp8-row the fp32 scales scale_x [S]
+    and scale_w [E, N]. It unpacks as the operands, `x, w, offs = inputs`, what a grouped mode's
+    `prepare` takes before `out`; an fp8 caller passes `**inputs.scales` on as well (the keywords
+    of `gluon_survey.grouped.prepare`)."""
 
     x: torch.Tensor
     w: torch.Tensor
     offs: torch.Tensor
     counts: tuple[int, ...]
+    scale_x: torch.Tensor | None = None  # fp32 [S], one per token (fp8-row)
+    scale_w: torch.Tensor | None = None  # fp32 [E, N], one per expert and output channel (fp8-row)
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return iter((self.x, self.w, self.offs))
 
     @property
     def scales(self) -> dict[str, torch.Tensor]:
-        return {}  # no fp8 grouped inputs yet
+        """{'scale_x': ..., 'scale_w': ...} for fp8-row, {} otherwise: keyword arguments to pass on."""
+        if self.scale_x is None or self.scale_w is None:
+            return {}
+        return {"scale_x": self.scale_x, "scale_w": self.scale_w}
 
     @property
     def extras(self) -> dict[str, torch.Tensor]:
-        return {}  # no scales, no bias
+        return self.scales  # no bias for grouped shapes
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor of the set (for its size in bytes)."""
-        return (self.x, self.w, self.offs)
+        return (self.x, self.w, self.offs, *self.scales.values())
 
     @property
     def touched_bytes(self) -> int:
-        """What one product reads: x, the offsets and the weights of the experts with rows (an
-        expert without rows is never read, so it does not count towards the cold-L2 rotation)."""
+        """What one product reads: x, the offsets, the token scales and the weights (and channel
+        scales) of the experts with rows (an expert without rows is never read, so it does not
+        count towards the cold-L2 rotation)."""
         active = sum(1 for c in self.counts if c)
-        per_expert = self.w.shape[1] * self.w.shape[2] * self.w.element_size()
-        return sum(_nbytes(t) for t in (self.x, self.offs)) + active * per_expert
+        E, K, N = self.w.shape
+        per_expert = K * N * self.w.element_size()
+        if self.scale_w is not None:
+            per_expert += _nbytes(self.scale_w) // E
+        read = (self.x, self.offs) + ((self.scale_x,) if self.scale_x is not None else ())
+        return sum(_nbytes(t) for t in read) + active * per_expert
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -245,9 +262,11 @@ def make_grouped_inputs(
     """x [S, K] and the [E, N, K] weight: standard normal values rounded to `dtype`, reproducible
     from `seed` (x first, then each expert's [N, K] in turn, drawn in fp32 on `device` as
     `make_inputs` draws); offs the cumulative sums of `counts` (`shapes.routing_counts`), int32 on
-    `device`. fp16 and bf16 only (ValueError naming why for the fp8 dtypes)."""
+    `device`. fp8-row: the same draws quantized to e4m3 row-wise (`quantize`), each row of x with
+    its token's scale (scale_x [S]) and each row of an expert's [N, K] weight with its channel's
+    (scale_w [E, N]). Per-tensor fp8 is a ValueError naming why (`GROUPED_FP8`)."""
     spec = dtype_spec(dtype)
-    if spec.scaling is not None:
+    if spec.scaling == "tensor":
         raise ValueError(GROUPED_FP8)
     if len(counts) != shape.E or sum(counts) != shape.M or min(counts) < 0:
         raise ValueError(
@@ -258,21 +277,49 @@ def make_grouped_inputs(
     def randn(*size: int) -> torch.Tensor:
         return torch.randn(*size, generator=gen, device=device, dtype=torch.float32)
 
-    x = randn(shape.M, shape.K).to(spec.operand)
-    w = torch.empty(shape.E, shape.N, shape.K, dtype=spec.operand, device=device)
-    for e in range(shape.E):  # one expert at a time: an fp32 draw of all of w would be twice its size
-        w[e] = randn(shape.N, shape.K)
     ends = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return GroupedInputs(x, w.transpose(1, 2), ends.to(device), tuple(counts))
+    w = torch.empty(shape.E, shape.N, shape.K, dtype=spec.operand, device=device)
+    if spec.scaling is None:
+        x = randn(shape.M, shape.K).to(spec.operand)
+        for e in range(shape.E):  # one expert at a time: an fp32 draw of all of w would be twice its size
+            w[e] = randn(shape.N, shape.K)
+        return GroupedInputs(x, w.transpose(1, 2), ends.to(device), tuple(counts))
+    x32 = randn(shape.M, shape.K)
+    x = torch.empty(shape.M, shape.K, dtype=spec.operand, device=device)
+    scale_x = torch.empty(shape.M, dtype=torch.float32, device=device)
+    for start in range(0, shape.M, QUANTIZE_ROWS):  # in blocks: quantize's temporaries are x-sized
+        rows = slice(start, start + QUANTIZE_ROWS)
+        q, scale = quantize(x32[rows], rowwise=True)
+        x[rows], scale_x[rows] = q, scale.view(-1)
+    del x32
+    scale_w = torch.empty(shape.E, shape.N, dtype=torch.float32, device=device)
+    for e in range(shape.E):
+        w[e], scale = quantize(randn(shape.N, shape.K), rowwise=True)
+        scale_w[e] = scale.view(-1)
+    return GroupedInputs(x, w.transpose(1, 2), ends.to(device), tuple(counts), scale_x, scale_w)
 
 
-def grouped_reference(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+QUANTIZE_ROWS = 8192  # rows of x quantized at a time (`make_grouped_inputs`)
+
+
+def grouped_reference(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offs: torch.Tensor,
+    scale_x: torch.Tensor | None = None,
+    scale_w: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The fp32 products of each expert's rows of x with its weight w[e] (TF32 off), in one [S, N]
-    tensor; rows no expert owns (past offs[-1]) are 0. Reads offs to the host."""
+    tensor; rows no expert owns (past offs[-1]) are 0. With fp8 scales (`GroupedInputs.scales`),
+    each expert's product of the upcast e4m3 operands times its rows' scale_x and its scale_w[e],
+    as the kernel dequantizes its fp32 accumulator. Reads offs to the host."""
     out = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float32, device=x.device)
     with _no_tf32():
         for e, start, end in expert_spans(offs.tolist(), x.shape[0]):
-            out[start:end] = x[start:end].float() @ w[e].float()
+            product = x[start:end].float() @ w[e].float()
+            if scale_x is not None and scale_w is not None:
+                product = product * scale_x[start:end, None] * scale_w[e]
+            out[start:end] = product
     return out
 
 

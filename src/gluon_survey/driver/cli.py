@@ -16,7 +16,8 @@ out/results-<run id>.jsonl), then prints the report, and ends by naming the resu
 when interrupted or when the report cannot be written). Exit status: 0 when every row is OK or
 SKIPPED, 1 when any is FAILED, ERROR or TIMEOUT or the report or plot cannot be written, 2 for a
 usage error (checked before the GPU is asked for: modes, dtypes and B layouts, a named mode without
-fp8 kernels for fp8 dtypes only, fp8 or B layout row for grouped shapes, sizes, --output, --plot
+fp8 kernels for fp8 dtypes only (or an fp8-only one for fp16/bf16 only), per-tensor fp8 or B
+layout row for grouped shapes, sizes, --output, --plot
 and --results paths) or a machine without a CUDA GPU, 130 when interrupted (the rows measured so
 far are kept and reported). `report` exits 1 for a results file without rows, `compare` 1 for two
 files that share no result and, with --fail-on-regression, for a regression or a result missing
@@ -110,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Llama-3.2-1B/3B and Qwen2.5-7B/14B at 1..4096 tokens (weights the H100 table has no entry "
         "for); 'moe': grouped GEMMs, the expert gate_up and down projections of Mixtral-8x7B, "
         "Qwen3-30B-A3B, DeepSeek-V3 and GPT-OSS-20B at T = 1..16384 tokens, routed uniform, zipf or "
-        "half (one expert takes half the token-slots), fp16/bf16 with B t, against torch._grouped_mm; "
+        "half (one expert takes half the token-slots), with B t: fp16/bf16 against torch._grouped_mm, "
+        "fp8-row (a scale per token and per expert channel) against torch._scaled_grouped_mm; "
         "or a CSV of M,N,K rows, or of grouped T,N,K,E,topk,routing rows",
     )
     what.add_argument(
@@ -245,11 +247,14 @@ def _output_path_error(args: argparse.Namespace, results: Path | None = None) ->
 
 def _no_fp8_error(modes: Sequence[str], dtypes: Sequence[str]) -> str | None:
     """Why the modes named on the command line would measure nothing: every --dtype asked is fp8
-    and a named mode has no fp8 kernel (with fp16 or bf16 as well, its fp8 rows are SKIPPED)."""
-    if not all(d.startswith("fp8") for d in dtypes):
+    and a named mode has no fp8 kernel, or every one is fp16/bf16 and a named mode takes fp8 only
+    (with the other kind as well, those rows are SKIPPED)."""
+    fp8 = [d.startswith("fp8") for d in dtypes]
+    if not all(fp8) and any(fp8):
         return None
     for name in modes:
-        reason = registry.no_fp8_reason(registry.get(name))
+        mode = registry.get(name)
+        reason = registry.no_fp8_reason(mode) if all(fp8) else registry.no_16bit_reason(mode)
         if reason:
             return f"--dtype {','.join(dtypes)}: {reason}"
     return None
@@ -257,31 +262,39 @@ def _no_fp8_error(modes: Sequence[str], dtypes: Sequence[str]) -> str | None:
 
 GROUPED_B_LAYOUT = "t"  # a grouped GEMM's B: the [E, K, N] transpose view of an [E, N, K] weight
 GROUPED_ALIGN = 8  # N and K of a grouped shape: TMA's and torch._grouped_mm's 16-byte rows (16-bit types)
+# fp8-row: K a multiple of 16 for TMA's 16-byte rows of 1-byte elements, N too for the baselines
+# (torch._scaled_grouped_mm and torch._scaled_mm take N and K only as multiples of 16)
+GROUPED_FP8_ALIGN = 16
 
 
 def _grouped_error(
     sweep: Sequence[shapes.GroupedShape], dtypes: Sequence[str], layouts: Sequence[str] | None
 ) -> str | None:
-    """Why a sweep of grouped shapes cannot run as asked: an fp8 dtype (no grouped fp8 kernel yet),
-    B layout row (the experts' weights are [E, N, K], read through their transpose view), or N or
-    K not a multiple of 8."""
-    from gluon_survey.driver.check import GROUPED_FP8
+    """Why a sweep of grouped shapes cannot run as asked: per-tensor fp8 (grouped GEMMs run fp8
+    with row-wise scales only), B layout row (the experts' weights are [E, N, K], read through
+    their transpose view), or N or K not a multiple of 8 (16 in fp8-row)."""
+    from gluon_survey.driver.check import GROUPED_FP8, dtype_spec
 
-    fp8 = [d for d in dtypes if d.startswith("fp8")]
-    if fp8:
-        return f"--dtype {','.join(fp8)}: {GROUPED_FP8}"
+    per_tensor = [d for d in dtypes if dtype_spec(d).scaling == "tensor"]
+    if per_tensor:
+        return f"--dtype {','.join(per_tensor)}: {GROUPED_FP8}"
     if layouts is not None and layouts != [GROUPED_B_LAYOUT]:
         return (
             f"--b-layout {','.join(layouts)}: grouped shapes run with B layout {GROUPED_B_LAYOUT} only (each "
             f"expert's weight is the transpose view of its [N, K] slice of the [E, N, K] weight, as "
             f"transformers and torch._grouped_mm take it); pass --b-layout {GROUPED_B_LAYOUT} or leave it out"
         )
+    fp8 = any(dtype_spec(d).scaling is not None for d in dtypes)
+    align = GROUPED_FP8_ALIGN if fp8 else GROUPED_ALIGN
     for shape in sweep:
-        if shape.N % GROUPED_ALIGN or shape.K % GROUPED_ALIGN:
-            return (
-                f"--shapes: grouped shape {shape.label}: N and K must be multiples of {GROUPED_ALIGN} "
-                "(TMA and torch._grouped_mm read rows of 16-byte multiples)"
+        if shape.N % align or shape.K % align:
+            why = (
+                "fp8-row: TMA reads rows of 16-byte multiples, and torch._scaled_grouped_mm takes N and "
+                "K only as multiples of 16"
+                if fp8
+                else "TMA and torch._grouped_mm read rows of 16-byte multiples"
             )
+            return f"--shapes: grouped shape {shape.label}: N and K must be multiples of {align} ({why})"
     return None
 
 
@@ -326,7 +339,8 @@ def run(argv: Sequence[str]) -> int:
             layouts_of = layouts_per_dtype(dtypes, layouts)
         except ValueError as exc:
             parser.error(str(exc))
-        problem = _no_fp8_error(modes, dtypes) if args.modes else None
+        problem = None
+    problem = problem or (_no_fp8_error(modes, dtypes) if args.modes else None)
     problem = problem or _output_path_error(args, args.results)
     if problem:
         return _usage_error(problem)

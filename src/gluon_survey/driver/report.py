@@ -19,7 +19,8 @@ and layout.
 
 Grouped rows (mixture-of-experts expert GEMMs, `--shapes moe`) render the same way: their shape
 label names N x K, the experts E, top-k, the tokens T and the routing; their x cuBLAS column is
-against torch._grouped_mm (the `grouped_mm` mode, `registry.GROUPED_BASELINE`), and the legend
+against torch._grouped_mm (the `grouped_mm` mode, `registry.GROUPED_BASELINE`), in fp8-row against
+torch._scaled_grouped_mm (`scaled_grouped_mm`, `registry.GROUPED_FP8_BASELINE`), and the legend
 says so; summaries and plots go by tokens T instead of M.
 """
 
@@ -38,7 +39,7 @@ from typing import Any
 from gluon_survey.driver.results import NOISY, Delta, Results, Row
 from gluon_survey.driver.shapes import GroupedShape, Shape
 from gluon_survey.driver.timing import round_ratio
-from gluon_survey.registry import BASELINE, GROUPED_BASELINE, baseline_of
+from gluon_survey.registry import BASELINE, GROUPED_BASELINE, GROUPED_FP8_BASELINE, baseline_of
 
 FORMATS = ("table", "legacy", "csv", "json", "markdown")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # the plot formats `--plot` accepts (all matplotlib's)
@@ -67,9 +68,10 @@ def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
     ratios (`x_rounds`: cuBLAS's windows either side / the row's window, timed on the same inputs
     in alternating windows) when it has them; else against the cuBLAS (`torch`) row of the same
     shape, dtype and layout, where both are measurements. A grouped row's reference is
-    torch._grouped_mm (its paired rounds, or the `grouped_mm` row of the same shape)."""
+    torch._grouped_mm, in fp8 torch._scaled_grouped_mm (its paired rounds, or the `grouped_mm` or
+    `scaled_grouped_mm` row of the same shape)."""
     rows = list(rows)
-    base = {r.problem: r.tflops for r in rows if r.mode == baseline_of(r.grouped) and r.measured}
+    base = {r.problem: r.tflops for r in rows if is_baseline(r) and r.measured}
 
     def ratio(r: Row) -> float | None:
         if not r.measured:
@@ -79,6 +81,24 @@ def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
         return r.tflops / base[r.problem] if r.problem in base else None  # type: ignore[operator]
 
     return [replace(r, x_cublas=ratio(r)) for r in rows]
+
+
+def baseline_mode(r: Row) -> str:
+    """The mode whose row is `r`'s reference (`registry.baseline_of`): by its kind and dtype."""
+    return baseline_of(r.grouped, r.dtype.startswith("fp8"))
+
+
+def is_baseline(r: Row) -> bool:
+    """Whether `r` is its own reference's row (cuBLAS's, torch._grouped_mm's, ...)."""
+    return r.mode == baseline_mode(r)
+
+
+# The reference each baseline mode stands for, as the legends and plots name it.
+REFERENCE_NAMES = {
+    BASELINE: "cuBLAS",
+    GROUPED_BASELINE: "torch._grouped_mm",
+    GROUPED_FP8_BASELINE: "torch._scaled_grouped_mm",
+}
 
 
 def geomean(values: Iterable[float]) -> float | None:
@@ -312,31 +332,38 @@ def legend(rows: Iterable[Row], queued: bool = False) -> str:
     in GPU time (`queued`), what the GB/s are."""
     rows = list(rows)
     rounds = max((len(r.x_rounds or ()) for r in rows), default=0)
-    grouped = [r.grouped for r in rows]
-    reference = "cuBLAS"
-    if grouped and all(grouped):
-        reference = "torch._grouped_mm"
-    elif any(grouped):
-        reference = "cuBLAS; grouped rows: torch._grouped_mm"
+    kinds = list(dict.fromkeys(baseline_mode(r) for r in rows)) or [BASELINE]  # in order of appearance
+    kinds.sort(key=list(REFERENCE_NAMES).index)  # cuBLAS first, then the grouped references
+    names = [REFERENCE_NAMES[k] for k in kinds]
+    if len(kinds) == 1:
+        reference, x_name = names[0], f"x {names[0]}"
+        rows_of = f"the {kinds[0]} row"
+    else:
+        others = [f"{_rows_named(k)}: {REFERENCE_NAMES[k]}" for k in kinds[1:]]
+        reference = "; ".join([names[0], *others])
+        x_name = f"x {names[0]} or, in " + ", in ".join(
+            f"{_rows_named(k)}, x {REFERENCE_NAMES[k]}" for k in kinds[1:]
+        )
+        rows_of = (
+            f"the {kinds[0]} row (" + "; ".join(f"{_rows_named(k)}: the {k} row" for k in kinds[1:]) + ")"
+        )
     if rounds:
         baseline = (
             f"against {reference} timed on the same inputs in windows alternating with each cell's, "
             f"median over {rounds} rounds"
         )
-    elif reference == "cuBLAS":
-        baseline = "the torch row of the same shape"
-    elif all(grouped):
-        baseline = f"the {GROUPED_BASELINE} row of the same shape"
     else:
-        baseline = f"the {BASELINE} row (grouped: the {GROUPED_BASELINE} row) of the same shape"
-    x_name = {"cuBLAS": "x cuBLAS", "torch._grouped_mm": "x torch._grouped_mm"}.get(
-        reference, "x cuBLAS or, in grouped rows, x torch._grouped_mm"
-    )
+        baseline = f"{rows_of} of the same shape"
     gbps = f"GB/s of A, B and C over the median {QUEUED}, " if queued else ""
     return (
         f"Cells: TFLOP/s (~ = p20-p80 spread above 5 %), {x_name} ({baseline}), {gbps}"
         "BLOCK_MxNxK; best of each shape in bold; geomean over measured shapes."
     )
+
+
+def _rows_named(baseline: str) -> str:
+    """The rows a baseline mode is the reference of, in words."""
+    return {GROUPED_BASELINE: "grouped rows", GROUPED_FP8_BASELINE: "grouped fp8 rows"}.get(baseline, "rows")
 
 
 def _queued(results: Results) -> bool:
@@ -398,7 +425,7 @@ def format_summary(results: Results) -> str:
     writes it for `<!-- report PATH summary -->`. cuBLAS's own row (1.00x by construction) is left
     out; a mode with no measured shape is left out. Grouped rows go by tokens T (`--shapes moe`),
     torch._grouped_mm's own row left out as cuBLAS's is."""
-    rows = [r for r in attach_x_cublas(results.rows) if r.mode != baseline_of(r.grouped)]
+    rows = [r for r in attach_x_cublas(results.rows) if not is_baseline(r)]
     tokens = "T" if any(r.grouped for r in rows) else "M"
     ms = sorted({r.shape.tokens for r in rows})
     by_m = ms if len(ms) > 1 else []
@@ -607,11 +634,7 @@ def plot_by_m(results: Results, path: str | Path) -> int:
     weight (N x K), the geomean over the weights measured at each M thick and black, the band of a
     weight's paired rounds where it has them, cuBLAS at 1.0 dotted. Returns the number of panels
     (0: no row has an x cuBLAS, no file written)."""
-    rows = [
-        r
-        for r in attach_x_cublas(results.rows)
-        if r.x_cublas is not None and r.mode != baseline_of(r.grouped)
-    ]
+    rows = [r for r in attach_x_cublas(results.rows) if r.x_cublas is not None and not is_baseline(r)]
     panels: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
         panels.setdefault((r.dtype, r.b_layout, r.mode), []).append(r)
@@ -637,7 +660,7 @@ def plot_by_m(results: Results, path: str | Path) -> int:
             by_m.setdefault(r.shape.tokens, []).append(r.x_cublas)  # type: ignore[arg-type]
         ms = sorted(by_m)
         grouped = all(r.grouped for r in group)
-        reference = "torch._grouped_mm" if grouped else "cuBLAS"
+        reference = REFERENCE_NAMES[baseline_mode(group[0])]  # a panel is one dtype and kind
         ax.plot(ms, [geomean(by_m[m]) for m in ms], color="black", linewidth=2.5, marker="s", label="geomean")
         ax.axhline(1.0, color="gray", linestyle=":", label=reference)
         ax.set_xscale("log", base=2)

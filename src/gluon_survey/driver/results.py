@@ -9,8 +9,9 @@ null so that any JSON reader can load the file.
 A grouped row (a mixture-of-experts layer's expert GEMMs, `shapes.GroupedShape`) carries E, topk
 and routing as well (None in a dense row), M is its S = T * topk rows, `counts` the rows each
 expert got, and its reference is torch._grouped_mm, not cuBLAS: `x_cublas`, `cublas_ms`,
-`x_rounds` and `cublas_drift` are against the paired torch._grouped_mm (the `grouped_mm` mode),
-while `cublas_err`, the tolerance's yardstick, is cuBLAS's called per expert.
+`x_rounds` and `cublas_drift` are against the paired torch._grouped_mm (the `grouped_mm` mode;
+in fp8-row torch._scaled_grouped_mm, the `scaled_grouped_mm` mode), while `cublas_err`, the
+tolerance's yardstick, is cuBLAS's called per expert (fp8-row: torch._scaled_mm per expert).
 
 `compare(old, new)` matches rows by (mode, M, N, K, dtype, B layout, E, topk, routing). Two measurements are
 "same" when their p20-p80 time intervals overlap, i.e. the difference is inside the measured
@@ -51,7 +52,7 @@ class Row:
     TIMEOUT (no result within the time limit).
 
     A grouped row (E set) measures a grouped GEMM of S = M rows: its `cublas_*` and `x_*` fields
-    are against torch._grouped_mm (module docstring).
+    are against torch._grouped_mm, in fp8-row torch._scaled_grouped_mm (module docstring).
     """
 
     run_id: str

@@ -38,20 +38,24 @@ layer's expert GEMMs) run the same way with the grouped pieces: the per-expert r
 routing and the run's seed (`shapes.routing_counts`, the same for every input set, and kept in the
 row as `counts`), `check.make_grouped_inputs`, `prepare(x, w, offs, out)`, the fp32 per-expert
 reference (`check.grouped_reference`), cuBLAS per expert as the tolerance's yardstick
-(`grouped_cublas_product`) and torch._grouped_mm as the paired baseline (`_grouped_mm_launch`;
-its time goes into `cublas_ms`, its ratio into `x_rounds`). The rotation counts the bytes a call
-touches (x and the weights of the experts with rows), and never holds more whole input sets than
-the memory budget. A grouped mode meeting a dense task, or a dense mode a grouped one, is SKIPPED
-saying which modes take it (`Provider.wrong_shape`); a grouped fp8 task is SKIPPED as not measured
-yet (`check.GROUPED_FP8`).
+(`grouped_cublas_product`) and torch._grouped_mm as the paired baseline (`_grouped_baseline_launch`;
+its time goes into `cublas_ms`, its ratio into `x_rounds`). fp8-row grouped tasks take e4m3
+operands with the scales scale_x [S] and scale_w [E, N], passed on as keywords like the dense
+fp8 scales, the dequantized reference, torch._scaled_mm per expert as the yardstick and
+torch._scaled_grouped_mm as the paired baseline (`registry.baseline_of`). The rotation counts the
+bytes a call touches (x and the weights of the experts with rows), and never holds more whole
+input sets than the memory budget. A grouped mode meeting a dense task, or a dense mode a grouped
+one, is SKIPPED saying which modes take it (`Provider.wrong_shape`); a grouped task with
+per-tensor fp8 scales is SKIPPED as having no grouped form (`check.GROUPED_FP8`), and the fp16/bf16
+tasks of a mode that takes fp8 only (`registry.Mode.sixteen_bit`) as such (`Provider.no_16bit`).
 
 How a mode is run is a `Provider`, made once per worker by the factory `main` is given:
 `cuda_provider` (the default: a registered mode through `gluon_survey.api` on the current CUDA
 device). A provider's `prepare` and `baseline` take (a, b, out) and, for fp8 tasks, the keywords
-scale_a and scale_b; the fp8 tasks of a mode without fp8 kernels (`registry.Mode.fp8`) are SKIPPED,
-saying which modes have them (`Provider.no_fp8`). The tests hand `main` providers of their own (CPU
-tensors, a wall-clock timer, launches that crash or hang) to test the isolation machinery on a
-machine without a GPU.
+scale_a and scale_b (grouped: (x, w, offs, out) and scale_x, scale_w); the fp8 tasks of a mode
+without fp8 kernels (`registry.Mode.fp8`) are SKIPPED, saying which modes have them
+(`Provider.no_fp8`). The tests hand `main` providers of their own (CPU tensors, a wall-clock
+timer, launches that crash or hang) to test the isolation machinery on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ class Provider:
     grouped: bool = False
     wrong_shape: str | None = None
     no_bias: str | None = None  # why the mode cannot add a bias (with settings `bias`: SKIPPED)
+    no_16bit: str | None = None  # why the mode cannot take fp16/bf16 operands (those tasks SKIPPED)
 
 
 def cuda_provider(mode_name: str) -> Provider:
@@ -117,8 +122,10 @@ def cuda_provider(mode_name: str) -> Provider:
     def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **extras: torch.Tensor) -> Launch:
         return api.prepare(mode.name, a, b, out, **extras)  # extras: the fp8 scales, the bias
 
-    def prepare_grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> Launch:
-        return grouped.prepare(mode.name, x, w, offs, out)
+    def prepare_grouped(
+        x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor
+    ) -> Launch:
+        return grouped.prepare(mode.name, x, w, offs, out, out_dtype=out.dtype, **scales)
 
     def budget() -> int:
         return min(COPIES_BUDGET_BYTES, torch.cuda.mem_get_info()[0] // 2)
@@ -135,6 +142,7 @@ def cuda_provider(mode_name: str) -> Provider:
         "no_bias": registry.no_bias_reason(mode),
         "grouped": mode.grouped,
         "wrong_shape": registry.wrong_shape_reason(mode, not mode.grouped),
+        "no_16bit": registry.no_16bit_reason(mode),
     }
     run = prepare_grouped if mode.grouped else prepare
     capability = api.capability()
@@ -142,8 +150,8 @@ def cuda_provider(mode_name: str) -> Provider:
         return Provider("cuda", run, WallClock(), mode.unsupported_reason(None), 0, budget, **kind)
     l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     reason = mode.unsupported_reason(capability)
-    paired = _grouped_mm_launch if mode.grouped else _cublas_launch
-    baseline = None if mode.name == registry.baseline_of(mode.grouped) else paired
+    paired = _grouped_baseline_launch if mode.grouped else _cublas_launch
+    baseline = None if mode.name in registry.baselines() else paired
     telemetry = telemetry_for_current_device
     return Provider(
         "cuda", run, CudaEventClock(), reason, l2_bytes, budget, healthy, baseline, telemetry, **kind
@@ -189,28 +197,48 @@ def cublas_product(
     return out
 
 
-def _grouped_mm_launch(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor) -> Launch:
-    """The paired baseline of a grouped task: what the `grouped_mm` mode times,
-    `torch._grouped_mm(x, w, offs=offs)` (its product a new tensor; `out` stays unwritten). Runs on
-    CPU tensors too (the tests' providers)."""
-    from gluon_survey.baselines import grouped_mm
+def _grouped_baseline_launch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offs: torch.Tensor,
+    out: torch.Tensor,
+    scale_x: torch.Tensor | None = None,
+    scale_w: torch.Tensor | None = None,
+) -> Launch:
+    """The paired baseline of a grouped task (`registry.baseline_of`): what the `grouped_mm` mode
+    times, `torch._grouped_mm(x, w, offs=offs)`, or for fp8 operands (scales given) what the
+    `scaled_grouped_mm` mode times, `torch._scaled_grouped_mm(x, w, scale_x, scale_w, offs=offs,
+    out_dtype=torch.bfloat16, use_fast_accum=True)`. Its product is a new tensor; `out` stays
+    unwritten. torch._grouped_mm runs on CPU tensors too (the tests' providers)."""
+    from gluon_survey.baselines import grouped_mm, scaled_grouped_mm
+    from gluon_survey.launch import Scales
 
     target = None
     if x.is_cuda:
         from gluon_survey import api
 
         target = api.target_of(x.device)
-    return grouped_mm.prepare(x, w, offs, out, target)
+    if scale_x is None and scale_w is None:
+        return grouped_mm.prepare(x, w, offs, out, target)
+    return scaled_grouped_mm.prepare(x, w, offs, out, target, scales=Scales(scale_x, scale_w, "row"))
 
 
 def grouped_cublas_product(
-    x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offs: torch.Tensor,
+    out: torch.Tensor,
+    scale_x: torch.Tensor | None = None,
+    scale_w: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """cuBLAS's grouped product, one `torch.mm` per expert with rows, written into `out` (the
-    `cublas-loop` mode's call): the tolerance's yardstick on grouped tasks."""
+    """cuBLAS's grouped product, one `torch.mm` per expert with rows (for fp8 operands with their
+    scales, `torch._scaled_mm`), written into `out` (the `cublas-loop` mode's call): the
+    tolerance's yardstick on grouped tasks. Runs on CPU tensors too."""
     from gluon_survey.baselines import expert_loop
+    from gluon_survey.launch import Scales
 
-    expert_loop.prepare(x, w, offs, out).fn()
+    scales = None if scale_x is None and scale_w is None else Scales(scale_x, scale_w, "row")
+    expert_loop.prepare(x, w, offs, out, scales=scales).fn()
     return out
 
 
@@ -290,8 +318,13 @@ def measure(
 
     phase("checking")
     if isinstance(shape, GroupedShape):
-        ref = grouped_reference(*inputs)
-        cublas_out = grouped_cublas_product(*inputs, torch.empty_like(out))
+        ref = grouped_reference(*inputs, **inputs.scales)
+        try:
+            cublas_out = grouped_cublas_product(*inputs, torch.empty_like(out), **inputs.scales)
+        except (RuntimeError, ValueError) as exc:  # e.g. torch._scaled_mm wants K and N it can take
+            raise RuntimeError(
+                f"cuBLAS per expert, whose error sets the tolerance, cannot run this task: {exc}"
+            ) from exc
     else:
         ref = reference(*inputs, **inputs.extras)
         try:
@@ -386,8 +419,9 @@ def run_task(
     phase: Callable[[str], None],
 ) -> dict:
     """`measure`, with an unsupported mode, a task of the kind of problem the mode does not compute
-    (dense or grouped), a grouped fp8 task, an fp8 task of a mode without fp8 kernels, or with a
-    bias a mode that adds none SKIPPED, and an exception turned into an ERROR row."""
+    (dense or grouped), a grouped task with per-tensor fp8 scales, an fp8 task of a mode without
+    fp8 kernels, an fp16/bf16 task of a mode that takes fp8 only, or with a bias a mode that adds
+    none SKIPPED, and an exception turned into an ERROR row."""
     if provider.unsupported:
         return {"status": "SKIPPED", "error": provider.unsupported}
     grouped = task.get("E") is not None
@@ -395,12 +429,14 @@ def run_task(
         kinds = ("dense", "grouped") if provider.grouped else ("grouped", "dense")
         generic = "a {} task; this mode computes {} GEMMs".format(*kinds)
         return {"status": "SKIPPED", "error": provider.wrong_shape or generic}
-    if grouped and _is_fp8(task["dtype"]):
+    if grouped and _scaling(task["dtype"]) == "tensor":
         from gluon_survey.driver.check import GROUPED_FP8
 
         return {"status": "SKIPPED", "error": GROUPED_FP8}
     if provider.no_fp8 and _is_fp8(task["dtype"]):
         return {"status": "SKIPPED", "error": provider.no_fp8}
+    if provider.no_16bit and _scaling(task["dtype"]) is None:
+        return {"status": "SKIPPED", "error": provider.no_16bit}
     with_bias = settings.bias if isinstance(settings, Settings) else settings.get("bias", False)
     if provider.no_bias and with_bias:
         return {"status": "SKIPPED", "error": provider.no_bias}
@@ -415,12 +451,18 @@ def run_task(
 
 def _is_fp8(dtype: str) -> bool:
     """Whether the task's dtype has fp8 operands (ValueError for an unknown name: an ERROR row)."""
+    return _scaling(dtype) not in (None, "unknown")
+
+
+def _scaling(dtype: str) -> str | None:
+    """The task dtype's fp8 scaling ("tensor", "row"), None for fp16/bf16, "unknown" for a name
+    that is no dtype (`measure` reports it as an ERROR row)."""
     from gluon_survey.driver.check import dtype_spec
 
     try:
-        return dtype_spec(dtype).scaling is not None
+        return dtype_spec(dtype).scaling
     except ValueError:
-        return False  # `measure` reports the unknown dtype
+        return "unknown"
 
 
 def _error_row(exc: BaseException) -> dict:

@@ -52,6 +52,14 @@ shared-memory scratch now sits beside the ring). K tails are zero-filled by TMA 
 add nothing. Rows at or past offs[-1] are not written; checking that the offsets never decrease
 would need a host sync (`gluon_survey.grouped.check_offsets` does it, for debugging).
 
+fp8 e4m3 operands with row-wise scales (SCALING 2; `FP8_CONFIGS`, `FP8_WIDE_CONFIGS`): the same
+kernel with BLOCK_K 128 (fp8 wgmma reads both operands K-major, as x and the [E, N, K] weight
+are), and the dense rungs' dequantization in the epilogue, on the fp32 accumulator before the
+output dtype: each row times its token's scale scale_x[row] ([S], loaded in the accumulator's row
+layout), each column of a slice times the expert's channel scale scale_w[e, column] ([E, N],
+loaded one per thread and redistributed). Rows and columns the epilogue does not write get scale 0.
+Compile-checked for sm_90a (QGMMA, no spills); not yet run on a GPU.
+
 The K loop is persistent's flat ring: the producer runs STAGES - 1 (tile, K step) loads ahead of
 the MMAs across tile boundaries, so the next tile's first loads are in flight during a tile's
 last MMAs and its epilogue; the ring position is counted over the program's whole tile list so
@@ -61,28 +69,32 @@ consumer finds the tile it stores while its last MMA runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch import CompileSpec, Launch, Target
+from ..launch import CompileSpec, Launch, Scales, Target
 from .arch import select_mma
 from .common import (
     SMEM_LIMIT,
     Ring,
+    column_scales,
     column_slice,
     grouped_tile,
     init_barriers,
     invalidate_barriers,
     load_step,
     mbarrier,
+    scale_rows,
 )
-from .plan import GL_DTYPES, Launcher, desc_signature, smem_layout
+from .plan import FP8, FP8_OUT, GL_DTYPES, Launcher, desc_signature, smem_layout
 
 __all__ = [
     "CONFIGS",
+    "FP8_CONFIGS",
+    "FP8_WIDE_CONFIGS",
     "MAX_EXPERTS",
     "WIDE_CONFIGS",
     "WIDE_N",
@@ -96,8 +108,8 @@ __all__ = [
     "unsupported_reason",
 ]
 
-_POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16"}
-OUT_BYTES = 2  # fp16 / bf16 output
+_POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16"}  # of the output
+OUT_BYTES = 2  # fp16 / bf16 output (an fp8 product is written as bf16 or fp16 too)
 
 # Each warp holds the offsets' table whole, EXPERTS_PAD / 32 int32 a lane for each vector kept
 # live through the loop (the prefix ends): 16 registers at 512 experts.
@@ -116,6 +128,7 @@ class GroupedConfig:
     num_warps: int = 8
     GROUP_M: int = 16  # row tiles of one expert that sweep its columns together
     EPILOGUE_N: int = 128  # columns stored at a time (one layout conversion each)
+    ELEM_BYTES: int = 2  # bytes of an x or w element: 2 for fp16/bf16, 1 for an fp8 config
 
     def __post_init__(self):
         if self.STAGES < 2:
@@ -130,8 +143,8 @@ class GroupedConfig:
             )
 
     def smem_bytes(self) -> int:
-        """Shared memory of the operand ring (16-bit operands)."""
-        return self.STAGES * (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K * 2
+        """Shared memory of the operand ring."""
+        return self.STAGES * (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K * self.ELEM_BYTES
 
     def epilogue_bytes(self) -> int:
         """At most what an epilogue slice's layout conversion takes, beside the ring: the ring is
@@ -140,7 +153,8 @@ class GroupedConfig:
 
     @property
     def label(self) -> str:
-        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps}"
+        fp8 = " fp8" if self.ELEM_BYTES == 1 else ""
+        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}{fp8} s{self.STAGES} w{self.num_warps}"
 
     def table(self) -> dict[str, object]:
         return {
@@ -161,6 +175,16 @@ CONFIGS = {9: GroupedConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_
 # epilogue's 32 KB of scratch (two 128-column slices) fit in 227 KB.
 WIDE_CONFIGS = {9: GroupedConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=4, num_warps=8, EPILOGUE_N=128)}
 WIDE_N = 2048  # from this N on, the wide tile: 2048 columns make 8 column tiles an expert
+# fp8 e4m3 operands (row-wise scales): the same tiles and stage bytes with K twice as deep, 128
+# elements (128-byte rows, as the dense fp8 rungs): a stage holds as many bytes and as many MMA
+# clocks (fp8 wgmma runs at twice the 16-bit rate), so the ring's balance is the 16-bit one. The
+# wide tile stores 64 columns at a time: with 128 the column scales beside the 128-register
+# accumulator spilled (254 registers and 8 B of spills compiled with N unknown; 64: 255, none;
+# 218 where N is a multiple of 16, as every model's is).
+FP8_CONFIGS = {major: replace(cfg, BLOCK_K=128, ELEM_BYTES=1) for major, cfg in CONFIGS.items()}
+FP8_WIDE_CONFIGS = {
+    major: replace(cfg, BLOCK_K=128, ELEM_BYTES=1, EPILOGUE_N=64) for major, cfg in WIDE_CONFIGS.items()
+}
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
@@ -170,8 +194,11 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return f"the grouped kernel runs on Hopper (sm_90) only; this GPU is sm_{capability[0]}{capability[1]}"
 
 
-def config_for(capability: tuple[int, int], N: int) -> GroupedConfig:
-    """The config a product with N output columns runs: the wide tile from N = WIDE_N on."""
+def config_for(capability: tuple[int, int], N: int, fp8: bool = False) -> GroupedConfig:
+    """The config a product with N output columns runs: the wide tile from N = WIDE_N on; with
+    `fp8` operands, the fp8 config of that tile."""
+    if fp8:
+        return (FP8_WIDE_CONFIGS if N >= WIDE_N else FP8_CONFIGS)[capability[0]]
     return (WIDE_CONFIGS if N >= WIDE_N else CONFIGS)[capability[0]]
 
 
@@ -287,6 +314,32 @@ def _next_load(
 
 
 @gluon.jit
+def _scale_rows(acc, scale_x, start, count, row0, SCALING: gl.constexpr):
+    """fp8 dequantization, the token side, on a finished fp32 tile whose rows are row0 .. of the
+    expert whose rows start at `start`: SCALING 2 multiplies row r by its token's scale
+    scale_x[start + row0 + r] (0 for rows at or past `count`, which are not stored), 1 by the one
+    per-tensor scale *scale_x, 0 (fp16/bf16) leaves it."""
+    if SCALING == 2:
+        acc = scale_rows(acc, scale_x + start, row0, count)
+    elif SCALING == 1:
+        acc = acc * gl.load(scale_x)
+    return acc
+
+
+@gluon.jit
+def _scale_columns(part, scale_w, e, off_n, N, SCALING: gl.constexpr):
+    """fp8 dequantization, the weight side, on an epilogue slice at column off_n of expert e's
+    output: SCALING 2 multiplies column c by the expert's channel scale scale_w[e * N + off_n + c]
+    (the [E, N] scales, row-major; 0 past N), 1 by the per-tensor *scale_w, 0 leaves it. Per
+    slice, as the dense rungs do: a thread holds a scale for each of its columns."""
+    if SCALING == 2:
+        part = part * gl.expand_dims(column_scales(scale_w + e * N, off_n, N, part), 0)
+    elif SCALING == 1:
+        part = part * gl.load(scale_w)
+    return part
+
+
+@gluon.jit
 def _store_rows(out, acc, start, count, row0, off_n, N):
     """Rows row0 .. row0 + BLOCK_M - 1 of the expert whose rows start at `start` (only those below
     `count`), columns off_n .. (only those below N): acc -> output dtype -> a coalesced layout ->
@@ -308,6 +361,8 @@ def grouped_kernel(
     b_desc,
     out,
     offs,
+    scale_x,
+    scale_w,
     S,
     N,
     E,
@@ -316,10 +371,16 @@ def grouped_kernel(
     GROUP_M: gl.constexpr,
     EPILOGUE_N: gl.constexpr,
     EXPERTS_PAD: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
     """a_desc: x [S, K], block [BLOCK_M, BLOCK_K]; b_desc: the weight as [E * N, K], block
     [BLOCK_N, BLOCK_K]; out: row-major [S, N]; offs: int32 [E], cumulative ends of the experts' rows;
-    EXPERTS_PAD: a power of two >= E, at least 32."""
+    EXPERTS_PAD: a power of two >= E, at least 32. fp8 e4m3 operands (SCALING 2, row-wise) come
+    with fp32 scales, scale_x [S] (one per token) and scale_w [E, N] (one per expert and output
+    channel, row-major), applied to the fp32 accumulator before the store: out = (x @ w[e]) *
+    scale_x[row] * scale_w[e, column]. SCALING 0: fp16/bf16, and scale_x, scale_w are None.
+    (SCALING 1, one per-tensor scale each, is compiled by `gluon-survey inspect --dtype fp8`;
+    `grouped_matmul` takes row-wise scales only.)"""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     dtype: gl.constexpr = a_desc.dtype
@@ -368,22 +429,28 @@ def grouped_kernel(
             )
             ring = ring.next()
         # Where this tile goes, found while its last MMA runs.
-        _e, start, count, pid_m, pid_n = _tile_of(t, prefix, offs, S, E, tiles_n, BLOCK_M, GROUP_M)
+        e, start, count, pid_m, pid_n = _tile_of(t, prefix, offs, S, E, tiles_n, BLOCK_M, GROUP_M)
         acc, mma = mma.take_result()
+        acc = _scale_rows(acc, scale_x, start, count, pid_m * BLOCK_M, SCALING)
         for j in gl.static_range(BLOCK_N // EPILOGUE_N):
-            part = column_slice(acc, j, EPILOGUE_N)
-            _store_rows(out, part, start, count, pid_m * BLOCK_M, pid_n * BLOCK_N + j * EPILOGUE_N, N)
+            off_n = pid_n * BLOCK_N + j * EPILOGUE_N
+            part = _scale_columns(column_slice(acc, j, EPILOGUE_N), scale_w, e, off_n, N, SCALING)
+            _store_rows(out, part, start, count, pid_m * BLOCK_M, off_n, N)
     invalidate_barriers(ready, STAGES)
 
 
-def constexprs(cfg: GroupedConfig, capability: tuple[int, int], E: int) -> dict[str, object]:
-    """The kernel's constexprs, for its launch and its compile specs alike."""
+def constexprs(
+    cfg: GroupedConfig, capability: tuple[int, int], E: int, scaling: int = 0
+) -> dict[str, object]:
+    """The kernel's constexprs, for its launch and its compile specs alike; `scaling` is the SCALING
+    code (`launch.Scales.code`: 0 without scales, 2 row-wise)."""
     return {
         "MMA": select_mma(capability),
         "STAGES": cfg.STAGES,
         "GROUP_M": cfg.GROUP_M,
         "EPILOGUE_N": cfg.EPILOGUE_N,
         "EXPERTS_PAD": experts_pad(E),
+        "SCALING": scaling,
     }
 
 
@@ -398,12 +465,16 @@ def _dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def prepare(x, w, offs, out, target: Target, cfg: GroupedConfig | None = None) -> Launch:
+def prepare(
+    x, w, offs, out, target: Target, cfg: GroupedConfig | None = None, scales: Scales | None = None
+) -> Launch:
     """A ready launch of out[rows of e] = x[rows of e] @ w[e] for every expert e. x [S, K]
     row-major, w the [E, K, N] transpose view of a contiguous [E, N, K] weight, offs int32 [E] on
-    the GPU, out row-major [S, N]; S, N, K > 0, K a multiple of 8 (TMA's 16-byte row stride) and
-    E at most MAX_EXPERTS. `gluon_survey.grouped.grouped_matmul` checks all of that first. `cfg`:
-    the config to run (`config_for`'s by default)."""
+    the GPU, out row-major [S, N]; S, N, K > 0, K a multiple of 8 (16 for fp8: TMA's 16-byte row
+    stride) and E at most MAX_EXPERTS. fp8 e4m3 operands come with `scales` (kind "row": `a` the
+    [S] token scales, `b` the [E, N] expert-channel scales, contiguous fp32) and a bf16 or fp16
+    `out`. `gluon_survey.grouped.grouped_matmul` checks all of that first. `cfg`: the config to
+    run (`config_for`'s by default); one of the other kind of operands is a ValueError."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     reason = unsupported_reason(target.capability)
@@ -411,16 +482,24 @@ def prepare(x, w, offs, out, target: Target, cfg: GroupedConfig | None = None) -
         raise RuntimeError(reason)
     S, K = x.shape
     E, _, N = w.shape
-    cfg = cfg or config_for(target.capability, N)
+    fp8 = scales is not None
+    cfg = cfg or config_for(target.capability, N, fp8)
+    if fp8 != (cfg.ELEM_BYTES == 1):
+        kind = "fp8" if cfg.ELEM_BYTES == 1 else "16-bit"
+        raise ValueError(f"grouped: config {cfg.label} is for {kind} operands; these are {_dtype_name(x)}")
+    if fp8 and scales.kind != "row":
+        raise ValueError(f"grouped: fp8 scales are row-wise ([S] and [E, N]), not {scales.kind!r}")
     weight = w.transpose(1, 2).reshape(E * N, K)  # a view of the contiguous [E, N, K] weight
     gdt = GL_DTYPES[_dtype_name(x)]
     a_block, b_block = [cfg.BLOCK_M, cfg.BLOCK_K], [cfg.BLOCK_N, cfg.BLOCK_K]
     a_desc = TensorDescriptor.from_tensor(x, a_block, smem_layout(a_block, gdt))
     b_desc = TensorDescriptor.from_tensor(weight, b_block, smem_layout(b_block, gdt))
     grid = (max(1, min(target.sm_count, tile_bound(S, N, E, cfg))),)
-    launcher = Launcher(grouped_kernel, grid, constexprs(cfg, target.capability, E), cfg.num_warps)
-    args = (a_desc, b_desc, out, offs, S, N, E)
-    return Launch(lambda: launcher(*args), cfg.table())
+    values = constexprs(cfg, target.capability, E, scales.code if fp8 else 0)
+    launcher = Launcher(grouped_kernel, grid, values, cfg.num_warps)
+    scale_x, scale_w = (scales.a, scales.b) if fp8 else (None, None)
+    args = (a_desc, b_desc, out, offs, scale_x, scale_w, S, N, E)
+    return Launch(lambda: launcher(*args), cfg.table() | ({"scales": "row"} if fp8 else {}))
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
@@ -429,31 +508,40 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
     experts (MAX_EXPERTS: the largest table a lane holds). S, N, E are plain int32 arguments, so
     N is not known to be a multiple of 8 and the stores stay scalar (a launch with such an N, as
     every model's is, specializes it and vectorizes them: fewer registers); out and offs are
-    compiled as 16-byte aligned, as torch allocates them."""
-    if unsupported_reason(capability) or dtype not in _POINTER_TYPES:
+    compiled as 16-byte aligned, as torch allocates them. fp8 ("float8_e4m3fn") compiles the fp8
+    configs with row-wise scales and a bf16 output, as the dense fp8 rungs' specs do."""
+    if unsupported_reason(capability) or dtype not in (*_POINTER_TYPES, FP8):
         return []
+    fp8 = dtype == FP8
+    major = capability[0]
+    configs = (FP8_CONFIGS[major], FP8_WIDE_CONFIGS[major]) if fp8 else (CONFIGS[major], WIDE_CONFIGS[major])
     specs = []
-    for cfg in (CONFIGS[capability[0]], WIDE_CONFIGS[capability[0]]):
-        values = constexprs(cfg, capability, MAX_EXPERTS)
-        signature = {
-            "a_desc": desc_signature([cfg.BLOCK_M, cfg.BLOCK_K], dtype),
-            "b_desc": desc_signature([cfg.BLOCK_N, cfg.BLOCK_K], dtype),
-            "out": _POINTER_TYPES[dtype],
-            "offs": "*i32",
-            "S": "i32",
-            "N": "i32",
-            "E": "i32",
-        } | dict.fromkeys(values, "constexpr")
+    for cfg in configs:
+        values = constexprs(cfg, capability, MAX_EXPERTS, 2 if fp8 else 0)
+        scales = dict.fromkeys(("scale_x", "scale_w"), "*fp32" if fp8 else "constexpr")
+        signature = (
+            {
+                "a_desc": desc_signature([cfg.BLOCK_M, cfg.BLOCK_K], dtype),
+                "b_desc": desc_signature([cfg.BLOCK_N, cfg.BLOCK_K], dtype),
+                "out": _POINTER_TYPES[FP8_OUT if fp8 else dtype],
+                "offs": "*i32",
+            }
+            | scales
+            | {"S": "i32", "N": "i32", "E": "i32"}
+            | dict.fromkeys(values, "constexpr")
+        )
+        if not fp8:  # no scales: None constexprs, as the 16-bit launch passes them
+            values = dict.fromkeys(scales) | values
         specs.append(
             CompileSpec(
                 "grouped",
-                f"grouped_kernel {cfg.label} E<={values['EXPERTS_PAD']} B=t",
+                f"grouped_kernel {cfg.label} E<={values['EXPERTS_PAD']} B=t" + (" scales=row" if fp8 else ""),
                 grouped_kernel,
                 signature,
                 values,
                 {"num_warps": cfg.num_warps},
                 config=cfg,
-                divisible=("out", "offs"),
+                divisible=("out", "offs", *(scales if fp8 else ())),
             )
         )
     return specs
