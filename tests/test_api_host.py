@@ -230,13 +230,13 @@ def _aligned_and_off(M: int, K: int):
     return flat.narrow(0, 0, M * K).view(M, K), flat.narrow(0, 1, M * K).view(M, K)
 
 
-@pytest.mark.parametrize("kernel", ["Pipelined", "warpspec", "torch"])
+@pytest.mark.parametrize("kernel", ["Pipelined", "warpspec"])
 @pytest.mark.parametrize("with_out", [False, True], ids=["allocated", "out"])
 def test_a_misaligned_base_runs_the_plan_for_its_alignment(host, copies, addresses, kernel, with_out):
     """A base 2 bytes off under the key of an aligned plan: the rung's launch (which checks the
-    bases) or the cuBLAS plan's call (checked by `matmul`) refuses it before launching, and the
-    call runs a second plan, keyed with the alignment, that copies A; aligned calls keep the first
-    plan and its launch on their own tensors."""
+    bases) refuses it before launching, and the call runs a second plan, keyed with the
+    alignment, that copies A; aligned calls keep the first plan and its launch on their own
+    tensors."""
     aligned, off = _aligned_and_off(300, 264)
     b = torch.empty(520, 264, dtype=torch.bfloat16, device="cuda").t()
     out = torch.empty(300, 520, dtype=torch.bfloat16, device="cuda") if with_out else None
@@ -246,10 +246,26 @@ def test_a_misaligned_base_runs_the_plan_for_its_alignment(host, copies, address
     assert len(api._PLANS) == 2
     copied = [src for _, src in copies if src is off or src is aligned]
     assert copied == [off, off], "the misaligned A is copied, once per call; the aligned one never"
-    if kernel != "torch":
-        bases = [launched.descriptors[0].base for launched in host.launches]
-        assert bases[0] is aligned and bases[2] is aligned
-        assert all(base is not off and base.storage_offset() == 0 for base in bases[1::2])
+    bases = [launched.descriptors[0].base for launched in host.launches]
+    assert bases[0] is aligned and bases[2] is aligned
+    assert all(base is not off and base.storage_offset() == 0 for base in bases[1::2])
+
+
+@pytest.mark.parametrize("with_out", [False, True], ids=["allocated", "out"])
+def test_cublas_takes_a_misaligned_base_as_it_is(host, copies, addresses, monkeypatch, with_out):
+    """cuBLAS needs no aligned bases: a cached 16-bit plan that runs it calls `torch.mm` on the
+    call's own tensors whatever their alignment (one plan, no copy)."""
+    seen = []
+    monkeypatch.setattr(torch, "mm", lambda a, b, out=None: seen.append(a) or (a @ b if out is None else out))
+    aligned, off = _aligned_and_off(300, 264)
+    b = torch.empty(520, 264, dtype=torch.bfloat16, device="cuda").t()
+    out = torch.empty(300, 520, dtype=torch.bfloat16, device="cuda") if with_out else None
+    for a in (aligned, off, aligned, off):
+        result = api.matmul(a, b, kernel="torch", out=out)
+        assert result is out if with_out else result.shape == (300, 520)
+    assert len(host.builds) == 1 and len(api._PLANS) == 1
+    assert [src for _, src in copies if src is off or src is aligned] == []
+    assert seen == [aligned, off, aligned, off]
 
 
 def test_a_plan_for_misaligned_bases_is_not_run_on_aligned_ones(host, copies, addresses):
@@ -315,7 +331,8 @@ def test_empty_products_launch_nothing(host):
 
 def test_cublas_is_prepared_once_and_then_launched_per_call(host, monkeypatch):
     """The torch mode's launch carries a plan (`torch_ops.CUBLAS`): later calls of the key launch
-    cuBLAS on their own tensors without preparing again."""
+    cuBLAS on their own tensors without preparing again, through the plan's direct call
+    (`CUBLAS.direct`: torch.mm itself)."""
     prepared, launched = [], []
     real_prepare, real_launch = torch_ops.prepare, torch_ops.CUBLAS.launch
 
@@ -325,7 +342,7 @@ def test_cublas_is_prepared_once_and_then_launched_per_call(host, monkeypatch):
 
     monkeypatch.setattr(torch_ops, "prepare", counting)
     monkeypatch.setattr(
-        torch_ops.CUBLAS, "launch", lambda a, b, out, scales: launched.append(out) or real_launch(a, b, out)
+        torch_ops.CUBLAS, "direct", lambda a, b, out, *rest: launched.append(out) or real_launch(a, b, out)
     )
     outs = [_operands(64, 256, 128, "t")[2] for _ in range(3)]
     a, b, _ = _operands(64, 256, 128, "t")

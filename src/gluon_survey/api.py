@@ -500,6 +500,10 @@ class MatmulPlan:
     check_bases: bool = False
     # The key has a bias: `run` takes it last, and adds it in the epilogue (module docstring).
     biased: bool = False
+    # A provider's whole per-call path for 16-bit operands, with matmul's call arguments (a, b,
+    # out, scale_a, scale_b, bias): cuBLAS's `torch.mm` / `torch.addmm`, which allocate the output
+    # themselves and need no aligned bases (baselines/torch_ops.py). Used where nothing is copied.
+    direct: Callable[..., torch.Tensor] | None = None
 
     def __call__(
         self,
@@ -538,6 +542,8 @@ class MatmulPlan:
         `__call__`. `caller().plan` is the plan."""
         if self.run is None or not self.in_place or self.copy_a or self.copy_b or self.copy_out:
             call = functools.partial(MatmulPlan.__call__, self)
+        elif self.direct is not None:
+            call = functools.partial(self.direct)  # a new object: the attribute below is this plan's
         elif self.biased:
             call = _launch_biased(self.run, self.like, self.scaling, self.check_bases, self.raw_scales)
         else:
@@ -696,7 +702,8 @@ def _build_plan(
         direct = getattr(reusable, "launch_scaled", None)
         if direct is not None and scaling is not None and scale_a.is_contiguous() and scale_b.is_contiguous():
             return plan(direct, in_place=True, raw_scales=True)  # the key holds the scales' strides
-        return plan(reusable.launch, in_place=True)
+        direct = getattr(reusable, "direct", None) if scaling is None else None
+        return plan(reusable.launch, in_place=True, direct=direct)
 
     def run(a2, b2, c2, scales, bias=None):
         return _provider_prepare(provider, a2, b2, c2, target, scales, bias).fn()

@@ -71,6 +71,17 @@ class _Cublas:
             return torch.addmm(bias, a, b, out=out)
         return _scaled_mm(a, b, out, scales.torch_a, scales.torch_b, bias)
 
+    @staticmethod
+    def direct(a, b, out=None, scale_a=None, scale_b=None, bias=None) -> torch.Tensor:
+        """`gluon_survey.matmul`'s whole per-call path for a cached 16-bit plan that runs cuBLAS
+        (`MatmulPlan.direct`): `torch.mm` / `torch.addmm` themselves, which allocate the output
+        when there is no `out` and take any strides, with no `torch.matmul` dispatch, output
+        allocation or alignment check of ours in front (results/h100-overhead-cublas measures
+        what that saves)."""
+        if bias is None:
+            return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)
+        return torch.addmm(bias, a, b) if out is None else torch.addmm(bias, a, b, out=out)
+
     # fp8 with the caller's own scale tensors, already in `_scaled_mm`'s shapes: no flattening and
     # no views per call. At the few-µs kernels of fp8 decode and small prefill the call is
     # host-bound, and those steps cost `matmul` ~10 µs a call over `_scaled_mm` itself (H200 probe,
