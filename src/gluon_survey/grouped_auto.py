@@ -24,8 +24,10 @@ from .launch import Launch, Scales, Target
 
 # S (token-slots) up to which grouped_matmul runs the swap-AB kernel: 64 tokens at top-8
 # (Qwen3-30B-A3B, DeepSeek-V3), 128 at top-4 (GPT-OSS-20B), 256 at top-2 (Mixtral-8x7B). A first
-# guess, not yet measured: every decode cell of `--shapes moe` (T <= 64) is below it, every
-# prefill cell (T >= 512 at top-2 and up) above. docs/perf-notes.md, entry 58.
+# guess: every decode cell of `--shapes moe` (T <= 64) is below it, where the swap-AB kernel ran
+# at 1.06x torch._grouped_mm or more (results/h100-moe-decode), and every prefill cell (T >= 512)
+# above it; whether it is the crossover (the swap-AB kernel at T >= 512) is not yet measured.
+# docs/perf-notes.md, entry 58.
 DECODE_ROWS = 512
 SWAPAB_DTYPES = (torch.float16, torch.bfloat16)
 
