@@ -901,6 +901,58 @@ def test_linear_passes_its_bias_to_matmul(monkeypatch):
         assert seen == [None] if kernel == "triton" else seen == [ref.bias]
 
 
+def test_runs_cublas_says_whether_a_cached_plan_calls_cublas_itself(host):
+    a, b, _ = _operands(300, 520, 264)
+    assert not api.runs_cublas(a, b, "torch")  # no plan yet
+    api.matmul(a, b, kernel="torch")
+    api.matmul(a, b, kernel="Pipelined")
+    assert api.runs_cublas(a, b, "torch") and not api.runs_cublas(a, b, "Pipelined")
+    assert not api.runs_cublas(a, b, "torch", bias=torch.empty(520, dtype=torch.bfloat16, device="cuda"))
+    api.clear_plans()
+    assert not api.runs_cublas(a, b, "torch")
+
+
+def test_linear_in_eager_inference_calls_f_linear_where_matmul_runs_cublas(monkeypatch):
+    """The first call of an input layout goes through matmul; where its plan calls cuBLAS itself
+    the next calls are F.linear (nn.Linear's own), until the weight, the bias, the kernel, the
+    A-layout switch or the plan cache changes."""
+    seen, cublas = [], [True]
+
+    def recording(a, b, *, kernel=None, out=None, bias=None):
+        seen.append(tuple(a.shape))
+        return _cpu_matmul(a, b, bias=bias)
+
+    monkeypatch.setattr(api, "matmul", recording)
+    monkeypatch.setattr(api, "runs_cublas", lambda a, b, kernel, bias: cublas[0])
+    monkeypatch.setattr(ops, "_eager", lambda x, weight: True)
+    torch.manual_seed(4)
+    lin = ops.Linear.from_linear(torch.nn.Linear(40, 24))
+    x, x3 = torch.randn(5, 40), torch.randn(2, 3, 40)
+    with torch.no_grad():
+        expected = [F.linear(t, lin.weight, lin.bias) for t in (x, x3)]
+        for _ in range(3):
+            for t, ref in zip((x, x3), expected, strict=True):
+                torch.testing.assert_close(lin(t), ref)
+        assert seen == [(5, 40), (6, 40)]  # once per layout, then F.linear
+        api.clear_plans()
+        lin(x)
+        lin.weight = torch.nn.Parameter(lin.weight.detach().clone())
+        lin(x)
+        lin(x)
+        assert seen[2:] == [(5, 40), (5, 40)]
+        cublas[0] = False
+        lin.kernel = "Pipelined"
+        for _ in range(2):
+            lin(x)
+        assert seen[4:] == [(5, 40), (5, 40)]  # not cuBLAS: matmul every time
+    x.requires_grad_()
+    lin.kernel = None
+    cublas[0] = True
+    lin(x)
+    lin(x)
+    assert len(seen) == 8  # training: never F.linear (the operator's backward)
+
+
 def test_linear_trains_through_matmul_without_the_operator(monkeypatch):
     """Eager training: the forward and both backward products are `matmul` calls (the operator's
     dispatch skipped), the weight's gradient as (grad^T @ x)^T with grad^T a transposed A, and the

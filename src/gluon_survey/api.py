@@ -713,7 +713,22 @@ def _build_plan(
 
 def clear_plans() -> None:
     """Forget every cached plan (after replacing a provider's kernel, e.g. in a test)."""
+    global PLANS_CLEARED
     _PLANS.clear()
+    PLANS_CLEARED += 1
+
+
+PLANS_CLEARED = 0  # how many times `clear_plans` ran: what remembers a plan's verdict keys on it
+
+
+def runs_cublas(a, b, kernel: str | None = None, bias: torch.Tensor | None = None) -> bool:
+    """Whether `matmul(a, b, kernel=kernel, bias=bias)`'s cached plan calls cuBLAS itself
+    (`MatmulPlan.direct`: nothing copied, `torch.mm` / `torch.addmm` on the call's tensors);
+    False where no plan is cached for these operands yet. `Linear` asks once per input layout,
+    after a call, and then calls `F.linear`, the stock module's own path, for such inputs."""
+    call = _PLANS.get(_plan_key(kernel, a, b, None, bias=bias))
+    plan = getattr(call, "plan", None)
+    return plan is not None and plan.direct is not None and getattr(call, "func", None) is plan.direct
 
 
 def matmul(

@@ -30,6 +30,7 @@ import math
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import api, memory, registry
@@ -172,7 +173,10 @@ class Linear(nn.Linear):
     adds none, the triton and torch.compile baselines: a separate, in-place add on the product).
     `kernel` is a mode name; None runs matmul's default. In eager mode (nothing tracing) the
     product is `gluon_survey.matmul` itself, the same kernels without the operator's dispatch
-    (`_eager`), and where autograd records it, `_EagerMatmul` with the operator's backward.
+    (`_eager`), and where autograd records it, `_EagerMatmul` with the operator's backward. In
+    eager inference, an input layout for which matmul runs cuBLAS itself is from its second call
+    on `F.linear`, nn.Linear's own call (`_stock_route`): cuBLAS either way, at nn.Linear's host
+    cost.
     """
 
     def __init__(
@@ -186,6 +190,10 @@ class Linear(nn.Linear):
     ) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
         self.kernel = kernel
+        # Eager inference: per input layout, whether matmul runs cuBLAS itself for it (then the
+        # forward is F.linear, nn.Linear's own call), for this weight and bias (`_stock_route`).
+        self._routes: dict[tuple, bool] = {}
+        self._routes_for: tuple = ()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kernel: str | None = None) -> Linear:
@@ -206,20 +214,40 @@ class Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        eager = _eager(x, weight)
+        inference = eager and not _records(x, weight, bias)
+        if inference:
+            routes = self._stock_route(weight, bias)
+            key = (x.shape, x.stride(), x.dtype, weight.dtype)
+            if routes.get(key):  # matmul would run cuBLAS itself: nn.Linear's own call
+                return F.linear(x, weight, bias)
         flat = x.dim() != 2  # [..., in_features] -> [M, in_features], and back
         x2 = x.reshape(math.prod(x.shape[:-1]), self.in_features) if flat else x
-        weight, bias = self.weight, self.bias
         separate = bias is not None and not fuses_bias(self.kernel)
         fused = None if separate else bias
-        if not _eager(x, weight):
+        if not eager:
             y = _OP(x2, weight.t(), self.kernel or "", fused)
-        elif _records(x, weight, fused):
+        elif not inference:
             y = _EagerMatmul.apply(x2, weight.t(), self.kernel or "", fused)
         else:
             y = api.matmul(x2, weight.t(), kernel=self.kernel or None, bias=fused)
+            if key not in routes:
+                routes[key] = not separate and api.runs_cublas(x2, weight.t(), self.kernel or None, fused)
         if separate:
             y.add_(bias)
         return y.view(*x.shape[:-1], self.out_features) if flat else y
+
+    def _stock_route(self, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[tuple, bool]:
+        """The input layouts (shape, strides, dtype) for which eager inference calls F.linear: those
+        whose first call found that matmul runs cuBLAS itself (`api.runs_cublas`), so that such
+        a call costs what nn.Linear's does, not matmul's plan lookup and a reshape on top. Kept per
+        weight, bias, kernel, A-layout switch and plan cache (a new one of any starts it afresh)."""
+        owner = (weight, bias, self.kernel, api.TRANSPOSED_A_IN_PLACE, api.PLANS_CLEARED)
+        kept = self._routes_for
+        if len(kept) != len(owner) or not all(a is b for a, b in zip(kept, owner, strict=True)):
+            self._routes, self._routes_for = {}, owner
+        return self._routes
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kernel={self.kernel!r}"
