@@ -22,6 +22,13 @@
 #               (scripts/grouped_probe.py)                        -> grouped-probe.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
+#     moe       `--shapes moe` for grouped_matmul (MOE_MODES, default grouped-auto) in bf16 and
+#               fp8-row, MOE_ARGS (default short windows)     -> moe-<dtype>/results.jsonl, table.*
+#     model     `gluon-survey model` per MODEL_CONFIGS (config:layers, default llama3-8b:4,
+#               qwen2.5-7b:4, qwen3-30b-a3b:4, mixtral-8x7b:2), MODEL_ARGS   -> model-<config>.jsonl/.txt
+#     linearhost  host and GPU µs a call, Linear against nn.Linear (scripts/linear_host_probe.py)
+#                                                               -> linear-host.csv/.log
+#     profile   where a model step's time goes (scripts/model_profile.py PROFILE_ARGS) -> profile/
 #   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
 #   tool returns at most 8 files; packing is automatic when there are more)
 # Several calls in one device command: give each its own OUT outside the device tool's folder and
@@ -91,6 +98,28 @@ fi
 if step tune; then
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \
     --output "$OUT/tune-table.json" 2>&1 | tee "$OUT/tune.log" | tail -12
+fi
+if step moe; then
+  for d in bf16 fp8-row; do
+    mkdir -p "$OUT/moe-$d"
+    python3 -m gluon_survey ${MOE_MODES:-grouped-auto} --shapes moe --dtype "$d" \
+      ${MOE_ARGS:---warmup-ms 50 --min-ms 20 --rounds 3} --results "$OUT/moe-$d/results.jsonl" \
+      2>"$OUT/moe-$d/bench.err" | tee "$OUT/moe-$d/table.txt" | tail -3
+  done
+fi
+if step model; then
+  for spec in ${MODEL_CONFIGS:-llama3-8b:4 qwen2.5-7b:4 qwen3-30b-a3b:4 mixtral-8x7b:2}; do
+    python3 -m gluon_survey model --config "${spec%%:*}" --layers "${spec##*:}" ${MODEL_ARGS:-} \
+      --results "$OUT/model-${spec%%:*}.jsonl" 2>&1 | tee "$OUT/model-${spec%%:*}.txt" | tail -14
+  done
+fi
+if step linearhost; then
+  python3 scripts/linear_host_probe.py --output "$OUT/linear-host.csv" 2>&1 | tee "$OUT/linear-host.log" | tail -16
+fi
+if step profile; then
+  python3 scripts/model_profile.py ${PROFILE_ARGS:---config llama3-8b --layers 4 --steps prefill,decode,train \
+    --prefill-tokens 512 --decode-batch 64 --decode-tokens 8 --host} --output "$OUT/profile" 2>&1 \
+    | tee "$OUT/profile.log" | grep "==\|host "
 fi
 bench() {  # one complete survey run into folder $1
   mkdir -p "$1"
