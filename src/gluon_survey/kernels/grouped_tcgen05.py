@@ -31,7 +31,7 @@ What tcgen05 changes, and why:
   after it.
 
 fp8 e4m3 with row-wise scales (SCALING 2) is the same kernel with BLOCK_K 128 (tcgen05's f8f6f4
-kind reads both operands K-major, as x and the [E, N, K] weight are), the scales applied per
+kind, on both operands K-major, as x and the [E, N, K] weight are), the scales applied per
 slice.
 
 Status: compile-checked for sm_100a with triton 3.6 and 3.9 on a machine without a GPU
