@@ -10,6 +10,11 @@
 2. With the device faked as sm_100 (148 SMs) and the kernel launches recorded, `api.prepare` /
    `api.matmul` pick the Blackwell kernels, build their TMA descriptors with the right block shapes
    and launch the right grid; bad inputs get the same errors as on Hopper.
+3. The grouped rung as tcgen05 shapes it (`kernels/grouped_tcgen05.py`, the registry's `grouped`
+   kernel on sm_100): fp16, bf16 and fp8 (row-wise scales) compile for sm_100a with tcgen05 MMAs
+   and no wgmma, a TMEM load per epilogue slice, TMA loads, masked register stores and no spills;
+   on a faked sm_100 `grouped_matmul` (the `grouped-auto` mode) runs it at every S, decode sizes
+   too, since the swap-AB kernel is Hopper's.
 
 CPU only: `pytest -m compile tests/test_blackwell_compile.py`; passes with triton 3.6 and 3.9 (the
 triton-3.9 pass of `make test` leaves out the configs marked `exhaustive`: tests/kernel_reports.py).
@@ -18,6 +23,7 @@ triton-3.9 pass of `make test` leaves out the configs marked `exhaustive`: tests
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -25,13 +31,18 @@ import triton
 from torch._subclasses.fake_tensor import FakeTensorMode  # CUDA-device tensors without a GPU
 
 from bad_inputs import BAD_INPUTS
-from gluon_survey import api, registry
+from gluon_survey import api, grouped_auto, registry
+from gluon_survey import grouped as gg
+from gluon_survey.driver import inspect as gs_inspect
 from gluon_survey.kernels import (
     arch,
     blackwell,
     blocked,
     common,
     gemv,
+    grouped,
+    grouped_swapab,
+    grouped_tcgen05,
     hopper,
     persistent,
     pipelined,
@@ -42,7 +53,7 @@ from gluon_survey.kernels import (
     warpspec_tcgen05,
 )
 from gluon_survey.launch import Target
-from kernel_reports import compiled_report, specs
+from kernel_reports import compiled_report, design, specs
 from recording import Launched, Recorder
 
 pytestmark = pytest.mark.compile
@@ -271,3 +282,163 @@ def test_bad_out_unknown_kernel_and_consumer_blackwell_on_sm100(sm100, monkeypat
         with pytest.raises(RuntimeError, match="sm_120"):
             api.prepare(rung, a, a)
     assert sm100 == []
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. The grouped rung on sm_100a: kernels/grouped_tcgen05.py.
+
+FP8 = "float8_e4m3fn"
+GROUPED_DTYPES = ("float16", "bfloat16", FP8)  # the first of a design is its representative
+# dtype -> (the tcgen05 MMA's SASS opcode, the K one instruction covers)
+TCGEN05 = {"float16": ("UTCHMMA", 16), "bfloat16": ("UTCHMMA", 16), FP8: ("UTCQMMA", 32)}
+
+
+@functools.cache
+def _grouped_report(dtype: str, index: int):
+    spec = specs("grouped", "sm_100a", dtype)[index]
+    return spec, gs_inspect.inspect_spec(spec, "sm_100a")
+
+
+def _grouped_params():
+    """Two tiles per dtype; the triton-3.9 pass (`not exhaustive`) compiles the first of each
+    design and epilogue split, as tests/test_grouped_compile.py does for sm_90a."""
+    seen, params = set(), []
+    for dtype in GROUPED_DTYPES:
+        for index, spec in enumerate(specs("grouped", "sm_100a", dtype)):
+            key = (design(spec, "sm_100a"), spec.config.BLOCK_N // spec.config.EPILOGUE_N)
+            marks = () if key not in seen else (pytest.mark.exhaustive,)
+            seen.add(key)
+            params.append(
+                pytest.param(dtype, index, id=f"{spec.kernel.replace(' ', '-')}-{dtype}", marks=marks)
+            )
+    return params
+
+
+GROUPED_PARAMS = _grouped_params()
+
+
+def test_grouped_mode_compiles_the_tcgen05_kernel_for_sm100():
+    mode = registry.get("grouped")
+    assert mode.provider((10, 0)) is grouped_tcgen05 and mode.provider((9, 0)) is grouped
+    assert [p.id for p in GROUPED_PARAMS if not p.marks] == [
+        "grouped_tcgen05_kernel-128x128x64-s4-w4-E<=512-B=t-float16",
+        "grouped_tcgen05_kernel-128x256x64-s4-w4-E<=512-B=t-float16",
+        f"grouped_tcgen05_kernel-128x128x128-fp8-s4-w4-E<=512-B=t-scales=row-{FP8}",
+        f"grouped_tcgen05_kernel-128x256x128-fp8-s4-w4-E<=512-B=t-scales=row-{FP8}",
+    ]
+    for dtype in GROUPED_DTYPES:
+        configs = [spec.config for spec in specs("grouped", "sm_100a", dtype)]
+        fp8 = dtype == FP8
+        assert configs == [
+            grouped_tcgen05.config_for((10, 0), n, fp8) for n in (grouped.WIDE_N - 1, grouped.WIDE_N)
+        ]
+        assert all(cfg.num_warps == 4 for cfg in configs)  # one warpgroup: a thread per TMEM lane
+    # each kernel compiles for its own architecture only
+    assert grouped.compile_specs((10, 0)) == [] and grouped_tcgen05.compile_specs((9, 0)) == []
+    assert grouped_swapab.compile_specs((10, 0)) == []
+
+
+@pytest.mark.parametrize(("dtype", "index"), GROUPED_PARAMS)
+def test_grouped_tcgen05_machine_code(dtype, index):
+    spec, r = _grouped_report(dtype, index)
+    assert r.error is None, r.error
+    cfg = spec.config
+    mma, k_per_mma = TCGEN05[dtype]
+    assert r.count(mma) == cfg.BLOCK_K // k_per_mma, (
+        f"one tcgen05 MMA per {k_per_mma} of K per K step: {r.sass}"
+    )
+    other = "UTCQMMA" if mma == "UTCHMMA" else "UTCHMMA"
+    assert r.count(other) == 0
+    assert r.count("HGMMA") == 0 and r.count("QGMMA") == 0 and r.count("HMMA") == 0, (
+        "no Hopper MMA on sm_100a"
+    )
+    # the accumulator leaves tensor memory one EPILOGUE_N-column slice at a time
+    assert r.count("LDTM") == cfg.BLOCK_N // cfg.EPILOGUE_N
+    assert r.tmem_cols == cfg.BLOCK_N <= blackwell.TMEM_COLUMNS.value
+    # the fp8 scales' multiplies on the fp32 values (sm_100 pairs them: FMUL2); none for 16 bits
+    assert (r.count("FMUL") + r.count("FMUL2") > 0) == (dtype == FP8)
+    assert r.count("UTMALDG") > 0, "TMA loads expected"
+    assert r.count("UTMASTG") == 0 and r.count("STG") > 0, "a masked register store, not a TMA store"
+    assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
+    assert r.spill_bytes == 0 and r.stack_bytes == 0
+    assert r.num_warps == 4
+    assert cfg.smem_bytes() < r.shared_bytes <= common.SMEM_LIMIT
+
+
+@pytest.fixture
+def grouped_sm100(monkeypatch) -> list[Launched]:
+    """A B200 for `grouped_matmul`, the three grouped kernels swapped for recorders."""
+    monkeypatch.setattr(api, "target_of", lambda device: Target((10, 0), SM_COUNT, "NVIDIA B200"))
+    log: list[Launched] = []
+    monkeypatch.setattr(grouped, "grouped_kernel", Recorder("grouped_kernel", log))
+    monkeypatch.setattr(grouped_swapab, "grouped_swapab_kernel", Recorder("grouped_swapab_kernel", log))
+    monkeypatch.setattr(grouped_tcgen05, "grouped_tcgen05_kernel", Recorder("grouped_tcgen05_kernel", log))
+    with FakeTensorMode():
+        yield log
+
+
+def _grouped_operands(S: int, K: int, N: int, E: int, dtype=torch.bfloat16):
+    """x [S, K], the [E, K, N] transpose view of an [E, N, K] weight, offs (even split), on "cuda"."""
+    x = torch.empty(S, K, dtype=dtype, device="cuda")
+    w = torch.empty(E, N, K, dtype=dtype, device="cuda").transpose(1, 2)
+    offs = torch.tensor([S * (e + 1) // E for e in range(E)], dtype=torch.int32, device="cuda")
+    return x, w, offs
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+@pytest.mark.parametrize("S", [1, grouped_auto.DECODE_ROWS, 4096])
+@pytest.mark.parametrize("N", [1536, grouped.WIDE_N])
+def test_grouped_matmul_runs_the_tcgen05_kernel_at_every_size_on_sm100(grouped_sm100, S, N):
+    """Decode sizes too: the swap-AB kernel, which grouped_matmul runs up to DECODE_ROWS on Hopper,
+    is wgmma's."""
+    x, w, offs = _grouped_operands(S, 256, N, 8)
+    out = gg.grouped_matmul(x, w, offs)
+    (launch,) = grouped_sm100
+    cfg = grouped_tcgen05.config_for((10, 0), N)
+    assert launch.kernel == "grouped_tcgen05_kernel"
+    a_desc, b_desc, o, o_offs, scale_x, scale_w, *sizes = launch.args
+    assert (o, o_offs, scale_x, scale_w, sizes) == (out, offs, None, None, [S, N, 8])
+    assert list(a_desc.block_shape) == [cfg.BLOCK_M, cfg.BLOCK_K]
+    assert list(b_desc.shape) == [8 * N, 256] and list(b_desc.block_shape) == [cfg.BLOCK_N, cfg.BLOCK_K]
+    assert launch.grid == (min(SM_COUNT, grouped.tile_bound(S, N, 8, cfg)),)
+    assert launch.kwargs["num_warps"] == 4 and "MMA" not in launch.kwargs  # tcgen05 is the kernel's own
+    assert (launch.kwargs["STAGES"], launch.kwargs["EPILOGUE_N"]) == (cfg.STAGES, cfg.EPILOGUE_N)
+    assert launch.kwargs["SCALING"] == 0 and launch.kwargs["EXPERTS_PAD"] == 32
+    config = gg.prepare("grouped-auto", x, w, offs).config
+    assert config["mode"] == "grouped" and "sm_100" in config["why"] and config["warps"] == 4
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+def test_grouped_fp8_runs_the_tcgen05_kernel_with_the_scales_on_sm100(grouped_sm100):
+    x, w, offs = _grouped_operands(3, 256, 300, 8, torch.float8_e4m3fn)
+    scale_x = torch.empty(3, dtype=torch.float32, device="cuda")
+    scale_w = torch.empty(8, 300, dtype=torch.float32, device="cuda")
+    out = gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w)
+    (launch,) = grouped_sm100
+    assert launch.kernel == "grouped_tcgen05_kernel" and out.dtype == torch.bfloat16
+    assert launch.args[2] is out and launch.args[4] is scale_x and launch.args[5] is scale_w
+    assert launch.kwargs["SCALING"] == 2
+    cfg = grouped_tcgen05.FP8_CONFIGS[10]
+    assert list(launch.args[0].block_shape) == [cfg.BLOCK_M, 128] and launch.args[0].base.dtype == x.dtype
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+def test_the_grouped_modes_on_sm100(grouped_sm100):
+    """`grouped` is the tcgen05 kernel there; `grouped-swapab` is refused with the reason, and the
+    wgmma kernel itself names the one that runs."""
+    x, w, offs = _grouped_operands(64, 128, 256, 4)
+    gg.prepare("grouped", x, w, offs).fn()
+    assert [launch.kernel for launch in grouped_sm100] == ["grouped_tcgen05_kernel"]
+    with pytest.raises(
+        RuntimeError, match=r"mode 'grouped-swapab' cannot run on this GPU \(NVIDIA B200\).*sm_100"
+    ):
+        gg.prepare("grouped-swapab", x, w, offs)
+    with pytest.raises(RuntimeError, match=r"grouped_tcgen05\.py"):
+        grouped.prepare(
+            x, w, offs, torch.empty(64, 256, dtype=torch.bfloat16, device="cuda"), api.target_of(None)
+        )
+    assert len(grouped_sm100) == 1
+    # and Hopper keeps both kernels: the choice by S is unchanged there
+    assert grouped_auto.choose(1, torch.bfloat16, (9, 0))[0] == "grouped-swapab"
+    assert grouped_auto.choose(1, torch.bfloat16, (10, 0))[0] == "grouped"
+    assert "sm_90" in grouped_tcgen05.unsupported_reason((9, 0))

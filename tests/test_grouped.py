@@ -256,12 +256,14 @@ def test_k_zero_gives_zeros_without_a_launch(monkeypatch):
     assert zeroed == [(16, 32)] and log == []
 
 
-def test_only_hopper_runs_it(monkeypatch):
+def test_only_hopper_and_blackwell_run_it(monkeypatch):
     monkeypatch.setattr(api, "target_of", lambda device: A100)
     _record_kernels(monkeypatch, log := [])
     with FakeTensorMode():
         x, w, offs = _operands(device="cuda")
-        with pytest.raises(RuntimeError, match=r"NVIDIA A100.*Hopper \(sm_90\) only; this GPU is sm_80"):
+        with pytest.raises(
+            RuntimeError, match=r"NVIDIA A100.*Hopper \(sm_90\) and Blackwell \(sm_100\); this GPU is sm_80"
+        ):
             gg.grouped_matmul(x, w, offs)
         for mode in ("grouped", "grouped-swapab", "grouped-auto"):
             with pytest.raises(RuntimeError, match=rf"mode '{mode}' cannot run on this GPU.*sm_80"):
@@ -557,7 +559,7 @@ def test_specs_only_for_hopper_16_bit_and_fp8_row_wise():
     assert sixteen.constexprs["scale_x"] is None and sixteen.signature["scale_x"] == "constexpr"
     assert gk.compile_specs((10, 0), "float16") == [] and gk.compile_specs((10, 0), "float8_e4m3fn") == []
     assert gk.compile_specs((9, 0), "float32") == []
-    assert gk.unsupported_reason((9, 0)) is None and "sm_100" in gk.unsupported_reason((10, 0))
+    assert gk.unsupported_reason((9, 0)) is None and "grouped_tcgen05.py" in gk.unsupported_reason((10, 0))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -590,9 +592,9 @@ def test_the_choice_says_which_kernel_and_tile_and_why(fake_h100, S, mode, tile)
 
 
 def test_the_swap_ab_kernel_takes_16_bit_operands_only():
-    assert grouped_auto.choose(1, torch.float8_e4m3fn)[0] == "grouped"
-    assert "16-bit" in grouped_auto.choose(1, torch.float8_e4m3fn)[1]
-    assert grouped_auto.choose(1, torch.float16)[0] == "grouped-swapab"
+    assert grouped_auto.choose(1, torch.float8_e4m3fn, (9, 0))[0] == "grouped"
+    assert "16-bit" in grouped_auto.choose(1, torch.float8_e4m3fn, (9, 0))[1]
+    assert grouped_auto.choose(1, torch.float16, (9, 0))[0] == "grouped-swapab"
 
 
 @pytest.mark.parametrize(
@@ -713,9 +715,11 @@ def test_swap_ab_specs_only_for_hopper_and_16_bit_operands():
     assert gs.compile_specs((10, 0), "float16") == []
     assert gs.compile_specs((9, 0), "float8_e4m3fn") == []
     assert gs.unsupported_reason((9, 0)) is None and "sm_100" in gs.unsupported_reason((10, 0))
-    assert grouped_auto.unsupported_reason((9, 0)) is None and "sm_100" in grouped_auto.unsupported_reason(
-        (10, 0)
+    # grouped-auto runs on both: Blackwell without the swap-AB kernel (tests/test_blackwell_compile.py)
+    assert (
+        grouped_auto.unsupported_reason((9, 0)) is None and grouped_auto.unsupported_reason((10, 0)) is None
     )
+    assert "sm_120" in grouped_auto.unsupported_reason((12, 0))
 
 
 def test_the_fp8_configs_keep_the_16_bit_stage_bytes_with_k_twice_as_deep():

@@ -27,10 +27,11 @@ marker for experts held elsewhere) contribute zero, as in transformers.
 
 What it takes (`experts_reason` says why a module cannot run on it): the weights stored as
 transformers stores them by default ([E, N, K], `is_transposed` False: the kernel reads the
-[E, K, N] transpose view without a copy), fp16 or bf16 on a CUDA device (Hopper: the grouped
-kernel is sm_90 only), hidden and intermediate sizes multiples of 8 (TMA's 16-byte rows), and for
-training bf16 (the gradients' torch._grouped_mm). Biases (`has_bias`) and experts without a gate
-(`has_gate` False: `up_proj` and the activation alone) are handled as transformers handles them.
+[E, K, N] transpose view without a copy), fp16 or bf16 on a CUDA device (Hopper; Blackwell's
+tcgen05 version is compile-checked only), hidden and intermediate sizes multiples of 8 (TMA's
+16-byte rows), and for training bf16 (the gradients' torch._grouped_mm). Biases (`has_bias`) and
+experts without a gate (`has_gate` False: `up_proj` and the activation alone) are handled as
+transformers handles them.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ so a call does no host synchronisation and can be captured in a CUDA graph, with
 in the same buffer at each replay. Which kernel runs is the `grouped-auto` mode's choice by S
 (`grouped_auto.py`, known on the host): up to `grouped_auto.DECODE_ROWS` token-slots the swap-AB
 kernel (`kernels/grouped_swapab.py`: 64 weight rows by a few tokens a tile, for decoding), above
-them 128-row tiles (`kernels/grouped.py`). Hopper (sm_90) only, at most
-`kernels.grouped.MAX_EXPERTS` (512) experts.
+them 128-row tiles (`kernels/grouped.py`). Hopper (sm_90); on Blackwell (sm_100) the 128-row
+tiles' tcgen05 version (`kernels/grouped_tcgen05.py`, compile-checked, not run) at every S. At
+most `kernels.grouped.MAX_EXPERTS` (512) experts.
 
 Status: the 128-row kernel passes tests/test_grouped_gpu.py on an H100; kernel-only with uniform
 routing it ran at 0.84-1.19x torch._grouped_mm (geomean 1.02x) on four models' expert shapes at
@@ -86,7 +87,8 @@ def grouped_matmul(
     contiguous [E, N, K] weight, x's dtype; offs: int32 [E], cumulative ends; scale_x, scale_w:
     fp32 [S] and [E, N], contiguous, for fp8 operands only (and then required); out_dtype: for
     fp8, bf16 (the default) or fp16; out: optional [S, N] row-major, x's dtype (fp8: out_dtype).
-    K must be a multiple of 8 (fp8: 16). All on one CUDA device, a Hopper GPU."""
+    K must be a multiple of 8 (fp8: 16). All on one CUDA device, a Hopper GPU (or
+    Blackwell, sm_100: compile-checked only)."""
     S, N = _check(x, w, offs, out, scale_x, scale_w, out_dtype)
     if out is None:
         out = torch.empty(S, N, dtype=_result_dtype(x, out_dtype), device=x.device)

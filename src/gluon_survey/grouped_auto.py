@@ -10,7 +10,9 @@ GEMM, and which is faster depends on how many rows each expert gets:
 The choice is by S, x's rows (the token-slots, T * top-k), which the host knows without reading
 the offsets (no sync, so a call stays CUDA-graph capturable): up to DECODE_ROWS the swap-AB
 kernel, above it the 128-row one; fp8 operands (row-wise scales) run on the 128-row kernel at
-every S (the swap-AB one is 16-bit only). Each launch's config says which kernel ran and
+every S (the swap-AB one is 16-bit only). On Blackwell (sm_100) the `grouped` mode's kernel is
+its tcgen05 version (kernels/grouped_tcgen05.py, the registry's provider there) and runs at every
+S: the swap-AB kernel is wgmma's, Hopper's only. Each launch's config says which kernel ran and
 why. The driver measures this mode like the two rungs (`--shapes moe`), so the threshold can be
 read off one run."""
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import grouped as big_tile
+from . import registry
 from .kernels import grouped_swapab
 from .launch import Launch, Scales, Target
 
@@ -35,12 +37,24 @@ __all__ = ["DECODE_ROWS", "SWAPAB_DTYPES", "choose", "prepare", "unsupported_rea
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
-    """Both kernels run on Hopper only."""
-    return big_tile.unsupported_reason(capability) or grouped_swapab.unsupported_reason(capability)
+    """Hopper runs both kernels, Blackwell (sm_100) the 128-row one only (`choose`)."""
+    reason = registry.get("grouped").unsupported_reason(capability)
+    if reason or _swapab_reason(capability):
+        return reason
+    return grouped_swapab.unsupported_reason(capability)
 
 
-def choose(S: int, dtype: torch.dtype) -> tuple[str, str]:
-    """(the grouped mode that runs S token-slots of this dtype, why)."""
+def _swapab_reason(capability: tuple[int, int]) -> str | None:
+    """Why this GPU never gets the swap-AB kernel, where it runs the 128-row one only: sm_100."""
+    if capability[0] == 10:
+        return f"sm_{capability[0]}{capability[1]}: the swap-AB kernel is Hopper's (wgmma)"
+    return None
+
+
+def choose(S: int, dtype: torch.dtype, capability: tuple[int, int]) -> tuple[str, str]:
+    """(the grouped mode that runs S token-slots of this dtype on a GPU of this capability, why)."""
+    if reason := _swapab_reason(capability):
+        return "grouped", f"{reason}; the 128-row tiles at every S"
     if dtype not in SWAPAB_DTYPES:
         return "grouped", f"{dtype} operands: the swap-AB kernel takes 16-bit ones only"
     if S <= DECODE_ROWS:
@@ -50,10 +64,16 @@ def choose(S: int, dtype: torch.dtype) -> tuple[str, str]:
 
 def prepare(x, w, offs, out, target: Target, scales: Scales | None = None) -> Launch:
     """The launch of the kernel `choose` picks, on operands `gluon_survey.grouped` has checked
-    (fp8 ones with their `scales`); its config names the mode that runs (`mode`) and why (`why`)."""
-    mode, why = choose(x.shape[0], x.dtype)
+    (fp8 ones with their `scales`); its config names the mode that runs (`mode`) and why (`why`).
+    The `grouped` mode's kernel is the registry's provider for this GPU: kernels/grouped.py on
+    sm_90, kernels/grouped_tcgen05.py on sm_100."""
+    mode, why = choose(x.shape[0], x.dtype, target.capability)
     if mode == "grouped-swapab":
         launch = grouped_swapab.prepare(x, w, offs, out, target)
     else:
-        launch = big_tile.prepare(x, w, offs, out, target, scales=scales)
+        launch = (
+            registry.get("grouped")
+            .provider(target.capability)
+            .prepare(x, w, offs, out, target, scales=scales)
+        )
     return Launch(launch.fn, {"mode": mode, **launch.config, "why": why})

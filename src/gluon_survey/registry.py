@@ -180,8 +180,9 @@ MODES: tuple[Mode, ...] = (
         "persistent + a tile list over experts: every expert's GEMM of a mixture-of-experts layer in one "
         "launch, the experts' rows from device-side offsets (grouped shapes: --shapes moe)",
         "gluon",
-        ("sm_90",),
+        ("sm_90", "sm_100"),
         "gluon_survey.kernels.grouped",
+        arch_modules=((10, "gluon_survey.kernels.grouped_tcgen05"),),
         fp8=True,
         grouped=True,
     ),
@@ -197,9 +198,9 @@ MODES: tuple[Mode, ...] = (
     Mode(
         "grouped-auto",
         "what grouped_matmul runs: grouped-swapab at decode sizes (S <= grouped_auto.DECODE_ROWS "
-        "token-slots), grouped above",
+        "token-slots), grouped above (on sm_100: grouped at every size)",
         "choice",
-        ("sm_90",),
+        ("sm_90", "sm_100"),
         "gluon_survey.grouped_auto",
         fp8=True,
         grouped=True,

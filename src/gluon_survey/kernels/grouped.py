@@ -100,11 +100,14 @@ __all__ = [
     "WIDE_CONFIGS",
     "WIDE_N",
     "GroupedConfig",
+    "check_config",
     "compile_specs",
     "config_for",
     "experts_pad",
     "grouped_kernel",
+    "launch_of",
     "prepare",
+    "spec_of",
     "tile_bound",
     "unsupported_reason",
 ]
@@ -189,10 +192,14 @@ FP8_WIDE_CONFIGS = {
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
-    """The grouped kernel multiplies with wgmma: sm_90 only, for now."""
+    """This kernel multiplies with wgmma: sm_90 only. (Blackwell runs its tcgen05 version,
+    kernels/grouped_tcgen05.py, which the registry's `grouped` mode picks on sm_100.)"""
     if capability[0] in CONFIGS:
         return None
-    return f"the grouped kernel runs on Hopper (sm_90) only; this GPU is sm_{capability[0]}{capability[1]}"
+    gpu = f"sm_{capability[0]}{capability[1]}"
+    if capability[0] == 10:
+        return f"this wgmma kernel is Hopper's (sm_90); on {gpu} the grouped mode runs grouped_tcgen05.py"
+    return f"the grouped kernel runs on Hopper (sm_90) and Blackwell (sm_100); this GPU is {gpu}"
 
 
 def config_for(capability: tuple[int, int], N: int, fp8: bool = False) -> GroupedConfig:
@@ -476,28 +483,44 @@ def prepare(
     [S] token scales, `b` the [E, N] expert-channel scales, contiguous fp32) and a bf16 or fp16
     `out`. `gluon_survey.grouped.grouped_matmul` checks all of that first. `cfg`: the config to
     run (`config_for`'s by default); one of the other kind of operands is a ValueError."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     reason = unsupported_reason(target.capability)
     if reason:
         raise RuntimeError(reason)
-    S, K = x.shape
-    E, _, N = w.shape
+    cfg = cfg or config_for(target.capability, w.shape[2], scales is not None)
+    check_config(cfg, x, scales)
+    values = constexprs(cfg, target.capability, w.shape[0], scales.code if scales else 0)
+    return launch_of(grouped_kernel, values, x, w, offs, out, target, cfg, scales)
+
+
+def check_config(cfg: GroupedConfig, x, scales: Scales | None) -> None:
+    """ValueError where `cfg` is for the other kind of operands than x's, or fp8 scales are not
+    row-wise."""
     fp8 = scales is not None
-    cfg = cfg or config_for(target.capability, N, fp8)
     if fp8 != (cfg.ELEM_BYTES == 1):
         kind = "fp8" if cfg.ELEM_BYTES == 1 else "16-bit"
         raise ValueError(f"grouped: config {cfg.label} is for {kind} operands; these are {_dtype_name(x)}")
     if fp8 and scales.kind != "row":
         raise ValueError(f"grouped: fp8 scales are row-wise ([S] and [E, N]), not {scales.kind!r}")
+
+
+def launch_of(
+    kernel, values: dict[str, object], x, w, offs, out, target: Target, cfg: GroupedConfig, scales
+) -> Launch:
+    """The launch of a grouped kernel with this module's arguments (`grouped_kernel`, or the
+    tcgen05 one of kernels/grouped_tcgen05.py): the x and weight descriptors of `cfg`'s boxes, the
+    grid (`tile_bound`), the constexprs `values`; checked operands and config (`prepare`)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    S, K = x.shape
+    E, _, N = w.shape
+    fp8 = scales is not None
     weight = w.transpose(1, 2).reshape(E * N, K)  # a view of the contiguous [E, N, K] weight
     gdt = GL_DTYPES[_dtype_name(x)]
     a_block, b_block = [cfg.BLOCK_M, cfg.BLOCK_K], [cfg.BLOCK_N, cfg.BLOCK_K]
     a_desc = TensorDescriptor.from_tensor(x, a_block, smem_layout(a_block, gdt))
     b_desc = TensorDescriptor.from_tensor(weight, b_block, smem_layout(b_block, gdt))
     grid = (max(1, min(target.sm_count, tile_bound(S, N, E, cfg))),)
-    values = constexprs(cfg, target.capability, E, scales.code if fp8 else 0)
-    launcher = Launcher(grouped_kernel, grid, values, cfg.num_warps)
+    launcher = Launcher(kernel, grid, values, cfg.num_warps)
     scale_x, scale_w = (scales.a, scales.b) if fp8 else (None, None)
     args = (a_desc, b_desc, out, offs, scale_x, scale_w, S, N, E)
     return Launch(lambda: launcher(*args), cfg.table() | ({"scales": "row"} if fp8 else {}))
@@ -513,36 +536,44 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
     configs with row-wise scales and a bf16 output, as the dense fp8 rungs' specs do."""
     if unsupported_reason(capability) or dtype not in (*_POINTER_TYPES, FP8):
         return []
-    fp8 = dtype == FP8
     major = capability[0]
-    configs = (FP8_CONFIGS[major], FP8_WIDE_CONFIGS[major]) if fp8 else (CONFIGS[major], WIDE_CONFIGS[major])
-    specs = []
-    for cfg in configs:
-        values = constexprs(cfg, capability, MAX_EXPERTS, 2 if fp8 else 0)
-        scales = dict.fromkeys(("scale_x", "scale_w"), "*fp32" if fp8 else "constexpr")
-        signature = (
-            {
-                "a_desc": desc_signature([cfg.BLOCK_M, cfg.BLOCK_K], dtype),
-                "b_desc": desc_signature([cfg.BLOCK_N, cfg.BLOCK_K], dtype),
-                "out": _POINTER_TYPES[FP8_OUT if fp8 else dtype],
-                "offs": "*i32",
-            }
-            | scales
-            | {"S": "i32", "N": "i32", "E": "i32"}
-            | dict.fromkeys(values, "constexpr")
+    if dtype == FP8:
+        configs = (FP8_CONFIGS[major], FP8_WIDE_CONFIGS[major])
+    else:
+        configs = (CONFIGS[major], WIDE_CONFIGS[major])
+    return [
+        spec_of(
+            grouped_kernel, cfg, constexprs(cfg, capability, MAX_EXPERTS, 2 if dtype == FP8 else 0), dtype
         )
-        if not fp8:  # no scales: None constexprs, as the 16-bit launch passes them
-            values = dict.fromkeys(scales) | values
-        specs.append(
-            CompileSpec(
-                "grouped",
-                f"grouped_kernel {cfg.label} E<={values['EXPERTS_PAD']} B=t" + (" scales=row" if fp8 else ""),
-                grouped_kernel,
-                signature,
-                values,
-                {"num_warps": cfg.num_warps},
-                config=cfg,
-                divisible=("out", "offs", *(scales if fp8 else ())),
-            )
-        )
-    return specs
+        for cfg in configs
+    ]
+
+
+def spec_of(kernel, cfg: GroupedConfig, values: dict[str, object], dtype: str) -> CompileSpec:
+    """The compile spec of a grouped kernel (this module's arguments, `compile_specs`) with the
+    constexprs `values` (SCALING 2 for fp8 operands, 0 otherwise) and MAX_EXPERTS' table."""
+    fp8 = dtype == FP8
+    scales = dict.fromkeys(("scale_x", "scale_w"), "*fp32" if fp8 else "constexpr")
+    signature = (
+        {
+            "a_desc": desc_signature([cfg.BLOCK_M, cfg.BLOCK_K], dtype),
+            "b_desc": desc_signature([cfg.BLOCK_N, cfg.BLOCK_K], dtype),
+            "out": _POINTER_TYPES[FP8_OUT if fp8 else dtype],
+            "offs": "*i32",
+        }
+        | scales
+        | {"S": "i32", "N": "i32", "E": "i32"}
+        | dict.fromkeys(values, "constexpr")
+    )
+    if not fp8:  # no scales: None constexprs, as the 16-bit launch passes them
+        values = dict.fromkeys(scales) | values
+    return CompileSpec(
+        "grouped",
+        f"{kernel.__name__} {cfg.label} E<={values['EXPERTS_PAD']} B=t" + (" scales=row" if fp8 else ""),
+        kernel,
+        signature,
+        values,
+        {"num_warps": cfg.num_warps},
+        config=cfg,
+        divisible=("out", "offs", *(scales if fp8 else ())),
+    )
