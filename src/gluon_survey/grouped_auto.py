@@ -9,10 +9,11 @@ GEMM, and which is faster depends on how many rows each expert gets:
 
 The choice is by S, x's rows (the token-slots, T * top-k), which the host knows without reading
 the offsets (no sync, so a call stays CUDA-graph capturable): up to DECODE_ROWS the swap-AB
-kernel, above it the 128-row one; fp8 operands (row-wise scales) run on the 128-row kernel at
-every S (the swap-AB one is 16-bit only). Each launch's config says which kernel ran and
-why. The driver measures this mode like the two rungs (`--shapes moe`), so the threshold can be
-read off one run."""
+kernel, above it the 128-row one, for fp16/bf16 and fp8 e4m3 operands (row-wise scales) alike:
+both kernels take both, and the 128-row kernel's fp8 misses were the decode cells where the
+swap-AB kernel had fixed bf16 (docs/perf-notes.md, entries 59 and 61). Each launch's config says
+which kernel ran and why. The driver measures this mode like the two rungs (`--shapes moe`), so
+the threshold can be read off one run."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ from .launch import Launch, Scales, Target
 # guess: every decode cell of `--shapes moe` (T <= 64) is below it, where the swap-AB kernel ran
 # at 1.06x torch._grouped_mm or more (results/h100-moe-decode), and every prefill cell (T >= 512)
 # above it; whether it is the crossover (the swap-AB kernel at T >= 512) is not yet measured.
-# docs/perf-notes.md, entry 58.
+# docs/perf-notes.md, entry 58. fp8 takes the same line, not yet measured there (entry 61).
 DECODE_ROWS = 512
-SWAPAB_DTYPES = (torch.float16, torch.bfloat16)
+SWAPAB_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 
 __all__ = ["DECODE_ROWS", "SWAPAB_DTYPES", "choose", "prepare", "unsupported_reason"]
 
@@ -42,7 +43,7 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
 def choose(S: int, dtype: torch.dtype) -> tuple[str, str]:
     """(the grouped mode that runs S token-slots of this dtype, why)."""
     if dtype not in SWAPAB_DTYPES:
-        return "grouped", f"{dtype} operands: the swap-AB kernel takes 16-bit ones only"
+        return "grouped", f"{dtype} operands: the swap-AB kernel takes fp16, bf16 and e4m3 ones only"
     if S <= DECODE_ROWS:
         return "grouped-swapab", f"S = {S} <= {DECODE_ROWS} token-slots: few rows an expert (decode)"
     return "grouped", f"S = {S} > {DECODE_ROWS} token-slots: 128-row tiles (prefill)"
@@ -53,7 +54,7 @@ def prepare(x, w, offs, out, target: Target, scales: Scales | None = None) -> La
     (fp8 ones with their `scales`); its config names the mode that runs (`mode`) and why (`why`)."""
     mode, why = choose(x.shape[0], x.dtype)
     if mode == "grouped-swapab":
-        launch = grouped_swapab.prepare(x, w, offs, out, target)
+        launch = grouped_swapab.prepare(x, w, offs, out, target, scales=scales)
     else:
         launch = big_tile.prepare(x, w, offs, out, target, scales=scales)
     return Launch(launch.fn, {"mode": mode, **launch.config, "why": why})

@@ -100,6 +100,7 @@ __all__ = [
     "WIDE_CONFIGS",
     "WIDE_N",
     "GroupedConfig",
+    "check_operand_kind",
     "compile_specs",
     "config_for",
     "experts_pad",
@@ -466,6 +467,17 @@ def _dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def check_operand_kind(who: str, cfg: GroupedConfig, x, scales: Scales | None) -> None:
+    """ValueError unless `cfg` is for the kind of operands x is (fp8, which come with `scales`, or
+    16-bit) and fp8 scales are row-wise: the check both grouped kernels' `prepare` make."""
+    fp8 = scales is not None
+    if fp8 != (cfg.ELEM_BYTES == 1):
+        kind = "fp8" if cfg.ELEM_BYTES == 1 else "16-bit"
+        raise ValueError(f"{who}: config {cfg.label} is for {kind} operands; these are {_dtype_name(x)}")
+    if fp8 and scales.kind != "row":
+        raise ValueError(f"{who}: fp8 scales are row-wise ([S] and [E, N]), not {scales.kind!r}")
+
+
 def prepare(
     x, w, offs, out, target: Target, cfg: GroupedConfig | None = None, scales: Scales | None = None
 ) -> Launch:
@@ -485,11 +497,7 @@ def prepare(
     E, _, N = w.shape
     fp8 = scales is not None
     cfg = cfg or config_for(target.capability, N, fp8)
-    if fp8 != (cfg.ELEM_BYTES == 1):
-        kind = "fp8" if cfg.ELEM_BYTES == 1 else "16-bit"
-        raise ValueError(f"grouped: config {cfg.label} is for {kind} operands; these are {_dtype_name(x)}")
-    if fp8 and scales.kind != "row":
-        raise ValueError(f"grouped: fp8 scales are row-wise ([S] and [E, N]), not {scales.kind!r}")
+    check_operand_kind("grouped", cfg, x, scales)
     weight = w.transpose(1, 2).reshape(E * N, K)  # a view of the contiguous [E, N, K] weight
     gdt = GL_DTYPES[_dtype_name(x)]
     a_block, b_block = [cfg.BLOCK_M, cfg.BLOCK_K], [cfg.BLOCK_N, cfg.BLOCK_K]
