@@ -59,7 +59,8 @@ output dtype: each row times its token's scale scale_x[row] ([S], loaded in the 
 layout), each column of a slice times the expert's channel scale scale_w[e, column] ([E, N],
 loaded one per thread and redistributed). Rows and columns the epilogue does not write get scale 0.
 Measured (H100): 1.145x torch._scaled_grouped_mm geomean over `--shapes moe`, the misses at
-decode sizes, where the 16-bit path has the swap-AB kernel (docs/perf-notes.md, entry 59).
+decode sizes (docs/perf-notes.md, entry 59), which `grouped_matmul` now runs on the swap-AB
+kernel's fp8 path, as in 16-bit (kernels/grouped_swapab.py; entry 61).
 
 The K loop is persistent's flat ring: the producer runs STAGES - 1 (tile, K step) loads ahead of
 the MMAs across tile boundaries, so the next tile's first loads are in flight during a tile's

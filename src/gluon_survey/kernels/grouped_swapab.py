@@ -18,7 +18,8 @@ Status: passes tests/test_grouped_gpu.py on an H100 (commit 280c632). On the 72 
 `--shapes moe` (T <= 64) it ran at 1.06-1.56x torch._grouped_mm, geomean 1.23x, a median 0.98 of
 rung 0's bandwidth (results/h100-moe-decode; docs/perf-notes.md, entry 58: the floor, the
 prediction and the result). `gluon_survey.grouped_matmul` runs it up to
-`grouped_auto.DECODE_ROWS` token-slots.
+`grouped_auto.DECODE_ROWS` token-slots, in 16-bit and in fp8. The fp8 path (below) is
+compile-checked (sm_90a, triton 3.6 and 3.9), not yet run on a GPU (entry 61: the prediction).
 
 Everything but the MMA's operands and the epilogue is the grouped kernel's (kernels/grouped.py),
 imported from there, not copied:
@@ -45,6 +46,20 @@ imported from there, not copied:
 The rings are the dense swapab's whole-K rings, measured there for one program per SM streaming
 a 64-row weight slab (kernels/swapab.py, WHOLE_K): BLOCK_K 256 and 4 stages at 16 and 32 tokens,
 128 and 6 at 64; 160-192 KB in all, 96-128 KB of weight in flight per SM.
+
+fp8 e4m3 with row-wise scales (SCALING 2; `FP8_CONFIGS`), for the decode cells where the 128-row
+kernel's fp8 missed torch._scaled_grouped_mm (Mixtral down at one token: 32 programs of 128x256).
+The same kernel: fp8 wgmma reads both operands K-major, and both are here (the weight slab, the
+MMA's A, is a K-major box of the [E * N, K] weight; the tokens' [BLOCK_T, BLOCK_K] box is K-major,
+permuted into the B operand), so only the element type changes, and the dequantization is the
+128-row kernel's (`_scale_rows`, `_scale_columns`), on C's fp32 tile after the transpose: rows
+are tokens (scale_x[row]), columns the expert's output channels, the weight's rows
+(scale_w[e, column]). The rings keep the 16-bit rings' bytes, 160-192 KB, in K steps of 256
+elements: at 16 and 32 tokens a stage is half as many bytes, so 8 stages where 16-bit has 4 (7/8
+of the ring in flight against 3/4, and the surveyed models' K cut into the same steps as in
+16-bit: Qwen3 down's 768 in three); at 64 tokens 256-wide steps at the 16-bit ring's 6 stages (it
+has 128-wide ones, since 256 did not fit in 2-byte elements). Registers (triton 3.6, N unknown):
+54, 64 and 123 at 16, 32 and 64 tokens, no spills.
 
 BLOCK_W = 64 and the grid. A 64-row weight block is the smallest tile a warpgroup's wgmma can
 take, so it makes the most tiles. The fewest come at one token, where at most top-k experts have
