@@ -542,7 +542,7 @@ def test_grouped_shapes_refuse_per_tensor_fp8_and_the_row_layout_before_the_gpu(
         (
             ["grouped_mm,grouped", "--dtype", "fp8-row"],
             "--dtype fp8-row: mode 'grouped_mm' has no fp8 kernel; fp8 operands run in: grouped, "
-            "grouped-auto, cublas-loop, scaled_grouped_mm",
+            "grouped-swapab, grouped-auto, cublas-loop, scaled_grouped_mm",
         ),
         (
             ["scaled_grouped_mm", "--dtype", "bf16,fp16"],

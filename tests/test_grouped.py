@@ -2,9 +2,10 @@
 meets before the device check), the device checks, the empty cases, the choice between the
 128-row and the swap-AB kernel by S, and the launches they prepare on a faked H100 (FakeTensors,
 the kernels swapped for recorders); the kernel configs' arithmetic. fp8 e4m3 operands with
-row-wise scales likewise: the scales' checks and the fixes they name, the fp8 launch (the scales
-after the offsets, SCALING 2, BLOCK_K 128) and `prepare`'s refusals of modes without fp8 (or with
-fp8 only)."""
+row-wise scales likewise: the scales' checks and the fixes they name, the fp8 launches of both
+kernels (the scales after the offsets, SCALING 2; BLOCK_K 128 in the 128-row kernel, 256 in the
+swap-AB one), the choice by S for fp8, and `prepare`'s refusals of modes without fp8 (or with fp8
+only)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from gluon_survey import grouped as gg
 from gluon_survey.kernels import common
 from gluon_survey.kernels import grouped as gk
 from gluon_survey.kernels import grouped_swapab as gs
-from gluon_survey.launch import Target
+from gluon_survey.launch import Scales, Target
 from recording import Launched, Recorder
 
 pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
@@ -426,16 +427,44 @@ def test_an_fp8_launch_passes_the_callers_scales_after_the_offsets(fake_h100):
     assert half.dtype == torch.float16 and fake_h100[1].args[2] is half
 
 
-def test_fp8_runs_the_128_row_kernel_at_decode_sizes_too(fake_h100):
-    """grouped-auto sends fp8 operands to the 128-row kernel at every S (the swap-AB kernel is
-    16-bit only), with the caller's scales."""
-    x, w, offs, scale_x, scale_w = _fp8_operands(S=3, K=256, N=300, E=8, device="cuda")
+def test_an_fp8_decode_launch_is_the_swap_ab_kernel_with_the_callers_scales(fake_h100):
+    """grouped-auto sends fp8 operands at decode sizes to the swap-AB kernel, as it does 16-bit
+    ones: Mixtral-8x7B's down projection at one token (S = 2), 2 experts x 4096 / 64 weight blocks
+    = 128 programs, on the fp8 ring (K steps of 256 e4m3 elements, 8 stages at 16 tokens)."""
+    x, w, offs, scale_x, scale_w = _fp8_operands(S=2, K=14336, N=4096, E=8, device="cuda")
+    out = gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w)
+    assert out.dtype == BF16
+    (launch,) = fake_h100
+    cfg = gs.FP8_CONFIGS[9][16]
+    assert launch.kernel == "grouped_swapab_kernel" and launch.kwargs["SCALING"] == 2
+    x_desc, w_desc, o, o_offs, sx, sw, S, N, E = launch.args
+    # the caller's buffers, not copies: a CUDA graph replays with the values they hold then
+    assert o is out and o_offs is offs and sx is scale_x and sw is scale_w and (S, N, E) == (2, 4096, 8)
+    assert launch.grid == (128,)
+    assert list(x_desc.block_shape) == [16, 256] and list(w_desc.block_shape) == [64, 256]
+    assert x_desc.base.dtype == FP8 and w_desc.base.dtype == FP8
+    assert (launch.kwargs["STAGES"], launch.kwargs["num_warps"]) == (cfg.STAGES, 4) == (8, 4)
+    config = gg.prepare("grouped-auto", x, w, offs, scale_x=scale_x, scale_w=scale_w).config
+    assert config["mode"] == "grouped-swapab" and config["swap_ab"] and config["scales"] == "row"
+    assert "S = 2 <= 512" in config["why"] and config["BLOCK_K"] == 256 and config["stages"] == 8
+    half = gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w, out_dtype=torch.float16)
+    assert half.dtype == torch.float16 and fake_h100[1].args[2] is half
+
+
+@pytest.mark.parametrize(
+    ("S", "kernel"),
+    [(1, "grouped_swapab_kernel"), (grouped_auto.DECODE_ROWS, "grouped_swapab_kernel")]
+    + [(grouped_auto.DECODE_ROWS + 1, "grouped_kernel")],
+)
+def test_fp8_runs_the_swap_ab_kernel_up_to_decode_rows(fake_h100, S, kernel):
+    x, w, offs, scale_x, scale_w = _fp8_operands(S=S, K=128, N=256, E=8, device="cuda")
     gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w)
     (launch,) = fake_h100
-    assert launch.kernel == "grouped_kernel" and launch.kwargs["SCALING"] == 2
+    assert launch.kernel == kernel and launch.kwargs["SCALING"] == 2
     assert launch.args[4] is scale_x and launch.args[5] is scale_w
-    config = gg.prepare("grouped-auto", x, w, offs, scale_x=scale_x, scale_w=scale_w).config
-    assert config["mode"] == "grouped" and "16-bit" in config["why"]
+    assert launch.args[0].base.dtype == FP8 and list(launch.args[0].block_shape)[1] == (
+        256 if kernel == "grouped_swapab_kernel" else 128
+    )
 
 
 def test_a_wide_fp8_output_takes_the_wide_fp8_tile(fake_h100):
@@ -463,7 +492,9 @@ def test_prepare_refuses_fp8_for_a_mode_without_fp8_and_16_bit_for_an_fp8_only_m
     x, w, offs, scale_x, scale_w = _fp8_operands(device="cuda")
     scales = {"scale_x": scale_x, "scale_w": scale_w}
     with pytest.raises(
-        TypeError, match=r"mode 'grouped_mm' has no fp8 kernel; fp8 operands run in: grouped, "
+        TypeError,
+        match=r"mode 'grouped_mm' has no fp8 kernel; fp8 operands run in: grouped, grouped-swapab, "
+        "grouped-auto, ",
     ):
         gg.prepare("grouped_mm", x, w, offs, **scales)
     with pytest.raises(
@@ -474,6 +505,8 @@ def test_prepare_refuses_fp8_for_a_mode_without_fp8_and_16_bit_for_an_fp8_only_m
     assert launch.config["impl"].startswith("torch._scaled_grouped_mm")
     launch = gg.prepare("grouped", x, w, offs, **scales)
     assert launch.config["scales"] == "row" and launch.config["BLOCK_K"] == 128
+    launch = gg.prepare("grouped-swapab", x, w, offs, **scales)
+    assert launch.config["scales"] == "row" and launch.config["BLOCK_K"] == 256 and launch.config["swap_ab"]
     assert fake_h100 == []  # prepared, not launched
 
 
@@ -481,7 +514,7 @@ def test_fp8_with_k_zero_or_no_rows_launches_nothing(monkeypatch):
     zeroed = []
     monkeypatch.setattr(torch.Tensor, "zero_", lambda t: zeroed.append(tuple(t.shape)) or t)
     monkeypatch.setattr(api, "target_of", lambda device: H100)
-    monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log := []))
+    _record_kernels(monkeypatch, log := [])
     with FakeTensorMode():
         x, w, offs, scale_x, scale_w = _fp8_operands(S=16, K=0, N=32, E=2, device="cuda")
         assert gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w).dtype == BF16
@@ -591,10 +624,16 @@ def test_the_choice_says_which_kernel_and_tile_and_why(fake_h100, S, mode, tile)
     assert fake_h100 == []  # prepared, not launched
 
 
-def test_the_swap_ab_kernel_takes_16_bit_operands_only():
-    assert grouped_auto.choose(1, torch.float8_e4m3fn, (9, 0))[0] == "grouped"
-    assert "16-bit" in grouped_auto.choose(1, torch.float8_e4m3fn, (9, 0))[1]
-    assert grouped_auto.choose(1, torch.float16, (9, 0))[0] == "grouped-swapab"
+@pytest.mark.parametrize("dtype", [torch.float16, BF16, FP8], ids=str)
+def test_the_choice_is_by_s_alone_for_every_dtype_grouped_matmul_takes(dtype):
+    assert grouped_auto.choose(1, dtype, (9, 0))[0] == "grouped-swapab"
+    assert grouped_auto.choose(grouped_auto.DECODE_ROWS, dtype, (9, 0))[0] == "grouped-swapab"
+    assert grouped_auto.choose(grouped_auto.DECODE_ROWS + 1, dtype, (9, 0))[0] == "grouped"
+
+
+def test_a_dtype_the_swap_ab_kernel_has_no_config_for_goes_to_the_128_row_kernel():
+    mode, why = grouped_auto.choose(1, torch.float8_e5m2, (9, 0))
+    assert mode == "grouped" and "fp16, bf16 and e4m3 ones only" in why
 
 
 @pytest.mark.parametrize(
@@ -633,8 +672,9 @@ def test_the_swap_ab_launch_is_the_transpose_on_64_row_weight_blocks(fake_h100):
     out = gg.grouped_matmul(x, w, offs)
     (launch,) = fake_h100
     cfg = gs.CONFIGS[9][16]
-    x_desc, w_desc, o, o_offs, S, N, E = launch.args
-    assert (o, o_offs, S, N, E) == (out, offs, 2, 4096, 8)
+    x_desc, w_desc, o, o_offs, scale_x, scale_w, S, N, E = launch.args
+    assert (o, o_offs, scale_x, scale_w, S, N, E) == (out, offs, None, None, 2, 4096, 8)
+    assert launch.kwargs["SCALING"] == 0  # fp16/bf16: no scales, None constexprs
     assert launch.grid == (128,)
     assert list(x_desc.shape) == [2, 14336] and list(x_desc.block_shape) == [16, cfg.BLOCK_K]
     assert list(w_desc.shape) == [8 * 4096, 14336] and list(w_desc.block_shape) == [64, cfg.BLOCK_K]
@@ -653,6 +693,7 @@ def test_the_swap_ab_grid_never_exceeds_the_sms_or_the_tiles(fake_h100):
     assert small.grid == (2 * 4,)  # 2 experts (3 rows: at most 2 with rows) x 4 blocks of 64 of N = 200
 
 
+@pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize(
     ("S", "E", "rows", "width"),
     [
@@ -667,10 +708,10 @@ def test_the_swap_ab_grid_never_exceeds_the_sms_or_the_tiles(fake_h100):
         (0, 4, 0, 16),
     ],
 )
-def test_the_token_tile_holds_the_rows_an_expert_gets(S, E, rows, width):
+def test_the_token_tile_holds_the_rows_an_expert_gets(S, E, rows, width, fp8):
     assert gs.rows_per_expert(S, E) == rows
-    cfg = gs.config_for((9, 0), S, E)
-    assert cfg.BLOCK_T == cfg.BLOCK_M == width and cfg is gs.CONFIGS[9][width]
+    cfg = gs.config_for((9, 0), S, E, fp8)
+    assert cfg.BLOCK_T == cfg.BLOCK_M == width and cfg is (gs.FP8_CONFIGS if fp8 else gs.CONFIGS)[9][width]
 
 
 def test_the_swap_ab_configs_fit_and_say_their_tile_in_cs_terms():
@@ -692,6 +733,22 @@ def test_the_swap_ab_configs_fit_and_say_their_tile_in_cs_terms():
     }
 
 
+def test_the_swap_ab_fp8_rings_hold_the_16_bit_rings_bytes_in_256_wide_k_steps():
+    """1-byte elements: the same ring bytes a program as in 16-bit, in K steps of 256 (8 fp8
+    wgmmas of 32), so twice the stages at 16 and 32 tokens and, at 64, 256-wide steps where 16-bit
+    has 128."""
+    for width, fp8 in gs.FP8_CONFIGS[9].items():
+        sixteen = gs.CONFIGS[9][width]
+        assert (fp8.BLOCK_T, fp8.BLOCK_W, fp8.num_warps, fp8.ELEM_BYTES) == (width, 64, 4, 1)
+        assert fp8.BLOCK_K == 256 and fp8.smem_bytes() == sixteen.smem_bytes()
+        assert fp8.smem_bytes() == fp8.STAGES * (width + 64) * 256
+        assert fp8.smem_bytes() + fp8.epilogue_bytes() <= common.SMEM_LIMIT
+    assert [cfg.STAGES for cfg in gs.FP8_CONFIGS[9].values()] == [8, 8, 6]
+    assert gs.FP8_CONFIGS[9][64].label == "W64xT64x256 fp8 s6 w4"
+    with pytest.raises(ValueError, match="shared memory"):  # ten 24 KB stages at 32 tokens
+        replace(gs.FP8_CONFIGS[9][32], STAGES=10)
+
+
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
@@ -706,14 +763,32 @@ def test_bad_swap_ab_configs_are_refused(changes, match):
         replace(gs.CONFIGS[9][32], **changes)
 
 
-def test_swap_ab_specs_only_for_hopper_and_16_bit_operands():
+def test_swap_ab_specs_only_for_hopper_16_bit_and_fp8_row_wise():
     assert [s.kernel for s in gs.compile_specs((9, 0), "bfloat16")] == [
         "grouped_swapab_kernel W64xT16x256 s4 w4 E<=512 B=t",
         "grouped_swapab_kernel W64xT32x256 s4 w4 E<=512 B=t",
         "grouped_swapab_kernel W64xT64x128 s6 w4 E<=512 B=t",
     ]
-    assert gs.compile_specs((10, 0), "float16") == []
-    assert gs.compile_specs((9, 0), "float8_e4m3fn") == []
+    fp8 = gs.compile_specs((9, 0), "float8_e4m3fn")
+    assert [s.kernel for s in fp8] == [
+        "grouped_swapab_kernel W64xT16x256 fp8 s8 w4 E<=512 B=t scales=row",
+        "grouped_swapab_kernel W64xT32x256 fp8 s8 w4 E<=512 B=t scales=row",
+        "grouped_swapab_kernel W64xT64x256 fp8 s6 w4 E<=512 B=t scales=row",
+    ]
+    for spec in fp8:  # the scales are pointers after the offsets, as the 128-row kernel's; the output bf16
+        assert spec.constexprs["SCALING"] == 2 and spec.signature["out"] == "*bf16"
+        assert [spec.signature[k] for k in ("offs", "scale_x", "scale_w", "S")] == [
+            "*i32",
+            "*fp32",
+            "*fp32",
+            "i32",
+        ]
+        assert spec.signature["x_desc"].startswith("tensordesc<fp8e4nv[")
+    sixteen = gs.compile_specs((9, 0), "float16")[0]
+    assert sixteen.constexprs["scale_x"] is None and sixteen.signature["scale_x"] == "constexpr"
+    assert sixteen.constexprs["SCALING"] == 0
+    assert gs.compile_specs((10, 0), "float16") == [] and gs.compile_specs((10, 0), "float8_e4m3fn") == []
+    assert gs.compile_specs((9, 0), "float32") == []
     assert gs.unsupported_reason((9, 0)) is None and "sm_100" in gs.unsupported_reason((10, 0))
     # grouped-auto runs on both: Blackwell without the swap-AB kernel (tests/test_blackwell_compile.py)
     assert (
@@ -740,3 +815,11 @@ def test_the_kernels_prepare_refuses_a_config_of_the_other_kind():
         out = torch.empty(32, 48, dtype=BF16, device="cuda")
         with pytest.raises(ValueError, match="is for fp8 operands; these are bfloat16"):
             gk.prepare(x, w, offs, out, H100, gk.FP8_CONFIGS[9])
+        with pytest.raises(ValueError, match=r"grouped-swapab: config W64xT16x256 fp8 s8 w4 is for fp8"):
+            gs.prepare(x, w, offs, out, H100, gs.FP8_CONFIGS[9][16])
+        x, w, offs, scale_x, scale_w = _fp8_operands(device="cuda")
+        scales = Scales(scale_x, scale_w, "row")
+        with pytest.raises(ValueError, match=r"grouped-swapab: config W64xT16x256 s4 w4 is for 16-bit"):
+            gs.prepare(x, w, offs, out, H100, gs.CONFIGS[9][16], scales=scales)
+        with pytest.raises(ValueError, match=r"grouped-swapab: fp8 scales are row-wise .* not 'tensor'"):
+            gs.prepare(x, w, offs, out, H100, scales=Scales(scale_x, scale_w, "tensor"))

@@ -1,10 +1,11 @@
 """The grouped kernels (kernels/grouped.py, kernels/grouped_swapab.py) compile for sm_90a on a
 machine with no GPU, and their machine code is what their docstrings claim: wgmma (HGMMA, one per
 16 of BLOCK_K per K step; for the swap-AB kernel 64 weight rows by the token tile, 64xBLOCK_T;
-with fp8 e4m3 operands in the 128-row kernel QGMMA, one per 32, and no 16-bit MMA), TMA loads
+with fp8 e4m3 operands QGMMA, one per 32, in both kernels, and no 16-bit MMA), TMA loads
 (UTMALDG) and no TMA store (the epilogue is a masked register store, STG), no local-memory
-spills (fp8: with the row-wise scales' loads in the epilogue), and the shared memory of the ring
-(plus the epilogue's layout-conversion scratch).
+spills (fp8: with the row-wise scales' loads in the epilogue; in the swap-AB kernel two
+multiplies for each element of C's tile, its token's scale and its channel's), and the shared
+memory of the ring (plus the epilogue's layout-conversion scratch).
 
 They are the registry's `grouped` and `grouped-swapab` modes, which the dense rungs' compile
 tests leave out (a grouped mode's kernel is no rung of the dense ladder), so their specs are
@@ -98,20 +99,23 @@ SWAPAB_PARAMS = [
         dtype,
         index,
         id=f"{spec.kernel.replace(' ', '-')}-{dtype}",
-        marks=() if (dtype, index) == (SIXTEEN_BIT[0], 0) else (pytest.mark.exhaustive,),  # one design
+        # two designs: 16-bit, and fp8 with its scales' epilogue
+        marks=() if (dtype, index) in ((SIXTEEN_BIT[0], 0), (FP8, 0)) else (pytest.mark.exhaustive,),
     )
-    for dtype in SIXTEEN_BIT
+    for dtype in DTYPES
     for index, spec in enumerate(gs.compile_specs((9, 0), dtype))
 ]
 
 
-def test_three_token_tiles_per_dtype_of_one_design():
-    assert len(SWAPAB_PARAMS) == 3 * len(SIXTEEN_BIT)
-    assert gs.compile_specs((9, 0), FP8) == []  # the swap-AB kernel is 16-bit only
-    designs = {design(spec, ARCH) for dtype in SIXTEEN_BIT for spec in gs.compile_specs((9, 0), dtype)}
-    assert len(designs) == 1  # the token tile and the ring only size it
+def test_three_token_tiles_per_dtype_of_two_designs():
+    assert len(SWAPAB_PARAMS) == 3 * len(DTYPES)
+    designs = {dtype: {design(spec, ARCH) for spec in gs.compile_specs((9, 0), dtype)} for dtype in DTYPES}
+    # the token tile and the ring only size it; fp8 (SCALING 2) traces the scales' epilogue too
+    assert designs["float16"] == designs["bfloat16"] and len(designs["float16"]) == 1
+    assert len(designs[FP8]) == 1 and designs[FP8] != designs["float16"]
     assert [p.id for p in SWAPAB_PARAMS if not p.marks] == [
-        "grouped_swapab_kernel-W64xT16x256-s4-w4-E<=512-B=t-float16"
+        "grouped_swapab_kernel-W64xT16x256-s4-w4-E<=512-B=t-float16",
+        f"grouped_swapab_kernel-W64xT16x256-fp8-s8-w4-E<=512-B=t-scales=row-{FP8}",
     ]
 
 
@@ -120,11 +124,17 @@ def test_grouped_swapab_machine_code(dtype, index):
     spec, r = compiled(dtype, index, "grouped-swapab")
     assert r.error is None, r.error
     cfg = spec.config
-    # swapped: the wgmma's M is 64 weight rows, its N the token tile
-    shape = f"HGMMA.64x{cfg.BLOCK_T}x16.F32"
-    assert sum(n for op, n in r.sass.items() if op.startswith(shape)) == cfg.BLOCK_K // 16, r.sass
-    assert r.count("HGMMA") == cfg.BLOCK_K // 16, "one wgmma per 16 of K per K step"
-    assert r.count("HMMA") == 0 and r.count("UTCHMMA") == 0
+    mma, k_per_mma = MMA[dtype]
+    # swapped: the wgmma's M is 64 weight rows, its N the token tile (fp8: e4m3 both, K-major both)
+    shape = f"{mma}.64x{cfg.BLOCK_T}x{k_per_mma}.F32"
+    assert sum(n for op, n in r.sass.items() if op.startswith(shape)) == cfg.BLOCK_K // k_per_mma, r.sass
+    assert r.count(mma) == cfg.BLOCK_K // k_per_mma, f"one wgmma per {k_per_mma} of K per K step"
+    other = "QGMMA" if mma == "HGMMA" else "HGMMA"
+    assert r.count(other) == 0 and r.count("HMMA") == 0 and r.count("UTCHMMA") == 0
+    # fp8: each of a thread's elements of C's [BLOCK_T, 64] tile times its token's scale and its
+    # channel's, on the fp32 accumulator; 16-bit: no multiply at all (that path is unchanged)
+    per_thread = cfg.BLOCK_T * cfg.BLOCK_W // (32 * r.num_warps)
+    assert r.count("FMUL") == (2 * per_thread if dtype == FP8 else 0), r.count("FMUL")
     assert r.count("UTMALDG") > 0, "TMA loads expected"
     assert r.count("UTMASTG") == 0 and r.count("STG") > 0, "a masked register store, not a TMA store"
     assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
@@ -134,7 +144,8 @@ def test_grouped_swapab_machine_code(dtype, index):
 
 
 @pytest.mark.parametrize(
-    ("mode", "dtype"), [("grouped", "bfloat16"), ("grouped", FP8), ("grouped-swapab", "bfloat16")]
+    ("mode", "dtype"),
+    [("grouped", "bfloat16"), ("grouped", FP8), ("grouped-swapab", "bfloat16"), ("grouped-swapab", FP8)],
 )
 def test_sizes_of_one_compile_as_constexprs(mode, dtype):
     """Triton specializes an int argument equal to 1 as a constexpr: a launch with S = 1 (one

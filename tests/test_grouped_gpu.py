@@ -1,10 +1,11 @@
 """grouped_matmul and its two kernels on a Hopper GPU: the 128-row kernel (`grouped`: its first
 version and its compact schedule passed these on an H100) and the swap-AB kernel
-(`grouped-swapab`: not yet run on a GPU), each case through each kernel alone and through
-grouped_matmul (which picks one by S). Every expert's rows are checked against the fp32 product of its inputs
-with the driver's rule (`driver.check.tolerance`, cuBLAS's error on the same expert as the
-yardstick), on NaN-poisoned outputs: a row of an expert left unwritten shows as NaN, and the rows
-at or past offs[-1], which no expert owns, must still be NaN (nothing writes outside its expert).
+(`grouped-swapab`: its 16-bit cases passed on an H100), each case through each kernel alone and
+through grouped_matmul (which picks one by S). Every expert's rows are checked against the fp32
+product of its inputs with the driver's rule (`driver.check.tolerance`, cuBLAS's error on the
+same expert as the yardstick), on NaN-poisoned outputs: a row of an expert left unwritten shows
+as NaN, and the rows at or past offs[-1], which no expert owns, must still be NaN (nothing writes
+outside its expert).
 Cases: empty experts, one expert with every token, S = 1, ragged S/N/K tails, E = 1 to 300 (the
 offsets' table padded to 32, 64, 128 and 512 entries), a Zipf-like skew over 128 experts with
 empty ones and far more tiles than SMs on both tiles (128 and 256 wide: N >= 2048), one expert
@@ -15,12 +16,16 @@ swap-AB kernel also: decode routings (one or two rows an expert over 128 experts
 one token), an expert with many more rows than the token tile (several chunk tiles) beside
 one-row experts, K and N tails on long K, and every token tile (16, 32, 64) on the same problems.
 
-fp8 e4m3 with row-wise scales (scale_x [S], scale_w [E, N]; not yet run on a GPU): each expert's
-rows against the fp32 product of the upcast operands times their scales, with cuBLAS fp8
-(torch._scaled_mm per expert, padded to its multiples of 16) as the yardstick, on NaN-poisoned
-outputs: empty experts, S = 1, ragged S and N (K a multiple of 16), both tiles, E up to 300, bf16
-and fp16 outputs, a CUDA graph replayed with other offsets and other scale values in the same
-buffers, and torch._scaled_grouped_mm on the same inputs within the same bound.
+fp8 e4m3 with row-wise scales (scale_x [S], scale_w [E, N]; the 128-row kernel's cases passed on
+an H100, the swap-AB kernel's fp8 path is not yet run on a GPU): each expert's rows against the
+fp32 product of the upcast operands times their scales, with cuBLAS fp8 (torch._scaled_mm per
+expert, padded to its multiples of 16) as the yardstick, on NaN-poisoned outputs, through each
+kernel alone and through grouped_matmul: empty experts, S = 1, ragged S and N (K a multiple of
+16), both tiles of the 128-row kernel, E up to 300, the decode routings above (for the swap-AB
+kernel: every token tile, an expert of many chunk tiles), bf16 and fp16 outputs, either side of
+the choice by S, CUDA graphs (a prefill and a decode size) replayed with other offsets and other
+scale values in the same buffers, and torch._scaled_grouped_mm on the same inputs within the same
+bound.
 Run on the GPU machine: pytest -m gpu tests/test_grouped_gpu.py."""
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from gluon_survey import api, grouped_auto
 from gluon_survey import grouped as gg
 from gluon_survey.driver.check import quantize, rel_error, tolerance
 from gluon_survey.kernels import grouped_swapab as gs
+from gluon_survey.launch import Scales
 from gpu_checks import cublas_fp8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
@@ -295,6 +301,15 @@ def _assert_fp8_grouped(out, x, w, scale_x, scale_w, counts, what=""):
     assert torch.isnan(out[start:]).all(), f"{what}: rows past offs[-1] were written"
 
 
+def _run_fp8(mode, x, w, offs, out, scale_x, scale_w):
+    """out through grouped_matmul (mode None) or the grouped mode `mode`, fp8 with its scales."""
+    scales = {"scale_x": scale_x, "scale_w": scale_w}
+    if mode is None:
+        assert gg.grouped_matmul(x, w, offs, out=out, **scales) is out
+    else:
+        gg.prepare(mode, x, w, offs, out, **scales).fn()
+
+
 FP8_CASES = [
     pytest.param([0, 100, 0, 37, 0, 0, 250, 0], 256, 384, id="empty-experts"),
     pytest.param([0, 1, 0, 0], 64, 64, id="S1"),
@@ -309,16 +324,56 @@ FP8_CASES = [
     pytest.param([0] * 5 + [8500] + [0] * 2, 256, 256, id="one-expert-67-row-tiles"),
     pytest.param(_random_counts(16, 4096, 3), 128, 256, id="one-k-step-many-tiles"),
     pytest.param(_random_counts(300, 3000, 4), 128, 136, id="E300"),
+    # Decode, as in 16-bit: one or two rows an expert over 128 experts (8 K steps of 256), Mixtral
+    # down at one token (56 K steps, 128 tiles), one expert of 10 chunk tiles beside one-row ones,
+    # and K and N tails (K: 8 steps of 256 + 16)
+    pytest.param([1] * 64 + [2] * 32 + [0] * 32, 2048, 1536, id="E128-decode"),
+    pytest.param([0, 0, 0, 1, 0, 0, 1, 0], 14336, 4096, id="mixtral-down-one-token"),
+    pytest.param([150] + [1] * 50 + [0] * 77, 256, 320, id="E128-one-big-expert"),
+    pytest.param(_random_counts(16, 40, 6), 2064, 1544, id="decode-k-and-n-tails"),
 ]
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "grouped_matmul")
 @pytest.mark.parametrize(("counts", "K", "N"), FP8_CASES)
-def test_fp8_every_expert_matches_its_dequantized_fp32_product(counts, K, N):
+def test_fp8_every_expert_matches_its_dequantized_fp32_product(counts, K, N, mode):
     S = sum(counts) + 5  # 5 rows past offs[-1], owned by no expert: never written
     x, w, offs, scale_x, scale_w = _fp8_problem(counts, K, N, S=S)
     out = _nan(S, N, torch.bfloat16)
-    assert gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w, out=out) is out
-    _assert_fp8_grouped(out, x, w, scale_x, scale_w, counts, f"{counts} K={K} N={N}")
+    _run_fp8(mode, x, w, offs, out, scale_x, scale_w)
+    _assert_fp8_grouped(out, x, w, scale_x, scale_w, counts, f"{mode} {counts} K={K} N={N}")
+
+
+FP8_SWAPAB_CASES = [
+    pytest.param([0, 1, 0, 0], 64, 64, id="S1"),
+    pytest.param([3, 0, 100, 17, 0, 40], 528, 200, id="ragged"),  # K: 2 steps of 256 + 16
+    pytest.param([150] + [1] * 50 + [0] * 77, 256, 320, id="E128-one-big-expert"),
+    pytest.param([0, 0, 300, 0], 128, 136, id="one-expert-every-row"),
+]
+
+
+@pytest.mark.parametrize("width", gs.TOKENS)
+@pytest.mark.parametrize(("counts", "K", "N"), FP8_SWAPAB_CASES)
+def test_fp8_every_token_tile_of_the_swap_ab_kernel(counts, K, N, width):
+    """Each fp8 config of the swap-AB kernel on the same problems, whatever the rows would pick:
+    the token scales along C's rows and the channel scales along its columns, after the transpose."""
+    S = sum(counts) + 3
+    x, w, offs, scale_x, scale_w = _fp8_problem(counts, K, N, S=S, seed=width)
+    out = _nan(S, N, torch.bfloat16)
+    cfg = gs.FP8_CONFIGS[9][width]
+    gs.prepare(x, w, offs, out, api.target_of(x.device), cfg, scales=Scales(scale_x, scale_w, "row")).fn()
+    _assert_fp8_grouped(out, x, w, scale_x, scale_w, counts, f"fp8 T{width} {counts} K={K} N={N}")
+
+
+@pytest.mark.parametrize("S", [grouped_auto.DECODE_ROWS, grouped_auto.DECODE_ROWS + 1])
+def test_fp8_grouped_matmul_on_either_side_of_the_choice(S):
+    counts = _random_counts(64, S, S)
+    x, w, offs, scale_x, scale_w = _fp8_problem(counts, 256, 384)
+    expected = "grouped-swapab" if S <= grouped_auto.DECODE_ROWS else "grouped"
+    assert gg.prepare("grouped-auto", x, w, offs, scale_x=scale_x, scale_w=scale_w).config["mode"] == expected
+    out = _nan(S, 384, torch.bfloat16)
+    _run_fp8(None, x, w, offs, out, scale_x, scale_w)
+    _assert_fp8_grouped(out, x, w, scale_x, scale_w, counts, f"fp8 S={S}")
 
 
 @pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float16], ids=str)
@@ -330,12 +385,18 @@ def test_fp8_allocates_its_output_in_out_dtype(out_dtype):
     _assert_fp8_grouped(out.bfloat16(), x, w, scale_x, scale_w, counts)
 
 
-def test_fp8_a_cuda_graph_replays_with_other_offsets_and_other_scales():
+@pytest.mark.parametrize(
+    ("S", "K", "N", "E", "mode"),
+    [(4096, 256, 2048, 128, "grouped"), (128, 512, 1536, 128, "grouped-swapab")],
+    ids=["prefill", "decode"],
+)
+def test_fp8_a_cuda_graph_replays_with_other_offsets_and_other_scales(S, K, N, E, mode):
     """The offsets and the scales are read on the device, from the caller's buffers: one capture
-    serves every routing, and new scale values written into the same buffers are the ones used."""
-    S, K, N, E = 4096, 256, 2048, 128
+    serves every routing, and new scale values written into the same buffers are the ones used
+    (through grouped_matmul: the 128-row kernel at 4096 token-slots, the swap-AB one at 128)."""
     routings = [_random_counts(E, S, seed) for seed in range(3)] + [[S] + [0] * (E - 1), _zipf_counts(E, S)]
     x, w, offs, scale_x, scale_w = _fp8_problem(routings[0], K, N)
+    assert gg.prepare("grouped-auto", x, w, offs, scale_x=scale_x, scale_w=scale_w).config["mode"] == mode
     out = _nan(S, N, torch.bfloat16)
     gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w, out=out)  # compiles outside the capture
     torch.cuda.synchronize()

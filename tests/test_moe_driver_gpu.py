@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gluon_survey import grouped_auto
 from gluon_survey.driver.cli import main
 from gluon_survey.driver.results import load
 from gluon_survey.driver.shapes import GroupedShape, routing_counts
@@ -78,6 +79,8 @@ def test_a_tiny_grouped_fp8_row_sweep_runs_against_scaled_grouped_mm(tmp_path, c
             assert r.dtype == "fp8-row" and r.rel_err <= r.tol and r.tflops > 0
             # the reference is not paired with itself
             assert (mode == "scaled_grouped_mm") == (r.x_rounds is None)
-        assert rows[("grouped-auto", shape)].config["mode"] == "grouped"  # fp8: the 128-row kernel
+        # fp8 as 16-bit: the swap-AB kernel up to DECODE_ROWS token-slots (T = 16: 128), the 128-row one above
+        expected = "grouped-swapab" if shape.T * shape.topk <= grouped_auto.DECODE_ROWS else "grouped"
+        assert rows[("grouped-auto", shape)].config["mode"] == expected
     assert status == 0
     assert "x torch._scaled_grouped_mm" in out

@@ -18,9 +18,10 @@ most `kernels.grouped.MAX_EXPERTS` (512) experts.
 Status: the 128-row kernel passes tests/test_grouped_gpu.py on an H100; kernel-only with uniform
 routing it ran at 0.84-1.19x torch._grouped_mm (geomean 1.02x) on four models' expert shapes at
 16, 512 and 4096 tokens (docs/perf-notes.md, entry 56; results/experiments/h100-grouped-sched).
-What grouped_matmul runs (the swap-AB kernel up to 512 token-slots): 1.166x torch._grouped_mm
-geomean in bf16 and 1.145x torch._scaled_grouped_mm in fp8-row over `--shapes moe`
-(results/h100-moe-auto; entries 58 and 59).
+What grouped_matmul ran there: 1.166x torch._grouped_mm geomean in bf16 (the swap-AB kernel up
+to 512 token-slots) and 1.145x torch._scaled_grouped_mm in fp8-row (the 128-row kernel at every
+size) over `--shapes moe` (results/h100-moe-auto; entries 58 and 59). fp8 now takes the swap-AB
+kernel up to 512 token-slots too, not yet measured (entry 61).
 
 Every argument is checked before the GPU, each with an error that names the fix, except what only
 the offsets' values can say: that would need a host sync. The kernel clamps each offset to

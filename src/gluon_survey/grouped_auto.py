@@ -9,12 +9,13 @@ GEMM, and which is faster depends on how many rows each expert gets:
 
 The choice is by S, x's rows (the token-slots, T * top-k), which the host knows without reading
 the offsets (no sync, so a call stays CUDA-graph capturable): up to DECODE_ROWS the swap-AB
-kernel, above it the 128-row one; fp8 operands (row-wise scales) run on the 128-row kernel at
-every S (the swap-AB one is 16-bit only). On Blackwell (sm_100) the `grouped` mode's kernel is
-its tcgen05 version (kernels/grouped_tcgen05.py, the registry's provider there) and runs at every
-S: the swap-AB kernel is wgmma's, Hopper's only. Each launch's config says which kernel ran and
-why. The driver measures this mode like the two rungs (`--shapes moe`), so the threshold can be
-read off one run."""
+kernel, above it the 128-row one, for fp16/bf16 and fp8 e4m3 operands (row-wise scales) alike:
+both kernels take both, and the 128-row kernel's fp8 misses were the decode cells where the
+swap-AB kernel had fixed bf16 (docs/perf-notes.md, entries 59 and 61). On Blackwell (sm_100) the
+`grouped` mode's kernel is its tcgen05 version (kernels/grouped_tcgen05.py, the registry's
+provider there) and runs at every S: the swap-AB kernel is wgmma's, Hopper's only. Each launch's
+config says which kernel ran and why. The driver measures this mode like the two rungs
+(`--shapes moe`), so the threshold can be read off one run."""
 
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ from .launch import Launch, Scales, Target
 # guess: every decode cell of `--shapes moe` (T <= 64) is below it, where the swap-AB kernel ran
 # at 1.06x torch._grouped_mm or more (results/h100-moe-decode), and every prefill cell (T >= 512)
 # above it; whether it is the crossover (the swap-AB kernel at T >= 512) is not yet measured.
-# docs/perf-notes.md, entry 58.
+# docs/perf-notes.md, entry 58. fp8 takes the same line, not yet measured there (entry 61).
 DECODE_ROWS = 512
-SWAPAB_DTYPES = (torch.float16, torch.bfloat16)
+SWAPAB_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 
 __all__ = ["DECODE_ROWS", "SWAPAB_DTYPES", "choose", "prepare", "unsupported_reason"]
 
@@ -56,7 +57,7 @@ def choose(S: int, dtype: torch.dtype, capability: tuple[int, int]) -> tuple[str
     if reason := _swapab_reason(capability):
         return "grouped", f"{reason}; the 128-row tiles at every S"
     if dtype not in SWAPAB_DTYPES:
-        return "grouped", f"{dtype} operands: the swap-AB kernel takes 16-bit ones only"
+        return "grouped", f"{dtype} operands: the swap-AB kernel takes fp16, bf16 and e4m3 ones only"
     if S <= DECODE_ROWS:
         return "grouped-swapab", f"S = {S} <= {DECODE_ROWS} token-slots: few rows an expert (decode)"
     return "grouped", f"S = {S} > {DECODE_ROWS} token-slots: 128-row tiles (prefill)"
@@ -69,7 +70,7 @@ def prepare(x, w, offs, out, target: Target, scales: Scales | None = None) -> La
     sm_90, kernels/grouped_tcgen05.py on sm_100."""
     mode, why = choose(x.shape[0], x.dtype, target.capability)
     if mode == "grouped-swapab":
-        launch = grouped_swapab.prepare(x, w, offs, out, target)
+        launch = grouped_swapab.prepare(x, w, offs, out, target, scales=scales)
     else:
         launch = (
             registry.get("grouped")

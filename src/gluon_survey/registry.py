@@ -193,6 +193,7 @@ MODES: tuple[Mode, ...] = (
         "gluon",
         ("sm_90",),
         "gluon_survey.kernels.grouped_swapab",
+        fp8=True,
         grouped=True,
     ),
     Mode(

@@ -59,7 +59,8 @@ output dtype: each row times its token's scale scale_x[row] ([S], loaded in the 
 layout), each column of a slice times the expert's channel scale scale_w[e, column] ([E, N],
 loaded one per thread and redistributed). Rows and columns the epilogue does not write get scale 0.
 Measured (H100): 1.145x torch._scaled_grouped_mm geomean over `--shapes moe`, the misses at
-decode sizes, where the 16-bit path has the swap-AB kernel (docs/perf-notes.md, entry 59).
+decode sizes (docs/perf-notes.md, entry 59), which `grouped_matmul` now runs on the swap-AB
+kernel's fp8 path, as in 16-bit (kernels/grouped_swapab.py; entry 61).
 
 The K loop is persistent's flat ring: the producer runs STAGES - 1 (tile, K step) loads ahead of
 the MMAs across tile boundaries, so the next tile's first loads are in flight during a tile's
@@ -100,7 +101,7 @@ __all__ = [
     "WIDE_CONFIGS",
     "WIDE_N",
     "GroupedConfig",
-    "check_config",
+    "check_operand_kind",
     "compile_specs",
     "config_for",
     "experts_pad",
@@ -487,20 +488,21 @@ def prepare(
     if reason:
         raise RuntimeError(reason)
     cfg = cfg or config_for(target.capability, w.shape[2], scales is not None)
-    check_config(cfg, x, scales)
+    check_operand_kind("grouped", cfg, x, scales)
     values = constexprs(cfg, target.capability, w.shape[0], scales.code if scales else 0)
     return launch_of(grouped_kernel, values, x, w, offs, out, target, cfg, scales)
 
 
-def check_config(cfg: GroupedConfig, x, scales: Scales | None) -> None:
-    """ValueError where `cfg` is for the other kind of operands than x's, or fp8 scales are not
-    row-wise."""
+def check_operand_kind(who: str, cfg: GroupedConfig, x, scales: Scales | None) -> None:
+    """ValueError unless `cfg` is for the kind of operands x is (fp8, which come with `scales`, or
+    16-bit) and fp8 scales are row-wise: the check every grouped kernel's `prepare` makes (this
+    module's, kernels/grouped_swapab.py's and kernels/grouped_tcgen05.py's)."""
     fp8 = scales is not None
     if fp8 != (cfg.ELEM_BYTES == 1):
         kind = "fp8" if cfg.ELEM_BYTES == 1 else "16-bit"
-        raise ValueError(f"grouped: config {cfg.label} is for {kind} operands; these are {_dtype_name(x)}")
+        raise ValueError(f"{who}: config {cfg.label} is for {kind} operands; these are {_dtype_name(x)}")
     if fp8 and scales.kind != "row":
-        raise ValueError(f"grouped: fp8 scales are row-wise ([S] and [E, N]), not {scales.kind!r}")
+        raise ValueError(f"{who}: fp8 scales are row-wise ([S] and [E, N]), not {scales.kind!r}")
 
 
 def launch_of(

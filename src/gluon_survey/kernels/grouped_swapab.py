@@ -18,7 +18,8 @@ Status: passes tests/test_grouped_gpu.py on an H100 (commit 280c632). On the 72 
 `--shapes moe` (T <= 64) it ran at 1.06-1.56x torch._grouped_mm, geomean 1.23x, a median 0.98 of
 rung 0's bandwidth (results/h100-moe-decode; docs/perf-notes.md, entry 58: the floor, the
 prediction and the result). `gluon_survey.grouped_matmul` runs it up to
-`grouped_auto.DECODE_ROWS` token-slots.
+`grouped_auto.DECODE_ROWS` token-slots, in 16-bit and in fp8. The fp8 path (below) is
+compile-checked (sm_90a, triton 3.6 and 3.9), not yet run on a GPU (entry 61: the prediction).
 
 Everything but the MMA's operands and the epilogue is the grouped kernel's (kernels/grouped.py),
 imported from there, not copied:
@@ -46,6 +47,20 @@ The rings are the dense swapab's whole-K rings, measured there for one program p
 a 64-row weight slab (kernels/swapab.py, WHOLE_K): BLOCK_K 256 and 4 stages at 16 and 32 tokens,
 128 and 6 at 64; 160-192 KB in all, 96-128 KB of weight in flight per SM.
 
+fp8 e4m3 with row-wise scales (SCALING 2; `FP8_CONFIGS`), for the decode cells where the 128-row
+kernel's fp8 missed torch._scaled_grouped_mm (Mixtral down at one token: 32 programs of 128x256).
+The same kernel: fp8 wgmma reads both operands K-major, and both are here (the weight slab, the
+MMA's A, is a K-major box of the [E * N, K] weight; the tokens' [BLOCK_T, BLOCK_K] box is K-major,
+permuted into the B operand), so only the element type changes, and the dequantization is the
+128-row kernel's (`_scale_rows`, `_scale_columns`), on C's fp32 tile after the transpose: rows
+are tokens (scale_x[row]), columns the expert's output channels, the weight's rows
+(scale_w[e, column]). The rings keep the 16-bit rings' bytes, 160-192 KB, in K steps of 256
+elements: at 16 and 32 tokens a stage is half as many bytes, so 8 stages where 16-bit has 4 (7/8
+of the ring in flight against 3/4, and the surveyed models' K cut into the same steps as in
+16-bit: Qwen3 down's 768 in three); at 64 tokens 256-wide steps at the 16-bit ring's 6 stages (it
+has 128-wide ones, since 256 did not fit in 2-byte elements). Registers (triton 3.6, N unknown):
+54, 64 and 123 at 16, 32 and 64 tokens, no spills.
+
 BLOCK_W = 64 and the grid. A 64-row weight block is the smallest tile a warpgroup's wgmma can
 take, so it makes the most tiles. The fewest come at one token, where at most top-k experts have
 rows: top-k x N / 64 tiles, Mixtral down (N 4096) 2 x 64 = 128 for 132 SMs, Qwen3 gate_up
@@ -67,12 +82,12 @@ work it needs, which is still far under the weight's bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..launch import CompileSpec, Launch, Target
+from ..launch import CompileSpec, Launch, Scales, Target
 from .arch import select_mma
 from .common import Ring, init_barriers, invalidate_barriers, mbarrier
 from .grouped import (
@@ -80,17 +95,21 @@ from .grouped import (
     GroupedConfig,
     _load_coords,
     _next_load,
+    _scale_columns,
+    _scale_rows,
     _schedule,
     _store_rows,
     _tile_of,
+    check_operand_kind,
     experts_pad,
     tile_bound,
     unsupported_reason,
 )
-from .plan import GL_DTYPES, Launcher, desc_signature, smem_layout
+from .plan import FP8, FP8_OUT, GL_DTYPES, Launcher, desc_signature, smem_layout
 
 __all__ = [
     "CONFIGS",
+    "FP8_CONFIGS",
     "TOKENS",
     "WGMMA_M",
     "GroupedSwapABConfig",
@@ -103,7 +122,7 @@ __all__ = [
     "unsupported_reason",
 ]
 
-_POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16"}
+_POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16"}  # of the output
 WGMMA_M = 64  # rows of the weight one warpgroup's wgmma takes
 
 
@@ -143,7 +162,8 @@ class GroupedSwapABConfig(GroupedConfig):
 
     @property
     def label(self) -> str:
-        return f"W{self.BLOCK_W}xT{self.BLOCK_T}x{self.BLOCK_K} s{self.STAGES} w{self.num_warps}"
+        fp8 = " fp8" if self.ELEM_BYTES == 1 else ""
+        return f"W{self.BLOCK_W}xT{self.BLOCK_T}x{self.BLOCK_K}{fp8} s{self.STAGES} w{self.num_warps}"
 
     def table(self) -> dict[str, object]:
         return super().table() | {"swap_ab": True}
@@ -159,6 +179,20 @@ CONFIGS = {
         64: GroupedSwapABConfig(BLOCK_M=64, BLOCK_K=128, STAGES=6),
     }
 }
+# fp8 e4m3 (row-wise scales): the same ring bytes a program, 160-192 KB, in 1-byte elements, with
+# K steps of 256 at every token tile (fp8 wgmma takes 32 of K an instruction: 8 a step). At 16 and
+# 32 tokens that halves a stage's bytes, so the ring holds twice the stages (8): more of it in
+# flight (7/8 against 3/4) and the same K steps as in 16-bit, so the surveyed models' K split as
+# they do there (768 and 2048 in whole steps; 512-wide steps at 4 stages, the dense fp8 rung's
+# `fp8_of` rule, would run Qwen3 down's K = 768 as a full step and a half-empty one). At 64 tokens
+# the 16-bit ring's 128-wide steps widen to 256 at the same 6 stages (in 16-bit 256 did not fit).
+FP8_CONFIGS = {
+    9: {
+        16: replace(CONFIGS[9][16], STAGES=8, ELEM_BYTES=1),
+        32: replace(CONFIGS[9][32], STAGES=8, ELEM_BYTES=1),
+        64: replace(CONFIGS[9][64], BLOCK_K=256, ELEM_BYTES=1),
+    }
+}
 
 
 def rows_per_expert(S: int, E: int) -> int:
@@ -167,12 +201,12 @@ def rows_per_expert(S: int, E: int) -> int:
     return -(-S // min(E, S)) if S else 0
 
 
-def config_for(capability: tuple[int, int], S: int, E: int) -> GroupedSwapABConfig:
+def config_for(capability: tuple[int, int], S: int, E: int, fp8: bool = False) -> GroupedSwapABConfig:
     """The config for S token-slots over E experts: the narrowest token tile that holds
-    `rows_per_expert(S, E)` (the widest beyond)."""
+    `rows_per_expert(S, E)` (the widest beyond); with `fp8` operands, the fp8 config of that tile."""
     rows = rows_per_expert(S, E)
     width = next((t for t in TOKENS if t >= rows), TOKENS[-1])
-    return CONFIGS[capability[0]][width]
+    return (FP8_CONFIGS if fp8 else CONFIGS)[capability[0]][width]
 
 
 @gluon.jit
@@ -181,6 +215,8 @@ def grouped_swapab_kernel(
     w_desc,
     out,
     offs,
+    scale_x,
+    scale_w,
     S,
     N,
     E,
@@ -188,11 +224,15 @@ def grouped_swapab_kernel(
     STAGES: gl.constexpr,
     GROUP_M: gl.constexpr,
     EXPERTS_PAD: gl.constexpr,
+    SCALING: gl.constexpr,
 ):
     """x_desc: the tokens x [S, K], block [BLOCK_T, BLOCK_K]; w_desc: the weight as [E * N, K],
     block [BLOCK_W, BLOCK_K]; out: row-major [S, N]; offs: int32 [E], cumulative ends of the
     experts' rows; EXPERTS_PAD: a power of two >= E, at least 32. The grouped kernel's loop
-    with the operands swapped: C^T += W @ X^T, then C's [BLOCK_T, BLOCK_W] tile stored."""
+    with the operands swapped: C^T += W @ X^T, then C's [BLOCK_T, BLOCK_W] tile stored. fp8 e4m3
+    operands (SCALING 2, row-wise) come with the grouped kernel's fp32 scales, scale_x [S] and
+    scale_w [E, N], applied to C's fp32 tile after the transpose: out = (x @ w[e]) * scale_x[row]
+    * scale_w[e, column]. SCALING 0: fp16/bf16, and scale_x, scale_w are None."""
     BLOCK_T: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_W: gl.constexpr = w_desc.block_type.shape[0]
     dtype: gl.constexpr = x_desc.dtype
@@ -242,28 +282,40 @@ def grouped_swapab_kernel(
                 GROUP_M,
             )
             ring = ring.next()
-        # Where this tile goes, found while its last MMA runs: chunk `chunk` of the expert's rows,
+        # Where this tile goes, found while its last MMA runs: chunk `chunk` of expert e's rows,
         # weight block `block` (C's columns).
-        _e, start, count, chunk, block = _tile_of(t, prefix, offs, S, E, tiles_w, BLOCK_T, GROUP_M)
+        e, start, count, chunk, block = _tile_of(t, prefix, offs, S, E, tiles_w, BLOCK_T, GROUP_M)
         acc, mma = mma.take_result()
-        _store_rows(out, acc.permute((1, 0)), start, count, chunk * BLOCK_T, block * BLOCK_W, N)
+        # C's [BLOCK_T, BLOCK_W] tile; fp8: its rows are tokens (scale_x), its columns the expert's
+        # output channels, the weight rows (scale_w[e])
+        c_tile = acc.permute((1, 0))
+        c_tile = _scale_rows(c_tile, scale_x, start, count, chunk * BLOCK_T, SCALING)
+        c_tile = _scale_columns(c_tile, scale_w, e, block * BLOCK_W, N, SCALING)
+        _store_rows(out, c_tile, start, count, chunk * BLOCK_T, block * BLOCK_W, N)
     invalidate_barriers(ready, STAGES)
 
 
-def constexprs(cfg: GroupedSwapABConfig, capability: tuple[int, int], E: int) -> dict[str, object]:
-    """The kernel's constexprs, for its launch and its compile specs alike."""
+def constexprs(
+    cfg: GroupedSwapABConfig, capability: tuple[int, int], E: int, scaling: int = 0
+) -> dict[str, object]:
+    """The kernel's constexprs, for its launch and its compile specs alike; `scaling` is the SCALING
+    code (0 without scales, 2 row-wise)."""
     return {
         "MMA": select_mma(capability),
         "STAGES": cfg.STAGES,
         "GROUP_M": cfg.GROUP_M,
         "EXPERTS_PAD": experts_pad(E),
+        "SCALING": scaling,
     }
 
 
-def prepare(x, w, offs, out, target: Target, cfg: GroupedSwapABConfig | None = None) -> Launch:
+def prepare(
+    x, w, offs, out, target: Target, cfg: GroupedSwapABConfig | None = None, scales: Scales | None = None
+) -> Launch:
     """A ready launch of out[rows of e] = x[rows of e] @ w[e] for every expert e, on the operands
-    `kernels.grouped.prepare` takes (checked by `gluon_survey.grouped`). `cfg`: the config to run
-    (`config_for`'s by default)."""
+    `kernels.grouped.prepare` takes (checked by `gluon_survey.grouped`), fp8 e4m3 ones with their
+    row-wise `scales` ([S] and [E, N]) and a bf16 or fp16 `out`. `cfg`: the config to run
+    (`config_for`'s by default); one of the other kind of operands is a ValueError."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     reason = unsupported_reason(target.capability)
@@ -271,47 +323,59 @@ def prepare(x, w, offs, out, target: Target, cfg: GroupedSwapABConfig | None = N
         raise RuntimeError(reason)
     S, K = x.shape
     E, _, N = w.shape
-    cfg = cfg or config_for(target.capability, S, E)
+    fp8 = scales is not None
+    cfg = cfg or config_for(target.capability, S, E, fp8)
+    check_operand_kind("grouped-swapab", cfg, x, scales)
     weight = w.transpose(1, 2).reshape(E * N, K)  # a view of the contiguous [E, N, K] weight
     gdt = GL_DTYPES[str(x.dtype).removeprefix("torch.")]
     x_block, w_block = [cfg.BLOCK_T, cfg.BLOCK_K], [cfg.BLOCK_W, cfg.BLOCK_K]
     x_desc = TensorDescriptor.from_tensor(x, x_block, smem_layout(x_block, gdt))
     w_desc = TensorDescriptor.from_tensor(weight, w_block, smem_layout(w_block, gdt))
     grid = (max(1, min(target.sm_count, tile_bound(S, N, E, cfg))),)
-    launcher = Launcher(grouped_swapab_kernel, grid, constexprs(cfg, target.capability, E), cfg.num_warps)
-    args = (x_desc, w_desc, out, offs, S, N, E)
-    return Launch(lambda: launcher(*args), cfg.table())
+    values = constexprs(cfg, target.capability, E, scales.code if fp8 else 0)
+    launcher = Launcher(grouped_swapab_kernel, grid, values, cfg.num_warps)
+    scale_x, scale_w = (scales.a, scales.b) if fp8 else (None, None)
+    args = (x_desc, w_desc, out, offs, scale_x, scale_w, S, N, E)
+    return Launch(lambda: launcher(*args), cfg.table() | ({"scales": "row"} if fp8 else {}))
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     """The specs of the token tiles this architecture runs (16, 32, 64), for a compile without a
     GPU (none where the kernel does not run, or for other dtypes), each for the most experts
     (MAX_EXPERTS) and with S, N, E plain int32 arguments (scalar stores), out and offs 16-byte
-    aligned: as `kernels.grouped.compile_specs`."""
-    if unsupported_reason(capability) or dtype not in _POINTER_TYPES:
+    aligned: as `kernels.grouped.compile_specs`. fp8 ("float8_e4m3fn") compiles the fp8 configs
+    with row-wise scales and a bf16 output, as the 128-row kernel's fp8 specs do."""
+    if unsupported_reason(capability) or dtype not in (*_POINTER_TYPES, FP8):
         return []
+    fp8 = dtype == FP8
     specs = []
-    for cfg in CONFIGS[capability[0]].values():
-        values = constexprs(cfg, capability, MAX_EXPERTS)
-        signature = {
-            "x_desc": desc_signature([cfg.BLOCK_T, cfg.BLOCK_K], dtype),
-            "w_desc": desc_signature([cfg.BLOCK_W, cfg.BLOCK_K], dtype),
-            "out": _POINTER_TYPES[dtype],
-            "offs": "*i32",
-            "S": "i32",
-            "N": "i32",
-            "E": "i32",
-        } | dict.fromkeys(values, "constexpr")
+    for cfg in (FP8_CONFIGS if fp8 else CONFIGS)[capability[0]].values():
+        values = constexprs(cfg, capability, MAX_EXPERTS, 2 if fp8 else 0)
+        scales = dict.fromkeys(("scale_x", "scale_w"), "*fp32" if fp8 else "constexpr")
+        signature = (
+            {
+                "x_desc": desc_signature([cfg.BLOCK_T, cfg.BLOCK_K], dtype),
+                "w_desc": desc_signature([cfg.BLOCK_W, cfg.BLOCK_K], dtype),
+                "out": _POINTER_TYPES[FP8_OUT if fp8 else dtype],
+                "offs": "*i32",
+            }
+            | scales
+            | {"S": "i32", "N": "i32", "E": "i32"}
+            | dict.fromkeys(values, "constexpr")
+        )
+        if not fp8:  # no scales: None constexprs, as the 16-bit launch passes them
+            values = dict.fromkeys(scales) | values
         specs.append(
             CompileSpec(
                 "grouped-swapab",
-                f"grouped_swapab_kernel {cfg.label} E<={values['EXPERTS_PAD']} B=t",
+                f"grouped_swapab_kernel {cfg.label} E<={values['EXPERTS_PAD']} B=t"
+                + (" scales=row" if fp8 else ""),
                 grouped_swapab_kernel,
                 signature,
                 values,
                 {"num_warps": cfg.num_warps},
                 config=cfg,
-                divisible=("out", "offs"),
+                divisible=("out", "offs", *(scales if fp8 else ())),
             )
         )
     return specs

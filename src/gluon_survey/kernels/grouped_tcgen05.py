@@ -8,7 +8,7 @@ maps a tile to its expert, rows and grouped position); the K loop is its flat ri
 runs STAGES - 1 (tile, K step) loads ahead across tile boundaries (`_next_load`); the epilogue is its
 masked register store into the expert's rows (`_store_rows`), with the fp8 row-wise scales on the
 fp32 values first (`_scale_rows`, `_scale_columns`). Same arguments, same grid (`tile_bound`), same
-host checks (`grouped.check_config`, `grouped.launch_of`).
+host checks (`grouped.check_operand_kind`, `grouped.launch_of`).
 
 What tcgen05 changes, and why:
 
@@ -60,7 +60,7 @@ from .grouped import (
     _schedule,
     _store_rows,
     _tile_of,
-    check_config,
+    check_operand_kind,
     experts_pad,
     launch_of,
     spec_of,
@@ -224,7 +224,7 @@ def prepare(
     if reason:
         raise RuntimeError(reason)
     cfg = cfg or config_for(target.capability, w.shape[2], scales is not None)
-    check_config(cfg, x, scales)
+    check_operand_kind("grouped", cfg, x, scales)
     values = constexprs(cfg, w.shape[0], scales.code if scales else 0)
     return launch_of(grouped_tcgen05_kernel, values, x, w, offs, out, target, cfg, scales)
 
