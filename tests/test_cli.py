@@ -30,8 +30,9 @@ def test_help_works_without_a_gpu(no_cuda, capsys):
     )
     for text in (
         "--dtype",
-        "--shapes llm|llm-dense|holdout|moe|FILE.csv",
+        "--shapes llm|llm-dense|llm-train|holdout|moe|FILE.csv",
         "--b-layout",
+        "--a-layout",
         "--peak-tflops",
         "compare OLD NEW",
     ):
