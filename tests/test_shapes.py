@@ -101,7 +101,7 @@ def test_tune_takes_the_dense_preset(tmp_path, monkeypatch, capsys):
     assert tune.main(["--shapes", "llm-dense", *args]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert tune.main(["--shapes", "llm-sparse", *args]) == 2
-    assert "expected 'llm', 'llm-dense', 'llm-train', 'holdout', 'moe' or a CSV file" in capsys.readouterr().err
+    assert "expected 'llm', 'llm-dense', 'llm-train', 'holdout', 'moe' or a CSV" in capsys.readouterr().err
     assert tune.main(["--shapes", "moe", *args]) == 2
     assert "grouped shapes; tune builds matmul's table of dense GEMMs" in capsys.readouterr().err
     assert tune.main(["--modes", "grouped,torch", *args]) == 2
@@ -168,7 +168,7 @@ def test_resolve(tmp_path):
     assert resolve(str(path), None, None, None) == [Shape(1, 2, 3)]
     with pytest.raises(ValueError, match="either --shapes or --m/--n/--k"):
         resolve("llm", "64", None, None)
-    with pytest.raises(ValueError, match="expected 'llm', 'llm-dense', 'llm-train', 'holdout', 'moe' or a CSV file"):
+    with pytest.raises(ValueError, match="'llm', 'llm-dense', 'llm-train', 'holdout', 'moe' or a CSV"):
         resolve("square", None, None, None)
 
 
