@@ -8,15 +8,15 @@
 cuBLAS beyond the largest or below the smallest; `--shapes llm-dense` measures the same weights at
 every power of two from 1 to 16384 and the midpoints 3 * 2**k between them (shapes.DENSE_M).
 
+`--update` measures only the given shapes and merges them into the table already at --output: an
+entry of the same (M, N, K, dtype, B layout, A layout) is replaced, the others are kept, and the
+run is recorded in the table's `updates` (its env and the keys it wrote; its entries carry
+`update`, the 1-based index), so each entry still names the run that measured it.
+
 `--shapes llm-train` measures a training step's backward products in their own layouts (grad_x
 A row, grad_W^T A t; shapes.llm_train_shapes), `--a-layout t` any shapes with A the transpose
 view of a [K, M] matrix: their entries carry `a_layout` "t", which `matmul` uses for such an A
 only. With A t the candidates are the modes that read it in place (the Hopper rungs, cuBLAS).
-
-`--update` measures only the given shapes and merges them into the table already at --output:
-an entry of the same (M, N, K, dtype, B layout, A layout) is replaced, the others are kept, and the run is
-recorded in the table's `updates` (its env and the keys it wrote; its entries carry `update`, the
-1-based index), so each entry still names the run that measured it.
 
 `--confirm` times nothing new from scratch: for each given shape's entry already in the table at
 --output, it re-times the candidates that beat cuBLAS by MARGIN there (the best `--confirm-top`
@@ -26,14 +26,15 @@ entry's `paired` and re-picks the entry's choice from them (choice.py: only a pa
 least 1 + MARGIN counts). Separate short timings ranked cuBLAS's per-call time on small weights
 by up to 45 % differently from one run to the next (docs/perf-notes.md, entry 55).
 
-Per (shape, dtype, B layout, A layout): inputs from the seed (rotated copies for a cold L2, as the survey
-times), cuBLAS's time and error, then every candidate (each provider's `candidates(capability)`,
-narrowed to the ones that make sense at this M: `candidates_for`) is prepared, checked against the
-fp32 reference on a NaN-poisoned output with the survey's tolerance, and timed with
-`timing.time_fn`; the fastest correct one is the entry if it beats cuBLAS by choice.MARGIN, else
-cuBLAS, with every candidate's time as evidence. The timing is shorter than the survey's
-(`--warmup-ms`, `--min-ms`), so close calls may be ranked by noise; the survey's own run of the
-`auto` mode (`gluon-survey auto --shapes llm --b-layout t`) is the measurement that counts.
+Per (shape, dtype, B layout, A layout): inputs from the seed (rotated copies for a cold L2, as the
+survey times), cuBLAS's time and error, then every candidate (each provider's
+`candidates(capability)`, narrowed to the ones that make sense at this M: `candidates_for`) is
+prepared, checked against the fp32 reference on a NaN-poisoned output with the survey's tolerance,
+and timed with `timing.time_fn`; the fastest correct one is the entry if it beats cuBLAS by
+choice.MARGIN, else cuBLAS, with every candidate's time as evidence. The timing is shorter than
+the survey's (`--warmup-ms`, `--min-ms`), so close calls may be ranked by noise; the survey's own
+run of the `auto` mode (`gluon-survey auto --shapes llm --b-layout t`) is the measurement that
+counts.
 """
 
 from __future__ import annotations
@@ -257,7 +258,8 @@ def merge(table: dict, update: dict) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="\n\n".join(__doc__.split("\n\n")[:4]),  # what it does, the example, the M grid, --update
+        # what it does, the example, the M grid, --update, the A layouts
+        description="\n\n".join(__doc__.split("\n\n")[:5]),
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the example keeps its lines
     )
     parser.add_argument(
