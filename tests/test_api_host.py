@@ -1055,6 +1055,8 @@ def test_a_transposed_a_is_copied_unless_the_switch_is_on(host, copies, monkeypa
     assert copies == [] and len(host.builds) == 2
     text = api.explain(a, b, kernel)
     assert "A: t (transpose view of a [K,M] matrix), read in place" in text and "aligned copy" not in text
+    assert "problem: M=300 N=520 K=264 bfloat16 A=t B=" in text  # the layout pair
+    assert "bfloat16 A=row B=" in api.explain(_operands(M, 520, K)[0], b, kernel)
     config = api.prepare(kernel, a, b, out).config
     assert config["a_layout"] == "t" and "aligned_copy" not in config
 

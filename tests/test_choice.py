@@ -509,3 +509,138 @@ def test_tune_update_replaces_same_keys_and_keeps_the_rest():
     assert table["entries"][1]["mode"] == "swapab"  # the input is not modified
     again = tune.merge(merged, {"env": {}, "settings": {}, "entries": [_keyed(64, "torch")]})
     assert [e.get("update") for e in again["entries"]] == [None, 1, None, 2]
+
+
+# ------------------------------------------------------------------------------------------------
+# A layouts: entries measured with A "t" (the transpose view of a [K, M] matrix, a weight's gradient)
+
+
+def _a_t(entry: dict) -> dict:
+    return entry | {"a_layout": "t"}
+
+
+# The same weight as ENTRIES (4096 x 14336 bf16, B t), measured with A t at M = 4096 and 8192:
+# persistent 1.10x and 1.08x, the winner at both.
+A_T_ENTRIES = [
+    _a_t(_entry(4096, {PERSISTENT: 1.0, CUBLAS: 1.1})),
+    _a_t(_entry(8192, {PERSISTENT: 2.0, CUBLAS: 2.16})),
+]
+
+
+@pytest.fixture
+def both(tmp_path, monkeypatch):
+    _install(tmp_path, monkeypatch, ENTRIES + A_T_ENTRIES)
+    yield
+    choice._tables.cache_clear()
+
+
+def _choose_a(M, a_layout, N=4096, K=14336):
+    return choice.choose(M, N, K, "bf16", "t", (9, 0), H100, a_layout=a_layout)
+
+
+def test_an_a_t_entry_answers_a_t_products_only_and_an_a_row_entry_a_row_ones(both):
+    at = _choose_a(4096, "t")
+    assert _key(at) == PERSISTENT and at.why.startswith("table h100 (A t, B t): measured at M=4096")
+    # the same M with A row: the A-row entries (1024 and 8192, more than MAX_GAP apart): cuBLAS
+    row = _choose_a(4096, "row")
+    assert row.mode == "torch" and row.why.startswith("table h100: between M=1024 and M=8192, more than")
+    assert _choose_a(4096, "row") == _choose(4096)  # "row" is the default
+    # where only A-row entries were measured, an A-t product takes no neighbour of theirs
+    below = _choose_a(16, "t")
+    assert below.mode == "torch" and "below the table's smallest measured M=4096" in below.why
+    assert _key(_choose_a(16, "row")) == SWAPAB
+
+
+def test_a_t_neighbours_are_the_a_t_entries(both):
+    between = _choose_a(6000, "t")
+    assert _key(between) == PERSISTENT
+    assert between.why.startswith("table h100 (A t, B t): between M=4096 (cuBLAS 1100.0 us; ")
+    assert "held at both (1.10x at M=4096, 1.08x at M=8192)" in between.why
+    beyond = _choose_a(9000, "t")
+    assert beyond.mode == "torch" and "beyond the table's largest measured M=8192" in beyond.why
+
+
+def test_without_a_t_entries_the_rule_answers_a_t_products_as_a_row_ones(table):
+    """The weight of ENTRIES has A-row entries only, 8192 x 8192 none: an A-t product takes the
+    rule (slab to 16 tokens, cuBLAS above: it reads a transposed A in place), the why naming the pair."""
+    for N, K in [(4096, 14336), (8192, 8192)]:
+        for M, mode in [(16, "slab"), (4096, "torch")]:
+            c = _choose_a(M, "t", N, K)
+            assert c.mode == mode and c.why.endswith("(table h100 has no entry for this weight (A t, B t))")
+    assert _key(_choose_a(16, "row")) == SWAPAB  # the A-row entry, for A row
+
+
+def test_an_a_t_entry_never_answers_a_row_product(tmp_path, monkeypatch):
+    _install(tmp_path, monkeypatch, [_a_t(_entry(4096, {PERSISTENT: 1.0, CUBLAS: 1.1}, N=8192, K=8192))])
+    assert _key(_choose_a(4096, "t", 8192, 8192)) == PERSISTENT
+    row = _choose_a(4096, "row", 8192, 8192)
+    assert row.mode == "torch" and "has no entry for this weight" in row.why and "(A t" not in row.why
+    choice._tables.cache_clear()
+
+
+def test_auto_chooses_by_the_layout_of_a(both):
+    target = Target((9, 0), 132, H100)
+    w = torch.empty(4096, 14336, dtype=torch.bfloat16)
+    a_t = torch.empty(14336, 4096, dtype=torch.bfloat16).t()  # the transpose view of a [K, M] matrix
+    assert _key(auto._choice(a_t, w.t(), target, None)) == PERSISTENT
+    assert auto._choice(a_t.contiguous(), w.t(), target, None).mode == "torch"
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+def test_auto_runs_the_a_t_entry_on_the_transposed_a_in_place(both, monkeypatch):
+    log: list = []
+    monkeypatch.setattr(api, "target_of", lambda device: Target((9, 0), 132, H100))
+    recorder = Recorder("persistent_kernel", log)
+    monkeypatch.setattr(persistent, "RUNG", dataclasses.replace(persistent.RUNG, kernel=recorder))
+    with FakeTensorMode():
+        x = torch.empty(14336, 4096, dtype=torch.bfloat16, device="cuda")  # [K, M]
+        w = torch.empty(4096, 14336, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+        launch = api.prepare("auto", x.t(), w.t(), out)
+        launch.fn()
+    assert launch.config["mode"] == "persistent" and launch.config["a_layout"] == "t"
+    assert "(A t, B t): measured at M=4096" in launch.config["why"]
+    assert "aligned_copy" not in launch.config
+    (launched,) = log
+    assert launched.kwargs["A_KMAJOR"] is False
+
+
+def test_tune_keys_entries_by_a_layout_where_it_is_t():
+    row, t = _keyed(4096, "torch"), _keyed(4096, "persistent") | {"a_layout": "t"}
+    assert tune.entry_key(row) == (4096, 4096, 4096, "bf16", "t")  # as tables always had it
+    assert tune.entry_key(t) == (4096, 4096, 4096, "bf16", "t", "t")
+    assert tune.entry_key(row | {"a_layout": "row"}) == tune.entry_key(row)
+    table = {"name": "h100", "match": "H100", "entries": [row]}
+    merged = tune.merge(table, {"env": {}, "settings": {}, "entries": [t]})
+    assert [(e["mode"], e.get("a_layout")) for e in merged["entries"]] == [
+        ("torch", None),
+        ("persistent", "t"),
+    ]
+    assert merged["updates"][0]["entries"] == [[4096, 4096, 4096, "bf16", "t", "t"]]
+    again = tune.merge(merged, {"env": {}, "settings": {}, "entries": [t | {"mode": "warpspec"}]})
+    assert [(e["mode"], e.get("update")) for e in again["entries"]] == [("torch", None), ("warpspec", 2)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--shapes", "llm-train", "--a-layout", "t"], "--a-layout: --shapes llm-train fixes each shape's"),
+        (["--shapes", "llm-train", "--b-layout", "t"], "--b-layout: --shapes llm-train fixes each shape's"),
+        (["--a-layout", "col"], "unknown dtype or layout: col"),
+    ],
+)
+def test_tune_refuses_layouts_it_cannot_measure_before_the_gpu(tmp_path, capsys, argv, message):
+    args = ["--name", "h100", "--match", "H100", "--output", str(tmp_path / "t.json")]
+    assert tune.main([*argv, *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tune_with_a_t_times_only_the_modes_that_read_it_in_place():
+    target = Target((9, 0), 132, H100)
+    a = torch.empty(4096, 4096, dtype=torch.bfloat16).t()
+    b = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    reads = {mode: tune.reads_in_place(mode, a, b, target) for mode in tune.MODES}
+    assert reads == {
+        "slab": False, "swapab": False, "splitk": True, "persistent": True, "warpspec": True, "torch": True,
+    }  # fmt: skip
+    assert not tune.reads_in_place("persistent", a, b, Target((10, 0), 148, "NVIDIA B200"))

@@ -30,8 +30,9 @@ def test_help_works_without_a_gpu(no_cuda, capsys):
     )
     for text in (
         "--dtype",
-        "--shapes llm|llm-dense|holdout|moe|FILE.csv",
+        "--shapes llm|llm-dense|llm-train|holdout|moe|FILE.csv",
         "--b-layout",
+        "--a-layout",
         "--peak-tflops",
         "compare OLD NEW",
     ):
@@ -641,3 +642,87 @@ def test_a_grouped_fp8_row_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     assert fp8.status == "OK" and fp8.rel_err <= fp8.tol and fp8.b_layout == "t" and len(fp8.x_rounds) == 2
     assert fp8.counts == rows["bf16"].counts  # one routing for both dtypes
     assert "x torch._grouped_mm or, in grouped fp8 rows, x torch._scaled_grouped_mm" in out
+
+
+# ------------------------------------------------------------------------------------------------
+# --a-layout and --shapes llm-train
+
+
+def test_a_layout_row_and_t_runs_every_shape_in_both(sweeps, tmp_path):
+    path = tmp_path / "r.jsonl"
+    assert (
+        main(["torch", "--dtype", "bf16", "--k", "512", "--a-layout", "t,ROW", "--results", str(path)]) == 0
+    )
+    ((_, tasks, *_), _) = sweeps[0]
+    assert [(t.a_layout, t.b_layout) for t in tasks] == [("t", "row"), ("row", "row")]
+    assert load(path).settings["a_layouts"] == ["t", "row"]
+    assert main(["torch", "--k", "512", "--results", str(tmp_path / "d.jsonl")]) == 0
+    assert {t.a_layout for t in sweeps[1][0][1]} == {"row"}  # the default
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--a-layout", "col"], "--a-layout: expected a comma list of row, t, got 'col'"),
+        (
+            ["--shapes", "moe", "--a-layout", "t"],
+            "--a-layout t: grouped shapes run with A layout row only",
+        ),
+        (
+            ["--shapes", "llm-train", "--a-layout", "row"],
+            "--a-layout: --shapes llm-train fixes each shape's A and B layouts (those of the product it "
+            "stands for); leave --a-layout out",
+        ),
+        (
+            ["--shapes", "llm-train", "--b-layout", "t", "--a-layout", "t"],
+            "--a-layout and --b-layout: --shapes llm-train fixes",
+        ),
+        (
+            ["--shapes", "llm-train", "--dtype", "bf16,fp8-row"],
+            "--dtype fp8-row: --shapes llm-train has products in A layout row, B layout row "
+            "(1024x4096x6144), and fp8-row runs with A layout row and B layout t only; measure fp16 or bf16",
+        ),
+    ],
+)
+def test_layouts_that_cannot_run_are_a_usage_error_before_the_gpu(sweeps, tmp_path, capsys, argv, message):
+    path = tmp_path / "r.jsonl"
+    assert main([*argv, "--results", str(path)]) == 2
+    assert sweeps == [] and not path.exists()
+    assert f"gluon-survey: error: {message}" in capsys.readouterr().err
+
+
+def test_llm_train_runs_each_backward_product_in_its_own_layouts(sweeps, tmp_path):
+    path = tmp_path / "r.jsonl"
+    assert main(["torch", "--shapes", "llm-train", "--dtype", "bf16", "--results", str(path)]) == 0
+    ((_, tasks, *_), _) = sweeps[0]
+    assert len(tasks) == 64
+    # Llama-3-8B's qkv weight [6144, 4096] at 1024 tokens: grad_x, then grad_W^T
+    assert [t.to_json() for t in tasks[:2]] == [
+        {"M": 1024, "N": 4096, "K": 6144, "dtype": "bf16", "b_layout": "row"},
+        {"M": 6144, "N": 4096, "K": 1024, "dtype": "bf16", "b_layout": "row", "a_layout": "t"},
+    ]
+    assert {(t.a_layout, t.b_layout) for t in tasks} == {("row", "row"), ("t", "row")}
+    settings = load(path).settings
+    assert settings["a_layouts"] == ["row", "t"] and settings["b_layouts"] == ["row"]
+
+
+@pytest.mark.timeout(120)
+def test_an_a_layout_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
+    from gluon_survey.driver.check import A_T_FP8
+
+    path = tmp_path / "r.jsonl"
+    argv = shlex.split("_ok_cpu --m 32 --n 48 --k 64 --dtype bf16,fp8 --a-layout row,t --seed 2")
+    argv += shlex.split("--warmup-ms 2 --min-ms 5 --rounds 2 --peak-tflops 1000")
+    assert main([*argv, "--results", str(path)]) == 0  # SKIPPED is not a failure
+    got = {(r.dtype, r.a_layout, r.b_layout): r for r in load(path).rows}
+    assert list(got) == [("bf16", "row", "row"), ("bf16", "t", "row"), ("fp8", "row", "t"), ("fp8", "t", "t")]
+    for key in list(got)[:3]:
+        assert got[key].status == "OK" and got[key].rel_err <= got[key].tol and len(got[key].x_rounds) == 2
+    assert got[("fp8", "t", "t")].status == "SKIPPED" and got[("fp8", "t", "t")].error == A_T_FP8
+    out = capsys.readouterr().out
+    for title in ("bf16, B row", "bf16, A t, B row", "fp8, B t", "fp8, A t, B t"):
+        assert re.search(rf"^\s*{re.escape(title)}\s*$", out, flags=re.M), title
+    assert main(["report", str(path), "--format", "legacy"]) == 0
+    legacy = capsys.readouterr().out
+    assert "Mode: _ok_cpu (bf16, B row, M=32, N=48)" in legacy  # unchanged for A row
+    assert "Mode: _ok_cpu (bf16, A t, B row, M=32, N=48)" in legacy

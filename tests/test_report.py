@@ -448,3 +448,23 @@ def test_grouped_rows_round_trip_and_compare_by_routing(tmp_path):
     loaded = load(results_file(tmp_path, rows)).rows
     assert loaded == rows and loaded[0].counts == [1] * 128 and loaded[0].shape.routing == "zipf"
     assert [d.verdict for d in compare(loaded, loaded[::-1])] == ["same", "same"]  # matched by routing
+
+
+def test_a_t_rows_get_tables_of_their_own_named_by_the_layout_pair():
+    """Rows in A layout "t" pivot apart from A-row rows of the same shape: their titles, the
+    summary's first column (then headed "dtype, layouts"), x cuBLAS against the cuBLAS row of the
+    same layouts; an A-row run renders as it always has."""
+    plain = [row("auto", M=16, ms=0.01), row("torch", M=16, ms=0.02)]
+    t = [replace(r, a_layout="t") for r in (row("auto", M=16, ms=0.04), row("torch", M=16, ms=0.02))]
+    run = results(plain + t)
+    pivots = report.pivots(run)
+    assert [p.title for p in pivots] == ["fp16, B row", "fp16, A t, B row"]
+    x = {(r.a_layout, r.mode): r.x_cublas for r in report.attach_x_cublas(run.rows)}
+    assert x[("row", "auto")] == pytest.approx(2.0) and x[("t", "auto")] == pytest.approx(0.5)
+    cells = [
+        [c.strip() for c in line.strip("|").split("|")] for line in report.format_summary(run).splitlines()
+    ]
+    assert cells[0][0] == "dtype, layouts"
+    assert [c[:2] for c in cells[2:]] == [["fp16, B row", "auto"], ["fp16, A t, B row", "auto"]]
+    assert report.format_summary(results(plain)).startswith("| dtype, B |")
+    assert "#### fp16, A t, B row" in report.format_markdown(run)

@@ -140,3 +140,20 @@ def test_fp8_and_fp8_row_results_are_kept_apart():
     assert [(d.new.dtype, d.verdict) for d in deltas] == [("fp8", "same"), ("fp8-row", "slower")]
     assert [(r.dtype, r.b_layout) for r in missing(old, new)] == [("fp16", "row")]
     assert old[0].pct_peak == pytest.approx(100 * old[0].tflops / 1979.0)
+
+
+def test_a_layouts_are_kept_apart_and_old_rows_are_a_row(tmp_path):
+    old = [row(ms=0.1), replace(row(ms=0.1), a_layout="t")]
+    new = [replace(row(ms=0.2), a_layout="t")]
+    assert len({r.key for r in old}) == 2 and [r.layouts for r in old] == ["B row", "A t, B row"]
+    (delta,) = compare(old, new)
+    assert delta.old.a_layout == "t" and delta.verdict == "slower"
+    assert [r.a_layout for r in missing(old, new)] == ["row"]
+    # a row written before A layouts were measured has no a_layout: it loads as A row
+    path = tmp_path / "old.jsonl"
+    record = row(ms=0.1).to_json()
+    del record["a_layout"]
+    header = {"record": "header", "schema": 1, "run_id": "run", "env": ENV, "settings": SETTINGS}
+    path.write_text(json.dumps(header) + "\n" + json.dumps(record) + "\n")
+    (loaded,) = load(path).rows
+    assert loaded.a_layout == "row" and loaded.key == row(ms=0.1).key

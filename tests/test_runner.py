@@ -46,6 +46,47 @@ def test_make_tasks_groups_by_dtype_then_layout():
     assert tasks[0].to_json() == {"M": 32, "N": 48, "K": 64, "dtype": "fp16", "b_layout": "row"}
 
 
+def test_make_tasks_groups_by_dtype_then_a_layout_then_b_layout():
+    tasks = runner.make_tasks(SHAPES[:1], ["bf16"], ["row", "t"], ["row", "t"])
+    assert [(t.a_layout, t.b_layout) for t in tasks] == [
+        ("row", "row"),
+        ("row", "t"),
+        ("t", "row"),
+        ("t", "t"),
+    ]
+    assert [t.label() for t in tasks[1:3]] == ["32x48x64 bf16 B=t", "32x48x64 bf16 A=t B=row"]
+    # A row says nothing of A (the worker's protocol and old files without A layouts); A t says so
+    assert "a_layout" not in tasks[0].to_json()
+    assert tasks[2].to_json() == {
+        "M": 32,
+        "N": 48,
+        "K": 64,
+        "dtype": "bf16",
+        "b_layout": "row",
+        "a_layout": "t",
+    }
+
+
+def test_shapes_that_fix_their_layouts_keep_them_whatever_the_sweep_asks():
+    fixed = [Shape(64, 32, 48, "row", "row"), Shape(48, 32, 64, "t", "row")]
+    tasks = runner.make_tasks(fixed, ["fp16", "bf16"], ["t"], ["row", "t"])
+    assert [(t.dtype, t.shape.M, t.a_layout, t.b_layout) for t in tasks] == [
+        ("fp16", 64, "row", "row"),
+        ("fp16", 48, "t", "row"),
+        ("bf16", 64, "row", "row"),
+        ("bf16", 48, "t", "row"),
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_cpu_rows_in_a_layout_t_carry_it_and_are_correct(tmp_path):
+    tasks = runner.make_tasks(SHAPES[1:], ["fp16"], ["t"], ["row", "t"])
+    rows = _sweep(tmp_path, ["_ok_cpu"], tasks)
+    assert [(r.a_layout, r.b_layout) for r in rows] == [("row", "t"), ("t", "t")]
+    _assert_correct_cpu_rows(rows, SHAPES[1:] * 2)
+    assert rows[0].key != rows[1].key and rows[1].layouts == "A t, B t"
+
+
 def _sweep(tmp_path, modes, tasks, settings=FAST, worker_command=fakes.WORKER_COMMAND):
     path = tmp_path / "results.jsonl"
     with ResultsWriter(path, make_header("run", {}, {})) as writer:

@@ -6,10 +6,12 @@ from gluon_survey.driver.shapes import (
     DENSE_M,
     GroupedShape,
     Shape,
+    fixed_layouts,
     grid,
     holdout_shapes,
     llm_dense_shapes,
     llm_shapes,
+    llm_train_shapes,
     moe_shapes,
     parse_dim,
     read_csv,
@@ -77,6 +79,27 @@ def test_llm_shapes_are_llama3_8b_and_70b_linear_layers():
     assert llm_shapes() == expected
 
 
+def test_llm_train_is_the_backward_products_of_the_llm_weights_in_their_layouts():
+    """For each weight W [N, K] and T tokens: grad_x = grad [T, N] @ W [N, K] (M=T, N=K, K=N; A and
+    B row) and grad_W^T = grad^T [N, T] @ x [T, K] (M=N, N=K, K=T; A t, B row)."""
+    weights = sorted({(s.N, s.K) for s in llm_shapes()})
+    shapes = llm_train_shapes()
+    assert resolve("llm-train", None, None, None) == shapes and len(shapes) == 64
+    expected = {
+        product
+        for n, k in weights
+        for t in (1024, 2048, 4096, 8192)
+        for product in (Shape(t, k, n, "row", "row"), Shape(n, k, t, "t", "row"))
+    }
+    assert set(shapes) == expected and len(set(shapes)) == 64
+    assert shapes[:2] == [Shape(1024, 4096, 6144, "row", "row"), Shape(6144, 4096, 1024, "t", "row")]
+    # o's grad_x and grad_W^T at 4096 tokens are both 4096^3: told apart by their layouts only
+    assert Shape(4096, 4096, 4096, "row", "row") in shapes and Shape(4096, 4096, 4096, "t", "row") in shapes
+    assert all(s.fixed_layouts for s in shapes) and fixed_layouts(shapes)
+    assert not any(fixed_layouts(f()) for f in (llm_shapes, holdout_shapes, moe_shapes))
+    assert shapes[1].to_json() == {"M": 6144, "N": 4096, "K": 1024} and shapes[1].label == "6144x4096x1024"
+
+
 def test_llm_dense_is_the_llm_weights_at_powers_of_two_and_their_midpoints():
     assert DENSE_M == (
         1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
@@ -101,7 +124,7 @@ def test_tune_takes_the_dense_preset(tmp_path, monkeypatch, capsys):
     assert tune.main(["--shapes", "llm-dense", *args]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert tune.main(["--shapes", "llm-sparse", *args]) == 2
-    assert "expected 'llm', 'llm-dense', 'holdout', 'moe' or a CSV file" in capsys.readouterr().err
+    assert "expected 'llm', 'llm-dense', 'llm-train', 'holdout', 'moe' or a CSV" in capsys.readouterr().err
     assert tune.main(["--shapes", "moe", *args]) == 2
     assert "grouped shapes; tune builds matmul's table of dense GEMMs" in capsys.readouterr().err
     assert tune.main(["--modes", "grouped,torch", *args]) == 2
@@ -168,7 +191,7 @@ def test_resolve(tmp_path):
     assert resolve(str(path), None, None, None) == [Shape(1, 2, 3)]
     with pytest.raises(ValueError, match="either --shapes or --m/--n/--k"):
         resolve("llm", "64", None, None)
-    with pytest.raises(ValueError, match="expected 'llm', 'llm-dense', 'holdout', 'moe' or a CSV file"):
+    with pytest.raises(ValueError, match="'llm', 'llm-dense', 'llm-train', 'holdout', 'moe' or a CSV"):
         resolve("square", None, None, None)
 
 

@@ -511,3 +511,97 @@ def test_the_cold_l2_rotation_counts_only_the_experts_a_call_reads():
     row = measure(grouped_cpu(prepare, l2_bytes=10 * touched), task, SETTINGS, lambda _: None)
     assert row["status"] == "OK" and row["l2_copies"] == 30 == len(sets)  # 3x L2 / touched
     assert all(ends == sets[0] for ends in sets)  # the whole weight (64 experts) would have made 1 set
+
+
+# ------------------------------------------------------------------------------------------------
+# A in layout "t" (the transpose view of a [K, M] matrix, as in a weight's gradient)
+
+A_T_TASK = TASK | {"a_layout": "t", "b_layout": "row"}
+
+
+def test_an_a_t_task_hands_every_provider_the_transpose_view_of_a_padded_k_by_m_matrix():
+    from gluon_survey.launch import a_layout
+
+    seen = []
+
+    def prepare(a, b, out):
+        seen.append(a)
+        return matmul(a, b, out)
+
+    baselines = []
+    row = measure(
+        cpu(prepare, baseline=lambda a, b, out: baselines.append(a) or matmul(a, b, out)),
+        A_T_TASK,
+        PAIRED,
+        lambda _: None,
+    )
+    assert row["status"] == "OK" and row["rel_err"] <= row["tol"]
+    for a in seen + baselines:
+        assert a_layout(a) == "t" and tuple(a.shape) == (48, 72)
+        assert (a.t().stride(0) * a.element_size()) % 16 == 0  # 48 fp16 rows are 96 bytes: TMA's rule
+    # the same values as the row-major A of the same seed: layouts compare like with like
+    from gluon_survey.driver.check import make_inputs
+    from gluon_survey.driver.shapes import Shape
+
+    row_major = make_inputs(Shape(48, 40, 72), "fp16", "row", SETTINGS.seed, "cpu")
+    transposed = make_inputs(Shape(48, 40, 72), "fp16", "row", SETTINGS.seed, "cpu", a_layout="t")
+    assert torch.equal(row_major.a, transposed.a) and a_layout(row_major.a) == "row"
+
+
+def test_an_odd_m_is_padded_to_16_bytes_in_a_layout_t():
+    from gluon_survey.driver.check import make_inputs
+    from gluon_survey.driver.shapes import Shape
+
+    a = make_inputs(Shape(17, 8, 24), "bf16", "t", 0, "cpu", a_layout="t").a
+    assert tuple(a.shape) == (17, 24) and a.stride() == (1, 24)  # [24, 17] rows padded to 24 elements
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "fp8-row"])
+def test_fp8_in_a_layout_t_is_skipped_naming_why(dtype):
+    from gluon_survey.driver.check import A_T_FP8, make_inputs
+    from gluon_survey.driver.shapes import Shape
+
+    task = FP8_TASKS[0] | {"dtype": dtype, "a_layout": "t"}
+    row = run_task(cpu(lambda *a, **k: pytest.fail("prepared")), task, SETTINGS, lambda _: None)
+    assert row == {"status": "SKIPPED", "error": A_T_FP8}
+    assert "--a-layout row" in A_T_FP8 and "fp8 MMAs read A K-major" in A_T_FP8
+    with pytest.raises(ValueError, match="fp8 runs with A layout row only"):
+        make_inputs(Shape(16, 16, 32), dtype, "t", 0, "cpu", a_layout="t")
+
+
+def test_a_mode_that_reads_a_t_in_place_is_timed_as_it_is_and_one_that_copies_pays_the_copy_each_call():
+    """`as_matmul_would`: a launch whose config says it reads the transposed A in place (what
+    `api.prepare` reports) is kept; otherwise the mode is prepared on a row-major buffer, and each
+    call copies A into it first, as `matmul` copies such an A each call."""
+    from gluon_survey.driver.check import make_inputs
+    from gluon_survey.driver.shapes import Shape
+    from gluon_survey.driver.worker import A_COPY, as_matmul_would
+    from gluon_survey.launch import a_layout
+
+    a, b = make_inputs(Shape(24, 16, 40), "fp16", "row", 1, "cpu", a_layout="t")
+    out = torch.empty(24, 16, dtype=torch.float16)
+    got = []
+
+    def in_place(a, b, out):
+        got.append(a)
+        return Launch(lambda: torch.matmul(a, b, out=out), {"a_layout": "t"})
+
+    launch = as_matmul_would(in_place, a, b, out)
+    assert launch.config == {"a_layout": "t"} and [a_layout(x) for x in got] == ["t"]
+
+    got.clear()
+
+    def row_only(a, b, out):
+        got.append(a)
+        return Launch(lambda: torch.matmul(a, b, out=out), {"BLOCK_M": 64})
+
+    launch = as_matmul_would(row_only, a, b, out)
+    assert launch.config == {"BLOCK_M": 64, "a_copy": A_COPY}
+    buffer = got[-1]
+    assert a_layout(buffer) == "row" and (buffer.stride(0) * 2) % 16 == 0
+    a.t().add_(1)  # the caller's A changes between calls (a new gradient each step) ...
+    launch.fn()
+    assert torch.equal(buffer, a) and torch.allclose(out.float(), a.float() @ b.float(), rtol=1e-2, atol=1e-1)
+    # ... and a row-major A is never copied
+    row = a.contiguous()
+    assert as_matmul_would(row_only, row, b, out).config == {"BLOCK_M": 64}

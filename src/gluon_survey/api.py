@@ -811,9 +811,10 @@ def explain(
     bias: torch.Tensor | None = None,
 ) -> str:
     """Which kernel and config `matmul(a, b, kernel=kernel, ...)` would run, and why. Nothing is
-    launched (an operand TMA cannot describe is copied, as `matmul` would). For an A in layout
-    "t" (the transpose view of a [K, M] matrix), a line says whether it is read in place or
-    copied to row-major, and why (module docstring)."""
+    launched (an operand TMA cannot describe is copied, as `matmul` would). The problem line names
+    the layout pair (A and B: "row" or "t"; `auto` chooses by both, gluon_survey/choice.py). For
+    an A in layout "t" (the transpose view of a [K, M] matrix), a line says whether it is read in
+    place or copied to row-major, and why (module docstring)."""
     fp8 = {"scale_a": scale_a, "scale_b": scale_b, "out_dtype": out_dtype}
     mode = registry.get(kernel if kernel is not None else default_mode(a))
     _check_operands(a, b, None, **fp8, mode=mode.name, bias=bias)
@@ -836,7 +837,7 @@ def explain(
         lines.append("why: asked for" if kernel is not None else "why: the default")
     lines += [
         f"problem: M={a.shape[0]} N={b.shape[1]} K={a.shape[1]} {str(a.dtype).removeprefix('torch.')}"
-        f" B={layout}",
+        f" A={a_layout(a)} B={layout}",
         "config: " + ", ".join(f"{k}={v}" for k, v in config.items()),
     ]
     if bias is not None:

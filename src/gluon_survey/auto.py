@@ -9,7 +9,7 @@ import torch
 
 from . import registry
 from .choice import Choice, choose
-from .launch import Launch, Scales, Target, b_layout
+from .launch import Launch, Scales, Target, a_layout, b_layout
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _FP8_NAMES = {"tensor": "fp8", "row": "fp8-row"}  # the driver's dtype names of the two scalings
@@ -20,19 +20,23 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
 
 
 def _choice(a, b, target: Target, scaling: str | None) -> Choice:
-    """What `choose` picks for these operands (`scaling`: the fp8 scales' kind, None for 16-bit)."""
+    """What `choose` picks for these operands (`scaling`: the fp8 scales' kind, None for 16-bit), by
+    their B and A layouts: an A in layout "t" takes the table's A-t entries (or the rule)."""
     M, K = a.shape
     dtype = _DTYPE_NAMES[a.dtype] if scaling is None else _FP8_NAMES[scaling]
-    choice = choose(M, b.shape[1], K, dtype, b_layout(b), target.capability, target.name, target.sm_count)
+    choice = choose(
+        M, b.shape[1], K, dtype, b_layout(b), target.capability, target.name, target.sm_count, a_layout(a)
+    )
     if scaling is not None and choice.mode == "torch" and (b.shape[1] % 16 or K % 16):
         choice = Choice("warpspec", None, f"{choice.why}; but cuBLAS fp8 needs N and K multiples of 16")
     return choice
 
 
 def reads_transposed_a(a, b, target: Target, fp8: bool = False) -> bool:
-    """Whether the mode `prepare` picks for 16-bit operands like these reads a transposed A in
-    place (the provider contract: gluon_survey/registry.py). The choice does not depend on A's
-    layout; fp8 operands never do (fp8 MMAs read A K-major)."""
+    """Whether the mode `choose` picks for 16-bit operands like these (A's layout "t" included: the
+    table's A-t entries) reads a transposed A in place (the provider contract:
+    gluon_survey/registry.py); fp8 operands never do (fp8 MMAs read A K-major). Where it does not,
+    `matmul` copies A to row-major and `prepare` chooses for the row-major copy."""
     if fp8:
         return False
     provider = registry.get(_choice(a, b, target, None).mode).provider(target.capability)

@@ -3,10 +3,13 @@ GPU, committed in the package (`gluon_survey/tables/*.json`, written by `gluon-s
 documented rule for weights the table has never seen. A user's call never measures anything:
 `choose` is a dictionary lookup.
 
-**The table.** Each entry is one measured shape (M, N, K, dtype, B layout) with the candidate
-that was fastest and correct there (`mode`, `config`: a label from the mode's `candidates`), the
-time of every candidate and of cuBLAS (`candidates`, keyed "mode label"). A weight (N, K, dtype,
-layout) with entries is answered from them alone, and never beyond what they measured:
+**The table.** Each entry is one measured shape (M, N, K, dtype, B layout, and `a_layout` "t"
+where A is the transpose view of a [K, M] matrix, as in a weight's gradient grad^T @ x; an entry
+without `a_layout` is A row) with the candidate that was fastest and correct there (`mode`,
+`config`: a label from the mode's `candidates`), the time of every candidate and of cuBLAS
+(`candidates`, keyed "mode label"). A weight (N, K, dtype, B layout, A layout) with entries is
+answered from them alone, and never beyond what they measured (an A-t product never from A-row
+entries, nor the reverse):
 - at a measured M: that entry's choice (a Gluon candidate only where it beat cuBLAS by MARGIN);
 - between two adjacent measured M (lo < M < hi) at most MAX_GAP apart: a Gluon candidate only
   where it held at both, i.e. beat that entry's cuBLAS time by MARGIN at lo and at hi; of several,
@@ -24,7 +27,8 @@ So where a Gluon kernel runs comes from measured crossovers, and a denser M grid
 (`gluon-survey tune --shapes llm-dense`) narrows the gaps. `explain` prints the neighbours and
 their numbers.
 
-**The rule**, for a weight without entries (or a GPU without a table): on sm_90 and sm_100, one
+**The rule**, for a weight without entries (or a GPU without a table), whatever A's layout (`matmul`
+reads a transposed A in place where the mode can, and copies it otherwise): on sm_90 and sm_100, one
 token and a K-major weight (`w.t()`): `gemv` (the weight streamed a row a program, CUDA-core
 FMAs); M <= 16: `slab` (mma.sync's 16-row slabs of the weight, no K split); above: cuBLAS
 (`torch`). Each threshold is measured (the constants below give the counts): the H100 table
@@ -178,13 +182,16 @@ def rule(
     )
 
 
-def _entries(table: dict | None, N: int, K: int, dtype: str, layout: str) -> dict[int, dict]:
-    """The table's entries for this weight, by M (a later entry of the same M wins, as tune's
-    merge keeps one)."""
+def _entries(
+    table: dict | None, N: int, K: int, dtype: str, layout: str, a_layout: str = "row"
+) -> dict[int, dict]:
+    """The table's entries for this weight and layouts, by M (a later entry of the same M wins, as
+    tune's merge keeps one); an entry without `a_layout` is A row."""
     return {
         e["M"]: e
         for e in (table or {}).get("entries", ())
-        if (e["N"], e["K"], e["dtype"], e["b_layout"]) == (N, K, dtype, layout)
+        if (e["N"], e["K"], e["dtype"], e["b_layout"], e.get("a_layout", "row"))
+        == (N, K, dtype, layout, a_layout)
     }
 
 
@@ -274,12 +281,16 @@ def choose(
     capability: tuple[int, int],
     gpu_name: str,
     sm_count: int = 0,
+    a_layout: str = "row",
 ) -> Choice:
-    """The mode and config for this shape on this GPU (module docstring); `sm_count` for the rule."""
+    """The mode and config for this shape on this GPU (module docstring); `sm_count` for the rule;
+    `layout` is B's layout, `a_layout` A's (`launch.a_layout`): a product with A "t" is answered
+    from the entries measured with A "t" only, and the `why` names the layout pair."""
     table = table_for(gpu_name)
-    entries = _entries(table, N, K, dtype, layout)
+    entries = _entries(table, N, K, dtype, layout, a_layout)
+    pair = "" if a_layout == "row" else f" (A {a_layout}, B {layout})"
     if entries:
-        name = f"table {table['name']}"
+        name = f"table {table['name']}{pair}"
         ms = sorted(entries)
         if M in entries:
             entry = entries[M]
@@ -302,5 +313,5 @@ def choose(
     choice = rule(M, capability, dtype, N, sm_count, K, layout)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
-    why = f"{choice.why} (table {table['name']} has no entry for this weight)"
+    why = f"{choice.why} (table {table['name']} has no entry for this weight{pair})"
     return Choice(choice.mode, choice.config, why)

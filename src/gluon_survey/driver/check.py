@@ -14,6 +14,10 @@ The survey's dtypes are named in `DTYPE_SPECS`, the one table of what each one m
     fp8-row     the same with row-wise scales: scale_a [M, 1] (one per row of A) and scale_b
                 [1, N] (one per row of the [N, K] weight, i.e. per column of B).
 
+A runs in A layout "row" (a row-major [M, K] matrix, every dtype) or, for fp16/bf16, "t" (the
+transpose view of a [K, M] matrix, as in a weight's gradient grad^T @ x; `make_inputs`): fp8
+runs with A row only (`A_T_FP8`).
+
 Grouped shapes (`shapes.GroupedShape`, a mixture-of-experts layer's expert GEMMs) take
 `make_grouped_inputs` and `grouped_reference`: x [S, K], the [E, K, N] transpose view of an
 [E, N, K] weight and int32 offsets [E] whose per-expert counts are the routing's; the reference is
@@ -36,7 +40,7 @@ import torch
 
 from gluon_survey.baselines.expert_loop import expert_spans
 from gluon_survey.driver.shapes import GroupedShape, Shape
-from gluon_survey.launch import B_LAYOUTS
+from gluon_survey.launch import A_LAYOUTS, ALIGN, B_LAYOUTS
 
 FP8 = torch.float8_e4m3fn  # the fp8 operands' type (gluon_survey.api.FP8)
 FP8_MAX = torch.finfo(FP8).max  # 448: the largest e4m3 magnitude, what a tensor's (or row's) amax maps to
@@ -52,6 +56,7 @@ class DtypeSpec:
     scaling: str | None = None  # fp8: "tensor" or "row" (`launch.SCALINGS`); None: no scales
     b_layouts: tuple[str, ...] = B_LAYOUTS  # the B layouts it runs in; the first is the default
     peak: str = ""  # the column of `hardware`'s peak table: which tensor-core rate bounds it
+    a_layouts: tuple[str, ...] = A_LAYOUTS  # the A layouts it runs in
 
     @property
     def default_b_layout(self) -> str:
@@ -63,10 +68,16 @@ DTYPE_SPECS: dict[str, DtypeSpec] = {
     for s in (
         DtypeSpec("fp16", torch.float16, torch.float16, peak="fp16"),
         DtypeSpec("bf16", torch.bfloat16, torch.bfloat16, peak="bf16"),
-        DtypeSpec("fp8", FP8, torch.bfloat16, "tensor", ("t",), peak="fp8"),
-        DtypeSpec("fp8-row", FP8, torch.bfloat16, "row", ("t",), peak="fp8"),
+        DtypeSpec("fp8", FP8, torch.bfloat16, "tensor", ("t",), peak="fp8", a_layouts=("row",)),
+        DtypeSpec("fp8-row", FP8, torch.bfloat16, "row", ("t",), peak="fp8", a_layouts=("row",)),
     )
 }
+
+# Why an fp8 task has no A layout "t", one wording for `make_inputs`'s error and the worker's SKIPPED.
+A_T_FP8 = (
+    "fp8 runs with A layout row only: fp8 MMAs read A K-major, so every mode (cuBLAS fp8 too) would "
+    "multiply a row-major copy of a transposed A; measure fp8 with --a-layout row"
+)
 
 # dtype name -> operand dtype (the names `--dtype` takes)
 DTYPES: dict[str, torch.dtype] = {name: s.operand for name, s in DTYPE_SPECS.items()}
@@ -154,6 +165,7 @@ def make_inputs(
     seed: int,
     device: str | torch.device,
     bias: bool = False,
+    a_layout: str = "row",
 ) -> Inputs:
     """a [M, K] and b [K, N]: standard normal values rounded to `dtype`, reproducible from `seed`.
 
@@ -168,10 +180,19 @@ def make_inputs(
 
     bias: also a bias [N], standard normal values rounded to the output's dtype, drawn after the
     operands (which are the same with or without it).
+
+    a_layout (`gluon_survey.launch.A_LAYOUTS`) "row" gives a contiguous [M, K] a; "t" gives the
+    transpose view of a [K, M] matrix holding the same values, whose rows are padded to a multiple
+    of 16 bytes (`transposed_a`) so that TMA can describe it, as in a weight's gradient grad^T @ x;
+    fp16/bf16 only (`A_T_FP8`).
     """
     if b_layout not in B_LAYOUTS:
         raise ValueError(f"unknown B layout {b_layout!r}; use one of {', '.join(B_LAYOUTS)}")
+    if a_layout not in A_LAYOUTS:
+        raise ValueError(f"unknown A layout {a_layout!r}; use one of {', '.join(A_LAYOUTS)}")
     spec = dtype_spec(dtype)
+    if a_layout not in spec.a_layouts:
+        raise ValueError(A_T_FP8)
     if b_layout not in spec.b_layouts:
         raise ValueError(
             f"{spec.name} runs with B layout {' or '.join(spec.b_layouts)} only, not {b_layout!r} "
@@ -187,11 +208,22 @@ def make_inputs(
     extra = {"bias": randn(shape.N).to(output_dtype(dtype))} if bias else {}
     if spec.scaling is None:
         a, w = a.to(spec.operand), w.to(spec.operand)
+        a = transposed_a(a) if a_layout == "t" else a
         return Inputs(a, w if b_layout == "row" else w.t(), **extra)
     a, scale_a = quantize(a, rowwise=spec.scaling == "row")
     w, scale_w = quantize(w, rowwise=spec.scaling == "row")
     scale_b = scale_w if spec.scaling == "tensor" else scale_w.reshape(1, shape.N)
     return Inputs(a, w.t(), scale_a, scale_b, **extra)
+
+
+def transposed_a(a: torch.Tensor) -> torch.Tensor:
+    """`a` [M, K] in A layout "t": the transpose view of a [K, M] copy whose row stride is padded to
+    a multiple of 16 bytes (TMA's rule for a row stride; the padding is never read)."""
+    M, K = a.shape
+    per = ALIGN // a.element_size()
+    buf = torch.empty(K, -(-M // per) * per, dtype=a.dtype, device=a.device).narrow(1, 0, M)
+    buf.copy_(a.t())
+    return buf.t()
 
 
 # Why a grouped shape has no per-tensor fp8 task, one wording for the CLI's usage error and the

@@ -15,9 +15,10 @@ The timing command writes every row to a JSON Lines results file as it is measur
 out/results-<run id>.jsonl), then prints the report, and ends by naming the results file (also
 when interrupted or when the report cannot be written). Exit status: 0 when every row is OK or
 SKIPPED, 1 when any is FAILED, ERROR or TIMEOUT or the report or plot cannot be written, 2 for a
-usage error (checked before the GPU is asked for: modes, dtypes and B layouts, a named mode without
-fp8 kernels for fp8 dtypes only (or an fp8-only one for fp16/bf16 only), per-tensor fp8 or B
-layout row for grouped shapes, sizes, --output, --plot
+usage error (checked before the GPU is asked for: modes, dtypes and A and B layouts, a named mode
+without fp8 kernels for fp8 dtypes only (or an fp8-only one for fp16/bf16 only), per-tensor fp8,
+B layout row or A layout t for grouped shapes, layouts or fp8 for shapes that fix their layouts
+(`--shapes llm-train`), sizes, --output, --plot
 and --results paths) or a machine without a CUDA GPU, 130 when interrupted (the rows measured so
 far are kept and reported). `report` exits 1 for a results file without rows, `compare` 1 for two
 files that share no result and, with --fail-on-regression, for a regression or a result missing
@@ -41,7 +42,7 @@ from gluon_survey import __version__, registry
 from gluon_survey.driver import args as argtypes
 from gluon_survey.driver import shapes
 from gluon_survey.driver.settings import DEFAULTS, Settings
-from gluon_survey.launch import B_LAYOUTS
+from gluon_survey.launch import A_LAYOUTS, B_LAYOUTS
 
 if TYPE_CHECKING:
     from gluon_survey.driver.results import Results, Row
@@ -105,9 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--shapes",
         type=argtypes.non_empty,
-        metavar="llm|llm-dense|holdout|moe|FILE.csv",
+        metavar="llm|llm-dense|llm-train|holdout|moe|FILE.csv",
         help="'llm': the linear layers of Llama-3-8B/70B at 1..8192 tokens; 'llm-dense': the same "
-        "weights at 28 token counts from 1 to 16384 (powers of two and 3 * 2**k); 'holdout': those of "
+        "weights at 28 token counts from 1 to 16384 (powers of two and 3 * 2**k); 'llm-train': their "
+        "backward products at 1024..8192 tokens, grad_x = grad @ W (A row, B row) and grad_W^T = "
+        "grad^T @ x (A t, B row), each shape in its own layouts; 'holdout': those of "
         "Llama-3.2-1B/3B and Qwen2.5-7B/14B at 1..4096 tokens (weights the H100 table has no entry "
         "for); 'moe': grouped GEMMs, the expert gate_up and down projections of Mixtral-8x7B, "
         "Qwen3-30B-A3B, DeepSeek-V3 and GPT-OSS-20B at T = 1..16384 tokens, routed uniform, zipf or "
@@ -119,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--b-layout",
         help="comma-separated: row (B is [K, N]), t (B is w.t() of a [N, K] weight) (default: row for "
         "fp16 and bf16; t for fp8 and fp8-row, which run with t only)",
+    )
+    what.add_argument(
+        "--a-layout",
+        help="comma-separated: row (A is [M, K]), t (A is x.t() of a [K, M] matrix, as in a weight's "
+        "gradient grad^T @ x: modes that cannot read it in place copy it each call, as matmul does; "
+        "fp8 runs with row only, its t rows SKIPPED) (default: row)",
     )
     how = parser.add_argument_group("how to measure")
     how.add_argument(
@@ -268,16 +277,25 @@ GROUPED_FP8_ALIGN = 16
 
 
 def _grouped_error(
-    sweep: Sequence[shapes.GroupedShape], dtypes: Sequence[str], layouts: Sequence[str] | None
+    sweep: Sequence[shapes.GroupedShape],
+    dtypes: Sequence[str],
+    layouts: Sequence[str] | None,
+    a_layouts: Sequence[str] | None = None,
 ) -> str | None:
     """Why a sweep of grouped shapes cannot run as asked: per-tensor fp8 (grouped GEMMs run fp8
     with row-wise scales only), B layout row (the experts' weights are [E, N, K], read through
-    their transpose view), or N or K not a multiple of 8 (16 in fp8-row)."""
+    their transpose view), A layout t (x is the tokens' row-major [S, K]), or N or K not a
+    multiple of 8 (16 in fp8-row)."""
     from gluon_survey.driver.check import GROUPED_FP8, dtype_spec
 
     per_tensor = [d for d in dtypes if dtype_spec(d).scaling == "tensor"]
     if per_tensor:
         return f"--dtype {','.join(per_tensor)}: {GROUPED_FP8}"
+    if a_layouts is not None and a_layouts != ["row"]:
+        return (
+            f"--a-layout {','.join(a_layouts)}: grouped shapes run with A layout row only (x is the "
+            "tokens' row-major [S, K], grouped by expert); leave --a-layout out"
+        )
     if layouts is not None and layouts != [GROUPED_B_LAYOUT]:
         return (
             f"--b-layout {','.join(layouts)}: grouped shapes run with B layout {GROUPED_B_LAYOUT} only (each "
@@ -295,6 +313,33 @@ def _grouped_error(
                 else "TMA and torch._grouped_mm read rows of 16-byte multiples"
             )
             return f"--shapes: grouped shape {shape.label}: N and K must be multiples of {align} ({why})"
+    return None
+
+
+def _fixed_layouts_error(
+    spec: str, sweep: Sequence[shapes.Shape], dtypes: Sequence[str], args: argparse.Namespace
+) -> str | None:
+    """Why a sweep whose shapes fix their layouts (`--shapes llm-train`) cannot run as asked:
+    --a-layout or --b-layout given (each shape says its own), or a dtype that cannot run in a
+    layout the shapes have (fp8: B t and A row only)."""
+    from gluon_survey.driver.check import DTYPE_SPECS
+
+    given = [opt for opt, value in (("--a-layout", args.a_layout), ("--b-layout", args.b_layout)) if value]
+    if given:
+        return (
+            f"{' and '.join(given)}: --shapes {spec} fixes each shape's A and B layouts (those of the "
+            f"product it stands for); leave {' and '.join(given)} out"
+        )
+    for dtype in dtypes:
+        spec_ = DTYPE_SPECS[dtype]
+        for shape in sweep:
+            a, b = shape.a_layout or "row", shape.b_layout or "row"
+            if a not in spec_.a_layouts or b not in spec_.b_layouts:
+                return (
+                    f"--dtype {dtype}: --shapes {spec} has products in A layout {a}, B layout {b} "
+                    f"({shape.label}), and {dtype} runs with A layout {', '.join(spec_.a_layouts)} and B "
+                    f"layout {', '.join(spec_.b_layouts)} only; measure fp16 or bf16"
+                )
     return None
 
 
@@ -326,14 +371,18 @@ def run(argv: Sequence[str]) -> int:
     try:
         dtypes = _pick(args.dtype, DTYPES, "--dtype")
         layouts = _pick(args.b_layout, B_LAYOUTS, "--b-layout") if args.b_layout is not None else None
+        a_layouts = _pick(args.a_layout, A_LAYOUTS, "--a-layout") if args.a_layout is not None else None
         sweep = shapes.resolve(args.shapes, args.m, args.n, args.k)
     except (KeyError, ValueError) as exc:
         return _usage_error(exc.args[0] if exc.args else str(exc))
     grouped = shapes.is_grouped(sweep)
     modes = [mode.name for mode in (named or registry.modes_of(grouped))]
     if grouped:
-        problem = _grouped_error(sweep, dtypes, layouts)
+        problem = _grouped_error(sweep, dtypes, layouts, a_layouts)
         layouts_of = {d: [GROUPED_B_LAYOUT] for d in dtypes}
+    elif shapes.fixed_layouts(sweep):
+        problem = _fixed_layouts_error(args.shapes, sweep, dtypes, args)
+        layouts_of = {d: [] for d in dtypes}  # each shape's own (`runner.make_tasks`)
     else:
         try:
             layouts_of = layouts_per_dtype(dtypes, layouts)
@@ -355,7 +404,9 @@ def run(argv: Sequence[str]) -> int:
         )
         return 2
     command = shlex.join([PROG, *argv])  # recorded as typed, to reproduce the run
-    tasks = [task for d in dtypes for task in runner.make_tasks(sweep, [d], layouts_of[d])]
+    tasks = [
+        task for d in dtypes for task in runner.make_tasks(sweep, [d], layouts_of[d], a_layouts or ["row"])
+    ]
     return _sweep(args, modes, tasks, command)
 
 
@@ -455,6 +506,7 @@ def _settings_record(
         "modes": modes,
         "dtypes": list(peaks),
         "b_layouts": list(dict.fromkeys(t.b_layout for t in tasks)),
+        "a_layouts": list(dict.fromkeys(t.a_layout for t in tasks)),
         "shapes": f"--shapes {args.shapes}" if args.shapes else dims,
         "peaks": {d: {"tflops": p, "source": src} for d, (p, src) in peaks.items()},
     }
@@ -602,7 +654,7 @@ def _holds(rows: Sequence[Row]) -> str:
     if not rows:
         return "no rows"
     modes = ", ".join(dict.fromkeys(r.mode for r in rows))
-    kinds = ", ".join(dict.fromkeys(f"{r.dtype} B {r.b_layout}" for r in rows))
+    kinds = ", ".join(dict.fromkeys(f"{r.dtype} {r.layouts}" for r in rows))
     ms = sorted({r.M for r in rows})
     m = f"M {ms[0]}" if len(ms) == 1 else f"M {ms[0]}..{ms[-1]}"
     if any(r.grouped for r in rows):
@@ -611,7 +663,7 @@ def _holds(rows: Sequence[Row]) -> str:
 
 
 def _where(row: Row) -> str:
-    return f"{row.mode} {row.shape.label} {row.dtype} B={row.b_layout}"
+    return f"{row.mode} {row.shape.label} {row.dtype} {row.layouts_label}"
 
 
 def report_run(argv: Sequence[str]) -> int:

@@ -1,6 +1,7 @@
 """Turning results into tables, files and plots.
 
-Formats: `table` (rich tables, one per dtype and B layout: shapes as rows, modes as columns, each
+Formats: `table` (rich tables, one per dtype and layouts (B's, and A's where it is not row-major,
+`Row.layouts`): shapes as rows, modes as columns, each
 cell TFLOP/s, x cuBLAS and the chosen BLOCK_MxNxK, a geometric-mean row), `legacy` (exactly the
 lines of the original survey script), `csv` (one row per result, `#` environment comments on top),
 `json` and `markdown`. Every format but `legacy` starts with the environment.
@@ -15,7 +16,7 @@ TFLOP/s figure above the datasheet peak is a measurement error, shown as such, n
 geometric means and x cuBLAS use measurements only. x cuBLAS is the median of the row's paired
 rounds (`x_rounds`: cuBLAS timed on the same inputs in windows alternating with the row's), or,
 for a run without pairing (`--no-paired`), the ratio to the `torch` row of the same shape, dtype
-and layout.
+and layouts.
 
 Grouped rows (mixture-of-experts expert GEMMs, `--shapes moe`) render the same way: their shape
 label names N x K, the experts E, top-k, the tokens T and the routing; their x cuBLAS column is
@@ -216,10 +217,12 @@ class Pivot:
     geomean: dict[str, Cell]
     notes: list[str] = field(default_factory=list)
     queued: bool = False  # timed in GPU time (settings `queued`): the cells show GB/s
+    a_layout: str = "row"
 
     @property
     def title(self) -> str:
-        return f"{self.dtype}, B {self.b_layout}" + (f", {QUEUED}" if self.queued else "")
+        layouts = f"B {self.b_layout}" if self.a_layout == "row" else f"A {self.a_layout}, B {self.b_layout}"
+        return f"{self.dtype}, {layouts}" + (f", {QUEUED}" if self.queued else "")
 
     @property
     def shape_header(self) -> str:
@@ -306,13 +309,13 @@ def _notes(rows: Iterable[Row]) -> list[str]:
 
 
 def pivots(results: Results) -> list[Pivot]:
-    """One pivot per (dtype, layout), modes and shapes in the order the sweep ran them."""
+    """One pivot per (dtype, A layout, B layout), modes and shapes in the order the sweep ran them."""
     rows = attach_x_cublas(results.rows)
     peak_of = peaks(results)
     queued = _queued(results)
     out = []
-    for dtype, layout in dict.fromkeys((r.dtype, r.b_layout) for r in rows):
-        group = [r for r in rows if (r.dtype, r.b_layout) == (dtype, layout)]
+    for dtype, a_layout, layout in dict.fromkeys((r.dtype, r.a_layout, r.b_layout) for r in rows):
+        group = [r for r in rows if (r.dtype, r.a_layout, r.b_layout) == (dtype, a_layout, layout)]
         modes = list(dict.fromkeys(r.mode for r in group))
         cells = {(r.shape, r.mode): _cell(r, queued) for r in group}
         shapes = list(dict.fromkeys(r.shape for r in group))
@@ -323,7 +326,7 @@ def pivots(results: Results) -> list[Pivot]:
             if best is not None:
                 cells[(shape, best.mode)].best = True
         gms = {m: _geomean_cell([r for r in group if r.mode == m], peak_of.get(dtype)) for m in modes}
-        out.append(Pivot(dtype, layout, modes, shapes, cells, gms, _notes(group), queued))
+        out.append(Pivot(dtype, layout, modes, shapes, cells, gms, _notes(group), queued, a_layout))
     return out
 
 
@@ -429,18 +432,17 @@ def format_summary(results: Results) -> str:
     tokens = "T" if any(r.grouped for r in rows) else "M"
     ms = sorted({r.shape.tokens for r in rows})
     by_m = ms if len(ms) > 1 else []
+    layouts = "dtype, B" if all(r.a_layout == "row" for r in rows) else "dtype, layouts"
     out = [
-        "| dtype, B | mode | TFLOP/s | x cuBLAS | "
+        f"| {layouts} | mode | TFLOP/s | x cuBLAS | "
         + "".join(f"{tokens} = {m} | " for m in by_m)
         + "lowest x cuBLAS |",
         "|---|---|---:|---:|" + "---:|" * len(by_m) + "---|",
     ]
-    pairs = list(dict.fromkeys((r.dtype, r.b_layout) for r in rows))
-    keys = sorted(
-        dict.fromkeys((r.dtype, r.b_layout, r.mode) for r in rows), key=lambda k: pairs.index(k[:2])
-    )
+    pairs = list(dict.fromkeys((r.dtype, r.layouts) for r in rows))
+    keys = sorted(dict.fromkeys((r.dtype, r.layouts, r.mode) for r in rows), key=lambda k: pairs.index(k[:2]))
     for dtype, layout, mode in keys:
-        group = [r for r in rows if (r.dtype, r.b_layout, r.mode) == (dtype, layout, mode) and r.measured]
+        group = [r for r in rows if (r.dtype, r.layouts, r.mode) == (dtype, layout, mode) and r.measured]
         paired = [r for r in group if r.x_cublas is not None]
         if not group:
             continue
@@ -451,7 +453,7 @@ def format_summary(results: Results) -> str:
         per_m = [geomean(of_m.get(m, [])) for m in by_m]
         low = min(paired, key=lambda r: r.x_cublas, default=None)  # type: ignore[arg-type,return-value]
         cells = [
-            f"{dtype}, B {layout}",
+            f"{dtype}, {layout}",
             mode,
             f"{geomean(r.tflops for r in group):.1f}",  # type: ignore[misc]
             "-" if gx is None else f"**{gx:.3f}x**",
@@ -501,14 +503,15 @@ def format_legacy(rows: Iterable[Row]) -> str:
     block sizes prints 0 for them where it is torch's (as the original printed for torch) and `-`
     elsewhere (an `auto` row that ran cuBLAS: no block sizes of ours ran). The original swept K
     only, in one dtype; a sweep over more (dtype, layout, M, N) gets one such block per mode and
-    combination, and the `Mode:` line names which. Rows that are not measurements are left out."""
+    combination, and the `Mode:` line names which (A's layout only where it is not row-major). Rows
+    that are not measurements are left out."""
     blocks: dict[tuple[str, int, int, str, str, str], list[Row]] = {}
     for row in rows:
         grouping = f", E={row.E}, top-{row.topk}, {row.routing}" if row.grouped else ""
-        blocks.setdefault((row.mode, row.M, row.N, row.dtype, row.b_layout, grouping), []).append(row)
+        blocks.setdefault((row.mode, row.M, row.N, row.dtype, row.layouts, grouping), []).append(row)
     out = []
-    for (mode, m, n, dtype, layout, grouping), block in blocks.items():
-        out += [f"Mode: {mode} ({dtype}, B {layout}, M={m}, N={n}{grouping})", LEGACY_HEADER]
+    for (mode, m, n, dtype, layouts, grouping), block in blocks.items():
+        out += [f"Mode: {mode} ({dtype}, {layouts}, M={m}, N={n}{grouping})", LEGACY_HEADER]
         for r in block:
             if r.measured:
                 none = 0 if r.mode == BASELINE else "-"
@@ -602,7 +605,7 @@ def plot(results: Results, path: str | Path) -> int:
     groups: dict[tuple[str, str, int, int], list[Row]] = {}
     for r in results.rows:
         if r.measured:
-            groups.setdefault((r.dtype, r.b_layout, r.M, r.N), []).append(r)
+            groups.setdefault((r.dtype, r.layouts_label, r.M, r.N), []).append(r)
     if not groups:
         return 0
     fig, axes = _panels(len(groups), 3, 6, 4.5)
@@ -622,7 +625,7 @@ def plot(results: Results, path: str | Path) -> int:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("K")
         ax.set_ylabel("TFLOP/s")
-        ax.set_title(f"M={m} N={n} {dtype} B={layout}")
+        ax.set_title(f"M={m} N={n} {dtype} {layout}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     _save(fig, axes, results, path, dpi=120)
@@ -637,7 +640,7 @@ def plot_by_m(results: Results, path: str | Path) -> int:
     rows = [r for r in attach_x_cublas(results.rows) if r.x_cublas is not None and not is_baseline(r)]
     panels: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
-        panels.setdefault((r.dtype, r.b_layout, r.mode), []).append(r)
+        panels.setdefault((r.dtype, r.layouts_label, r.mode), []).append(r)
     if not panels:
         return 0
     fig, axes = _panels(len(panels), 2, 8, 5.5)
@@ -667,7 +670,7 @@ def plot_by_m(results: Results, path: str | Path) -> int:
         ax.set_xlabel("T (tokens; x has T * top-k rows)" if grouped else "M (tokens)")
         ax.set_ylabel(f"x {reference}")
         per_line = "N x K, E, top-k, routing" if grouped else "N x K"
-        ax.set_title(f"{mode} {dtype} B={layout}: {per_line} per line")
+        ax.set_title(f"{mode} {dtype} {layout}: {per_line} per line")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small", ncols=2)
     _save(fig, axes, results, path, dpi=110)
@@ -698,15 +701,15 @@ def print_comparison(
                 style="dim",
             )
         )
-    for dtype, layout in dict.fromkeys((d.new.dtype, d.new.b_layout) for d in deltas):
-        table = Table(title=f"new vs old, {dtype}, B {layout} (same = p20-p80 intervals overlap)")
+    for dtype, layout in dict.fromkeys((d.new.dtype, d.new.layouts) for d in deltas):
+        table = Table(title=f"new vs old, {dtype}, {layout} (same = p20-p80 intervals overlap)")
         table.add_column("mode", no_wrap=True)
         table.add_column("M x N x K", no_wrap=True)
         for name in ("old TFLOP/s", "new TFLOP/s", "new/old"):
             table.add_column(name, justify="right")
         table.add_column("verdict")
         for d in deltas:
-            if (d.new.dtype, d.new.b_layout) != (dtype, layout):
+            if (d.new.dtype, d.new.layouts) != (dtype, layout):
                 continue
             table.add_row(
                 d.new.mode,
@@ -719,7 +722,7 @@ def print_comparison(
         console.print(table)
     for r in missing:
         console.print(
-            Text(f"missing from NEW: {r.mode} {r.shape.label} {r.dtype} B={r.b_layout}", style="bold red")
+            Text(f"missing from NEW: {r.mode} {r.shape.label} {r.dtype} {r.layouts_label}", style="bold red")
         )
     for mode in dict.fromkeys(d.new.mode for d in deltas):
         gm = geomean(d.ratio for d in deltas if d.new.mode == mode and d.ratio is not None)

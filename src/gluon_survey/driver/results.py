@@ -13,11 +13,15 @@ expert got, and its reference is torch._grouped_mm, not cuBLAS: `x_cublas`, `cub
 in fp8-row torch._scaled_grouped_mm, the `scaled_grouped_mm` mode), while `cublas_err`, the
 tolerance's yardstick, is cuBLAS's called per expert (fp8-row: torch._scaled_mm per expert).
 
-`compare(old, new)` matches rows by (mode, M, N, K, dtype, B layout, E, topk, routing). Two measurements are
-"same" when their p20-p80 time intervals overlap, i.e. the difference is inside the measured
-noise; otherwise "faster" or "slower". A row that was measured and now is not (FAILED, ERROR,
-TIMEOUT, or flagged above peak) is "broken", the reverse "fixed". `missing(old, new)` lists the
-rows of the old run that the new one lacks (a run that crashed or was stopped early).
+A row's `a_layout` is A's layout ("row", or "t": the transpose view of a [K, M] matrix,
+`--a-layout`); a row of a file written before A layouts were measured has none and is A row.
+
+`compare(old, new)` matches rows by (mode, M, N, K, dtype, B layout, A layout, E, topk,
+routing). Two measurements are "same" when their p20-p80 time intervals overlap, i.e. the
+difference is inside the measured noise; otherwise "faster" or "slower". A row that was measured
+and now is not (FAILED, ERROR, TIMEOUT, or flagged above peak) is "broken", the reverse "fixed".
+`missing(old, new)` lists the rows of the old run that the new one lacks (a run that crashed or
+was stopped early).
 """
 
 from __future__ import annotations
@@ -40,12 +44,12 @@ STATUSES = ("OK", "FAILED", "ERROR", "SKIPPED", "TIMEOUT")
 ABOVE_PEAK = "ABOVE_PEAK: measurement error"
 NOISY = "NOISY"
 
-Key = tuple[str, int, int, int, str, str, int | None, int | None, str | None]
+Key = tuple[str, int, int, int, str, str, str, int | None, int | None, str | None]
 
 
 @dataclass
 class Row:
-    """One (mode, shape, dtype, B layout) outcome.
+    """One (mode, shape, dtype, B layout, A layout) outcome.
 
     status: OK, FAILED (wrong result; `error` says how wrong), ERROR (an exception; its message),
     SKIPPED (this GPU cannot run the mode, or the mode does not take this kind of problem; why),
@@ -64,6 +68,7 @@ class Row:
     b_layout: str
     status: str
     error: str = ""
+    a_layout: str = "row"  # "t": A is the transpose view of a [K, M] matrix (module docstring)
     config: dict[str, Any] = field(default_factory=dict)
     compile_s: float | None = None
     ms_median: float | None = None
@@ -109,9 +114,30 @@ class Row:
         return (self.mode, *self.problem)
 
     @property
-    def problem(self) -> tuple[int, int, int, str, str, int | None, int | None, str | None]:
+    def problem(self) -> tuple[int, int, int, str, str, str, int | None, int | None, str | None]:
         """What was measured, whatever the mode: the key without the mode."""
-        return (self.M, self.N, self.K, self.dtype, self.b_layout, self.E, self.topk, self.routing)
+        return (
+            self.M,
+            self.N,
+            self.K,
+            self.dtype,
+            self.b_layout,
+            self.a_layout,
+            self.E,
+            self.topk,
+            self.routing,
+        )
+
+    @property
+    def layouts(self) -> str:
+        """The layouts in a title's words: 'B t', or 'A t, B row' where A is not row-major (so a
+        run without A layouts reads as it always has)."""
+        return f"B {self.b_layout}" if self.a_layout == "row" else f"A {self.a_layout}, B {self.b_layout}"
+
+    @property
+    def layouts_label(self) -> str:
+        """The layouts in a label's words (`layouts_label`): 'B=t', or 'A=t B=row'."""
+        return layouts_label(self.a_layout, self.b_layout)
 
     @property
     def measured(self) -> bool:
@@ -149,6 +175,11 @@ class Row:
     def from_json(cls, data: dict[str, Any]) -> Row:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def layouts_label(a_layout: str, b_layout: str) -> str:
+    """'B=t', or 'A=t B=row' where A is not row-major: how labels and messages name the layouts."""
+    return f"B={b_layout}" if a_layout == "row" else f"A={a_layout} B={b_layout}"
 
 
 def bytes_moved(shape: Shape | GroupedShape, dtype: str, counts: list[int] | None = None) -> int | None:

@@ -1,4 +1,4 @@
-"""The sweep: modes x shapes x dtypes x B layouts, each mode in worker subprocesses.
+"""The sweep: modes x shapes x dtypes x A and B layouts, each mode in worker subprocesses.
 
 Each mode runs in a fresh worker process (`WORKER_COMMAND`: `python -m gluon_survey.driver.worker`;
 `run_sweep` takes another command, e.g. the tests' worker with CPU providers) that measures its
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from gluon_survey.driver.results import ResultsWriter, Row
+from gluon_survey.driver.results import ResultsWriter, Row, layouts_label
 from gluon_survey.driver.settings import Settings
 from gluon_survey.driver.shapes import GroupedShape, Shape
 
@@ -43,22 +43,32 @@ class Task:
     shape: Shape | GroupedShape
     dtype: str
     b_layout: str
+    a_layout: str = "row"
 
     def label(self) -> str:
-        return f"{self.shape.label} {self.dtype} B={self.b_layout}"
+        return f"{self.shape.label} {self.dtype} {layouts_label(self.a_layout, self.b_layout)}"
 
     def to_json(self) -> dict[str, Any]:
-        """The shape's fields (M, N, K; a grouped shape's E, topk and routing too), dtype, layout."""
-        return {**self.shape.to_json(), "dtype": self.dtype, "b_layout": self.b_layout}
+        """The shape's fields (M, N, K; a grouped shape's E, topk and routing too), dtype, layouts
+        (A's only where it is "t": a task without one is A row, as tasks were before A layouts)."""
+        a = {"a_layout": self.a_layout} if self.a_layout != "row" else {}
+        return {**self.shape.to_json(), "dtype": self.dtype, "b_layout": self.b_layout, **a}
 
 
 def make_tasks(
-    shapes: Iterable[Shape | GroupedShape], dtypes: Iterable[str], b_layouts: Iterable[str]
+    shapes: Iterable[Shape | GroupedShape],
+    dtypes: Iterable[str],
+    b_layouts: Iterable[str],
+    a_layouts: Iterable[str] = ("row",),
 ) -> list[Task]:
-    """Every combination, grouped by dtype, then layout, shapes varying fastest."""
+    """Every combination, grouped by dtype, then A layout, then B layout, shapes varying fastest. A
+    shape that fixes its layouts (`Shape.fixed_layouts`: the `llm-train` preset) is one task per
+    dtype in them, in its place among the shapes, whatever `b_layouts` and `a_layouts` say."""
     shapes = list(shapes)
-    b_layouts = list(b_layouts)
-    return [Task(s, d, lay) for d in dtypes for lay in b_layouts for s in shapes]
+    b_layouts, a_layouts = list(b_layouts), list(a_layouts)
+    if any(s.fixed_layouts for s in shapes):
+        return [Task(s, d, s.b_layout or "row", s.a_layout or "row") for d in dtypes for s in shapes]
+    return [Task(s, d, b, a) for d in dtypes for a in a_layouts for b in b_layouts for s in shapes]
 
 
 class Progress(Protocol):

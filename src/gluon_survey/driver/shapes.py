@@ -44,11 +44,18 @@ class _Work:
 
 @dataclass(frozen=True, order=True)
 class Shape(_Work):
-    """out[M, N] = a[M, K] @ b[K, N]."""
+    """out[M, N] = a[M, K] @ b[K, N].
+
+    `a_layout` and `b_layout` (`gluon_survey.launch.A_LAYOUTS` / `B_LAYOUTS`) are the layouts a
+    preset measures this product in, where it fixes them (`llm_train_shapes`: a training step's
+    products, each in its own pair); None: the command's --a-layout / --b-layout. A results row's
+    shape has none (the row carries its layouts)."""
 
     M: int
     N: int
     K: int
+    a_layout: str | None = None
+    b_layout: str | None = None
 
     @property
     def label(self) -> str:
@@ -65,8 +72,13 @@ class Shape(_Work):
         return f"{self.N}x{self.K}"
 
     def to_json(self) -> dict[str, int]:
-        """The fields a task and a results row carry: M, N, K."""
+        """The fields a task and a results row carry: M, N, K (the layouts go on the task's own)."""
         return {"M": self.M, "N": self.N, "K": self.K}
+
+    @property
+    def fixed_layouts(self) -> bool:
+        """Whether the shape says which layouts it is measured in (`a_layout`, `b_layout`)."""
+        return self.a_layout is not None or self.b_layout is not None
 
 
 ROUTINGS = ("uniform", "zipf", "half")
@@ -114,6 +126,8 @@ class GroupedShape(_Work):
     def weight(self) -> str:
         """The experts' weight and the routing, what the rows of one line of a plot against T share."""
         return f"{self.N}x{self.K} E={self.E} top-{self.topk} {self.routing}"
+
+    fixed_layouts = False  # the grouped sweep's layouts are its own (B t, A row)
 
     def to_json(self) -> dict[str, int | str]:
         """The fields a task and a results row carry: M (= S), N, K, E, topk, routing."""
@@ -313,6 +327,29 @@ def _linear_shapes(models: tuple[_Llama, ...], tokens: tuple[int, ...]) -> list[
     return [Shape(m, n, k) for model in models for n, k in model.linear_nk() for m in tokens]
 
 
+# Tokens per training step's GEMM in the `llm-train` preset: a micro-batch's tokens (sequences of
+# 1024 to 8192 tokens, or several shorter ones packed).
+TRAIN_TOKENS = (1024, 2048, 4096, 8192)
+
+
+def llm_train_shapes() -> list[Shape]:
+    """The backward products of the `llm` preset's weights (`llm_shapes`) at T = 1024, 2048, 4096,
+    8192 tokens, each in the layouts a training step has. For a weight W [N, K] (y = x @ W^T) and
+    the gradient grad [T, N] of its output:
+
+        grad_x    = grad [T, N] @ W [N, K]       M = T, N = K, K = N   A row, B row
+        grad_W^T  = grad^T [N, T] @ x [T, K]     M = N, N = K, K = T   A t (grad's transpose view), B row
+
+    (the forward product x @ W^T is the `llm` preset's, B t). Per weight and T the two products in
+    turn, T varying fastest; 64 shapes."""
+    out = []
+    for model in LLAMA3:
+        for n, k in model.linear_nk():
+            for t in TRAIN_TOKENS:
+                out += [Shape(t, k, n, "row", "row"), Shape(n, k, t, "t", "row")]
+    return out
+
+
 # Models whose linear layers the H100 choice table (gluon_survey/tables/h100.json, tuned on the
 # `llm` preset) has no entry for: `matmul`'s default meets them through its rule, so the
 # `holdout` preset measures how that rule does on weights nobody tuned it for. From each model's
@@ -418,7 +455,13 @@ def moe_shapes() -> list[GroupedShape]:
     ]
 
 
-PRESETS = {"llm": llm_shapes, "llm-dense": llm_dense_shapes, "holdout": holdout_shapes, "moe": moe_shapes}
+PRESETS = {
+    "llm": llm_shapes,
+    "llm-dense": llm_dense_shapes,
+    "llm-train": llm_train_shapes,
+    "holdout": holdout_shapes,
+    "moe": moe_shapes,
+}
 GROUPED_CSV_HEADER = ["t", "n", "k", "e", "topk", "routing"]  # a CSV of grouped shapes, lower-cased
 
 
@@ -460,6 +503,11 @@ def read_csv(path: str | Path) -> list[Shape] | list[GroupedShape]:
     return shapes
 
 
+def fixed_layouts(shapes: list[Shape] | list[GroupedShape]) -> bool:
+    """Whether a sweep's shapes say which layouts each is measured in (`Shape.fixed_layouts`)."""
+    return any(s.fixed_layouts for s in shapes)
+
+
 def is_grouped(shapes: list[Shape] | list[GroupedShape]) -> bool:
     """Whether a sweep's shapes are grouped (each sweep is one kind: `resolve` makes it so)."""
     return any(isinstance(s, GroupedShape) for s in shapes)
@@ -468,8 +516,8 @@ def is_grouped(shapes: list[Shape] | list[GroupedShape]) -> bool:
 def resolve(
     shapes: str | None, m: str | None, n: str | None, k: str | None
 ) -> list[Shape] | list[GroupedShape]:
-    """The shapes a command line asks for: `--shapes llm|llm-dense|holdout|moe|FILE.csv`, or the
-    `--m/--n/--k` grid."""
+    """The shapes a command line asks for: `--shapes llm|llm-dense|llm-train|holdout|moe|FILE.csv`,
+    or the `--m/--n/--k` grid."""
     if shapes is None:
         return grid(m or DEFAULT_M, n or DEFAULT_N, k or DEFAULT_K)
     if m or n or k:
@@ -479,6 +527,6 @@ def resolve(
     if shapes.lower().endswith(".csv") or Path(shapes).exists():
         return read_csv(shapes)
     raise ValueError(
-        f"--shapes: expected 'llm', 'llm-dense', 'holdout', 'moe' or a CSV file of M,N,K (or "
+        f"--shapes: expected 'llm', 'llm-dense', 'llm-train', 'holdout', 'moe' or a CSV file of M,N,K (or "
         f"T,N,K,E,topk,routing) rows, got {shapes!r}"
     )

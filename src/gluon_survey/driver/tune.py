@@ -8,10 +8,15 @@
 cuBLAS beyond the largest or below the smallest; `--shapes llm-dense` measures the same weights at
 every power of two from 1 to 16384 and the midpoints 3 * 2**k between them (shapes.DENSE_M).
 
-`--update` measures only the given shapes and merges them into the table already at --output:
-an entry of the same (M, N, K, dtype, B layout) is replaced, the others are kept, and the run is
-recorded in the table's `updates` (its env and the keys it wrote; its entries carry `update`, the
-1-based index), so each entry still names the run that measured it.
+`--update` measures only the given shapes and merges them into the table already at --output: an
+entry of the same (M, N, K, dtype, B layout, A layout) is replaced, the others are kept, and the
+run is recorded in the table's `updates` (its env and the keys it wrote; its entries carry
+`update`, the 1-based index), so each entry still names the run that measured it.
+
+`--shapes llm-train` measures a training step's backward products in their own layouts (grad_x
+A row, grad_W^T A t; shapes.llm_train_shapes), `--a-layout t` any shapes with A the transpose
+view of a [K, M] matrix: their entries carry `a_layout` "t", which `matmul` uses for such an A
+only. With A t the candidates are the modes that read it in place (the Hopper rungs, cuBLAS).
 
 `--confirm` times nothing new from scratch: for each given shape's entry already in the table at
 --output, it re-times the candidates that beat cuBLAS by MARGIN there (the best `--confirm-top`
@@ -21,14 +26,15 @@ entry's `paired` and re-picks the entry's choice from them (choice.py: only a pa
 least 1 + MARGIN counts). Separate short timings ranked cuBLAS's per-call time on small weights
 by up to 45 % differently from one run to the next (docs/perf-notes.md, entry 55).
 
-Per (shape, dtype, B layout): inputs from the seed (rotated copies for a cold L2, as the survey
-times), cuBLAS's time and error, then every candidate (each provider's `candidates(capability)`,
-narrowed to the ones that make sense at this M: `candidates_for`) is prepared, checked against the
-fp32 reference on a NaN-poisoned output with the survey's tolerance, and timed with
-`timing.time_fn`; the fastest correct one is the entry if it beats cuBLAS by choice.MARGIN, else
-cuBLAS, with every candidate's time as evidence. The timing is shorter than the survey's
-(`--warmup-ms`, `--min-ms`), so close calls may be ranked by noise; the survey's own run of the
-`auto` mode (`gluon-survey auto --shapes llm --b-layout t`) is the measurement that counts.
+Per (shape, dtype, B layout, A layout): inputs from the seed (rotated copies for a cold L2, as the
+survey times), cuBLAS's time and error, then every candidate (each provider's
+`candidates(capability)`, narrowed to the ones that make sense at this M: `candidates_for`) is
+prepared, checked against the fp32 reference on a NaN-poisoned output with the survey's tolerance,
+and timed with `timing.time_fn`; the fastest correct one is the entry if it beats cuBLAS by
+choice.MARGIN, else cuBLAS, with every candidate's time as evidence. The timing is shorter than
+the survey's (`--warmup-ms`, `--min-ms`), so close calls may be ranked by noise; the survey's own
+run of the `auto` mode (`gluon-survey auto --shapes llm --b-layout t`) is the measurement that
+counts.
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ from pathlib import Path
 from gluon_survey import registry
 from gluon_survey.choice import CUBLAS, MARGIN
 from gluon_survey.driver import shapes
+from gluon_survey.driver.results import layouts_label
 from gluon_survey.driver.settings import DEFAULTS
-from gluon_survey.launch import B_LAYOUTS
+from gluon_survey.launch import A_LAYOUTS, B_LAYOUTS
 
 PROG = "gluon-survey tune"
 MODES = ("slab", "swapab", "splitk", "persistent", "warpspec", "torch")
@@ -81,39 +88,51 @@ def _provider(mode: str, capability: tuple[int, int]):
     return registry.get(mode).provider(capability)
 
 
-def input_sets(shape, dtype: str, layout: str, seed: int) -> list[tuple]:
+def reads_in_place(mode: str, a, b, target) -> bool:
+    """Whether `mode`'s provider reads this `a` (A layout "t") in place: tune times the others on
+    row-major A only (`matmul` would copy such an A for them each call)."""
+    reads = getattr(_provider(mode, target.capability), "reads_transposed_a", None)
+    return reads is not None and reads(a, b, target)
+
+
+def input_sets(shape, dtype: str, layout: str, seed: int, a_layout: str = "row") -> list[tuple]:
     """(a, b, out) sets from `seed` on, as many as span a cold L2 (`timing.copies_for_cold_l2`),
-    as the survey times."""
+    as the survey times; a in `a_layout` (`check.make_inputs`)."""
     import torch
 
     from gluon_survey.driver.check import make_inputs
     from gluon_survey.driver.timing import copies_for_cold_l2
 
     sets = []
-    a, b = make_inputs(shape, dtype, layout, seed, "cuda")
+    a, b = make_inputs(shape, dtype, layout, seed, "cuda", a_layout=a_layout)
     per_set = (a.numel() + b.numel() + shape.M * shape.N) * a.element_size()
     free = torch.cuda.mem_get_info()[0] // 2
     l2 = torch.cuda.get_device_properties(a.device).L2_cache_size
     for i in range(copies_for_cold_l2(per_set, l2, free)):
-        x, w = (a, b) if i == 0 else make_inputs(shape, dtype, layout, seed + i, "cuda")
+        x, w = (a, b) if i == 0 else make_inputs(shape, dtype, layout, seed + i, "cuda", a_layout=a_layout)
         sets.append((x, w, torch.empty(shape.M, shape.N, dtype=a.dtype, device="cuda")))
     return sets
 
 
-def tune_shape(shape, dtype: str, layout: str, modes: Sequence[str], target, settings) -> dict:
-    """One table entry: every candidate's time (or failure) on this shape, and the fastest."""
+def tune_shape(
+    shape, dtype: str, layout: str, modes: Sequence[str], target, settings, a_layout: str = "row"
+) -> dict:
+    """One table entry: every candidate's time (or failure) on this shape, and the fastest. With A
+    layout "t", the modes that read it in place only (`reads_in_place`); the entry says `a_layout`."""
     import torch
 
     from gluon_survey.driver.check import check, reference, rel_error
     from gluon_survey.driver.timing import time_fn
 
-    sets = input_sets(shape, dtype, layout, settings.seed)
+    sets = input_sets(shape, dtype, layout, settings.seed, a_layout)
     a, b = sets[0][:2]
     ref = reference(a, b)
     cublas_err = rel_error(torch.matmul(a, b), ref)
 
     times: dict[str, float | str] = {}
     for mode in modes:
+        if a_layout == "t" and not reads_in_place(mode, a, b, target):
+            continue
         provider = _provider(mode, target.capability)
         for label, cfg in candidates_for(mode, shape.M, target.capability).items():
             key = f"{mode} {label}"
@@ -150,6 +169,7 @@ def tune_shape(shape, dtype: str, layout: str, modes: Sequence[str], target, set
         "K": shape.K,
         "dtype": dtype,
         "b_layout": layout,
+        **({"a_layout": a_layout} if a_layout != "row" else {}),  # none: A row, as entries always were
         "mode": mode,
         "config": None if mode == registry.BASELINE else label,
         "ms": times[best],
@@ -174,7 +194,7 @@ def confirm_entry(entry: dict, target, settings, top: int) -> dict:
     if not held:
         return entry
     shape = shapes.Shape(entry["M"], entry["N"], entry["K"])
-    sets = input_sets(shape, entry["dtype"], entry["b_layout"], settings.seed)
+    sets = input_sets(shape, entry["dtype"], entry["b_layout"], settings.seed, entry.get("a_layout", "row"))
     a, b = sets[0][:2]
     ref = reference(a, b)
     cublas_err = rel_error(torch.matmul(a, b), ref)
@@ -209,7 +229,17 @@ def confirm_entry(entry: dict, target, settings, top: int) -> dict:
 
 
 def entry_key(entry: dict) -> tuple:
-    return (entry["M"], entry["N"], entry["K"], entry["dtype"], entry["b_layout"])
+    """(M, N, K, dtype, B layout), and "t" last where the entry's A is in layout "t" (an entry
+    without `a_layout` is A row: the keys of tables written before A layouts stay as they were)."""
+    return task_key(
+        entry["M"], entry["N"], entry["K"], entry["dtype"], entry["b_layout"], entry.get("a_layout")
+    )
+
+
+def task_key(M: int, N: int, K: int, dtype: str, b_layout: str, a_layout: str | None = "row") -> tuple:
+    """`entry_key` of the entry a shape, dtype and layouts would have."""
+    key = (M, N, K, dtype, b_layout)
+    return key if a_layout in (None, "row") else (*key, a_layout)
 
 
 def merge(table: dict, update: dict) -> dict:
@@ -228,17 +258,24 @@ def merge(table: dict, update: dict) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="\n\n".join(__doc__.split("\n\n")[:4]),  # what it does, the example, the M grid, --update
+        # what it does, the example, the M grid, --update, the A layouts
+        description="\n\n".join(__doc__.split("\n\n")[:5]),
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the example keeps its lines
     )
     parser.add_argument(
-        "--shapes", default="llm", metavar="llm|llm-dense|holdout|FILE.csv", help="shapes (default: llm)"
+        "--shapes",
+        default="llm",
+        metavar="llm|llm-dense|llm-train|holdout|FILE.csv",
+        help="shapes (default: llm); llm-train's fix their own A and B layouts",
     )
     parser.add_argument(
         "--dtype", default="fp16,bf16", help="comma list of fp16, bf16 (default: %(default)s)"
     )
+    parser.add_argument("--b-layout", help="comma list of row, t (default: t, the nn.Linear weight's)")
     parser.add_argument(
-        "--b-layout", default="t", help="comma list of row, t (default: t, the nn.Linear weight's)"
+        "--a-layout",
+        help="comma list of row, t (t: A is x.t() of a [K, M] matrix, as in a weight's gradient; "
+        "default: row)",
     )
     parser.add_argument(
         "--modes",
@@ -288,11 +325,13 @@ def main(argv: Sequence[str]) -> int:
     from dataclasses import replace
 
     from gluon_survey.driver.check import DTYPES
+    from gluon_survey.driver.runner import make_tasks
 
     try:
         sweep = shapes.resolve(args.shapes, None, None, None)
         dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
-        layouts = [x.strip() for x in args.b_layout.split(",") if x.strip()]
+        layouts = [x.strip() for x in (args.b_layout or "t").split(",") if x.strip()]
+        a_layouts = [x.strip() for x in (args.a_layout or "row").split(",") if x.strip()]
         modes = [registry.get(m).name for m in args.modes.split(",") if m.strip()]
         if shapes.is_grouped(sweep):
             raise ValueError(
@@ -303,8 +342,15 @@ def main(argv: Sequence[str]) -> int:
             if reason := registry.wrong_shape_reason(registry.get(name), grouped=False):
                 raise ValueError(f"--modes: {reason}")
         bad = [d for d in dtypes if d not in DTYPES] + [x for x in layouts if x not in B_LAYOUTS]
+        bad += [x for x in a_layouts if x not in A_LAYOUTS]
         if bad:
-            raise ValueError(f"unknown dtype or B layout: {', '.join(bad)}")
+            raise ValueError(f"unknown dtype or layout: {', '.join(bad)}")
+        given = [o for o, v in (("--a-layout", args.a_layout), ("--b-layout", args.b_layout)) if v]
+        if shapes.fixed_layouts(sweep) and given:
+            raise ValueError(
+                f"{' and '.join(given)}: --shapes {args.shapes} fixes each shape's A and B layouts; "
+                f"leave {' and '.join(given)} out"
+            )
         fp8 = [d for d in dtypes if d.startswith("fp8")]
         if fp8:
             raise ValueError(
@@ -365,20 +411,22 @@ def main(argv: Sequence[str]) -> int:
         },
         "entries": [],
     }
-    tasks = [(s, d, x) for d in dtypes for x in layouts for s in sweep]
+    tasks = [
+        (t.shape, t.dtype, t.b_layout, t.a_layout) for t in make_tasks(sweep, dtypes, layouts, a_layouts)
+    ]
     existing = {entry_key(e): e for e in (base or {}).get("entries", ())}
-    for i, (shape, dtype, layout) in enumerate(tasks, 1):
+    for i, (shape, dtype, layout, a_layout) in enumerate(tasks, 1):
+        where = f"[{i}/{len(tasks)}] {shape.label} {dtype} {layouts_label(a_layout, layout)}"
         if args.confirm:
-            old = existing.get((shape.M, shape.N, shape.K, dtype, layout))
+            old = existing.get(task_key(shape.M, shape.N, shape.K, dtype, layout, a_layout))
             if old is None:
-                where = f"[{i}/{len(tasks)}] {shape.label} {dtype} B={layout}"
                 print(f"{where}: no entry to confirm", file=sys.stderr)
                 continue
             entry = confirm_entry(old, target, settings, args.confirm_top)
             if "paired" not in entry:  # nothing beat cuBLAS there: nothing re-timed, the entry is kept
                 continue
         else:
-            entry = tune_shape(shape, dtype, layout, modes, target, settings)
+            entry = tune_shape(shape, dtype, layout, modes, target, settings, a_layout)
         table["entries"].append(entry)
         written = table if base is None else merge(base, table)
         args.output.write_text(json.dumps(written, indent=1) + "\n")  # a crash keeps what was measured
@@ -386,7 +434,7 @@ def main(argv: Sequence[str]) -> int:
         paired = ", ".join(f"{k} {v:.2f}x" for k, v in entry.get("paired", {}).items())
         paired = f"; paired: {paired}" if paired else ""
         print(
-            f"[{i}/{len(tasks)}] {shape.label} {dtype} B={layout}: {entry['mode']} {entry['config'] or ''} "
+            f"{where}: {entry['mode']} {entry['config'] or ''} "
             f"{entry['ms'] * 1e3:.1f} us, {ratio:.2f}x cuBLAS{paired}",
             file=sys.stderr,
         )

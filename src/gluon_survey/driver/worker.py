@@ -1,4 +1,4 @@
-"""One mode, measured over a list of (shape, dtype, B layout) tasks, in a process of its own.
+"""One mode, measured over a list of (shape, dtype, B layout, A layout) tasks, in a process of its own.
 
 Started by `gluon_survey.driver.runner` as `python -m gluon_survey.driver.worker`, so that a kernel
 that crashes the process, corrupts the CUDA context or never returns costs one row, not the survey.
@@ -29,7 +29,15 @@ epilogue (`matmul(bias=)`) and cuBLAS through `torch.addmm` (fp8: `torch._scaled
 and the reference adds it too; the modes that add none are SKIPPED (`Provider.no_bias`). With
 `queued` set (`--gpu-time`), both are timed queued, in GPU time (`timing`'s module
 docstring), and the row counts the calls the host fell behind on (`starved`, `cublas_starved`).
-NVML's mean SM clock and power over the timed windows go into the row too. A launch whose
+NVML's mean SM clock and power over the timed windows go into the row too.
+
+A task in A layout "t" (`a_layout`: A is the transpose view of a [K, M] matrix, as in a weight's
+gradient; `check.make_inputs`) runs every mode on that view, as a user's `matmul` call gets it: a
+mode that reads it in place (`gluon_survey.api`: its config says `a_layout` "t") is timed as
+it is; for one that does not, the timed call copies A to row-major first (`_copying_a`: the copy
+`matmul` makes each call, into a buffer made once) and the config says so (`a_copy`). Paired
+cuBLAS takes the view as a transposed operand. fp8 tasks in A layout "t" are SKIPPED
+(`check.A_T_FP8`). A launch whose
 `fn()` returns its product instead of writing `out` (the torch.compile baseline) is judged on the
 tensor it returns.
 
@@ -120,7 +128,8 @@ def cuda_provider(mode_name: str) -> Provider:
     mode = registry.get(mode_name)
 
     def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, **extras: torch.Tensor) -> Launch:
-        return api.prepare(mode.name, a, b, out, **extras)  # extras: the fp8 scales, the bias
+        # extras: the fp8 scales, the bias
+        return as_matmul_would(lambda *args, **kw: api.prepare(mode.name, *args, **kw), a, b, out, **extras)
 
     def prepare_grouped(
         x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, **scales: torch.Tensor
@@ -156,6 +165,42 @@ def cuda_provider(mode_name: str) -> Provider:
     return Provider(
         "cuda", run, CudaEventClock(), reason, l2_bytes, budget, healthy, baseline, telemetry, **kind
     )
+
+
+A_COPY = "row-major, each call"  # the config's `a_copy`: the timed call copies a transposed A first
+
+
+def as_matmul_would(prepare: Callable[..., Launch], a: torch.Tensor, b, out, **extras) -> Launch:
+    """`prepare(a, b, out, **extras)` (`gluon_survey.api.prepare` of a mode), except that for an `a`
+    in A layout "t" that the launch does not read in place (its config has no `a_layout` "t") the
+    timed call copies `a` to row-major first (`_copying_a`), as `matmul` does each call."""
+    from gluon_survey.launch import a_layout
+
+    launch = prepare(a, b, out, **extras)
+    if a_layout(a) == "t" and launch.config.get("a_layout") != "t":
+        return _copying_a(lambda row: prepare(row, b, out, **extras), a)
+    return launch
+
+
+def _copying_a(prepare: Callable[[torch.Tensor], Launch], a: torch.Tensor) -> Launch:
+    """The launch of a mode that reads A row-major only, for an `a` in A layout "t": `prepare`d on a
+    row-major [M, K] buffer (its rows padded to 16 bytes, as `matmul`'s copies are), and each call
+    copies `a` into it before the mode's launch, as `matmul` copies such an A each call."""
+    import torch
+
+    from gluon_survey.launch import ALIGN, Launch
+
+    M, K = a.shape
+    per = ALIGN // a.element_size()
+    row = torch.empty(M, -(-K // per) * per, dtype=a.dtype, device=a.device).narrow(1, 0, K)
+    row.copy_(a)
+    launch = prepare(row)
+
+    def fn() -> object:
+        row.copy_(a)
+        return launch.fn()
+
+    return Launch(fn, {**launch.config, "a_copy": A_COPY})
 
 
 def _cublas_launch(
@@ -296,6 +341,7 @@ def measure(
         settings = Settings.from_json(settings)
     shape = shape_of(*(task.get(k) for k in ("M", "N", "K", "E", "topk", "routing")))
     dtype, layout, seed = task["dtype"], task["b_layout"], settings.seed
+    a_layout = task.get("a_layout", "row")
     row: dict[str, Any] = {}
     if isinstance(shape, GroupedShape):
         counts = routing_counts(shape, seed)  # one routing for every input set: the same problem
@@ -305,7 +351,9 @@ def measure(
         if isinstance(shape, GroupedShape):
             inputs = make_grouped_inputs(shape, counts, dtype, seed + i, provider.device)
         else:
-            inputs = make_inputs(shape, dtype, layout, seed + i, provider.device, bias=settings.bias)
+            inputs = make_inputs(
+                shape, dtype, layout, seed + i, provider.device, bias=settings.bias, a_layout=a_layout
+            )
         return inputs, torch.empty(shape.M, shape.N, dtype=output_dtype(dtype), device=provider.device)
 
     phase("compiling/autotuning")
@@ -420,8 +468,8 @@ def run_task(
 ) -> dict:
     """`measure`, with an unsupported mode, a task of the kind of problem the mode does not compute
     (dense or grouped), a grouped task with per-tensor fp8 scales, an fp8 task of a mode without
-    fp8 kernels, an fp16/bf16 task of a mode that takes fp8 only, or with a bias a mode that adds
-    none SKIPPED, and an exception turned into an ERROR row."""
+    fp8 kernels or in A layout "t", an fp16/bf16 task of a mode that takes fp8 only, or with a bias
+    a mode that adds none SKIPPED, and an exception turned into an ERROR row."""
     if provider.unsupported:
         return {"status": "SKIPPED", "error": provider.unsupported}
     grouped = task.get("E") is not None
@@ -435,6 +483,10 @@ def run_task(
         return {"status": "SKIPPED", "error": GROUPED_FP8}
     if provider.no_fp8 and _is_fp8(task["dtype"]):
         return {"status": "SKIPPED", "error": provider.no_fp8}
+    if task.get("a_layout", "row") != "row" and _is_fp8(task["dtype"]):
+        from gluon_survey.driver.check import A_T_FP8
+
+        return {"status": "SKIPPED", "error": A_T_FP8}
     if provider.no_16bit and _scaling(task["dtype"]) is None:
         return {"status": "SKIPPED", "error": provider.no_16bit}
     with_bias = settings.bias if isinstance(settings, Settings) else settings.get("bias", False)
