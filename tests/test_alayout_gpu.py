@@ -5,10 +5,12 @@ without copying it. Every rung, all four layout combinations (A row or t, B row 
 bf16, ragged M (1, 7, 65, 300), N and K tails, a deep K that splitk cuts into slices and a shape
 with several tiles per persistent program, into NaN-poisoned outputs checked against the fp32
 reference (as tests/test_ladder_gpu.py does); and for every A "t" call, that A was read in place
-(`prepare`'s config and `explain`), with no copy.
+(`prepare`'s config and `explain`), with no copy. Every other mode on A "t" too (gemv, slab and
+swapab copy it to row-major, cuBLAS reads it in place, `auto` as the mode it picks), and every
+mode with a bias on A "t", `explain` saying how A was read.
 
-The switch is off until these pass: run them with `pytest -m gpu tests/test_alayout_gpu.py` on an
-H100 (the kernels' compile checks are tests/test_alayout_compile.py)."""
+Run them with `pytest -m gpu tests/test_alayout_gpu.py` on an H100 (the kernels' compile checks
+are tests/test_alayout_compile.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 from gluon_survey import api, ops
+from gluon_survey.driver.check import reference, rel_error, tolerance
 from gluon_survey.kernels import splitk, warpspec
 from gluon_survey.launch import a_layout as layout_of
 from gpu_checks import assert_close_to_reference
@@ -139,3 +142,46 @@ def test_the_weight_gradient_reads_the_transposed_activations():
     assert "read in place" in api.explain(grad.t(), x.detach(), "persistent")
     torch.testing.assert_close(w.grad.float(), grad.float().t() @ x.detach().float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(x.grad.float(), grad.float() @ w.detach().float(), rtol=2e-2, atol=2e-2)
+
+
+# The modes that copy a transposed A to row-major (the few-token ones), cuBLAS (reads it in
+# place: a transposed operand) and `auto` (None: whichever it picks), beside the rungs above.
+OTHER_MODES = ["gemv", "slab", "swapab", "torch", None]
+IN_PLACE = {*RUNGS, "torch"}  # on Hopper, for 16-bit operands
+
+
+@pytest.mark.parametrize("mode", [*RUNGS, *OTHER_MODES], ids=str)
+def test_a_transposed_a_with_and_without_a_bias(mode):
+    """Every mode on A "t", both B layouts, M = 1, 7, 65, 300 with N and K tails, with a bias
+    (added in the epilogue, or cuBLAS's torch.addmm) and without (the rungs above without one are
+    the main test's); NaN-poisoned outputs against the fp32 product plus the bias. `explain` says
+    how A was read: in place by the rungs and cuBLAS (then with no aligned copy: the [K, M] matrix
+    has 16-byte rows), copied to row-major by the few-token modes; for auto, as the mode it runs."""
+    biases = [True] if mode in RUNGS else [True, False]
+    dtypes = [torch.float16, torch.bfloat16]
+    for i, M in enumerate((1, 7, 65, 300)):
+        if mode == "gemv" and M > 7:
+            continue  # one token is its ground (more run correct, slowly: test_ladder_gpu.py)
+        dtype = dtypes[i % 2]
+        for b_layout in ("row", "t"):
+            a, b = _inputs(M, 264, 200, dtype, "t", b_layout, seed=M)
+            assert layout_of(a) == "t"
+            for with_bias in biases:
+                bias = torch.randn(264, device="cuda").to(dtype) if with_bias else None
+                out = torch.full((M, 264), float("nan"), dtype=dtype, device="cuda")
+                assert api.matmul(a, b, kernel=mode, out=out, bias=bias) is out
+                torch.cuda.synchronize()
+                what = f"{mode} M={M} B={b_layout} bias={with_bias}"
+                ref = reference(a, b, bias=bias)
+                cublas = torch.matmul(a, b) if bias is None else torch.addmm(bias, a, b)
+                assert not torch.isnan(out).any(), f"{what}: NaN, a tile was never written"
+                err, cublas_err = rel_error(out, ref), rel_error(cublas, ref)
+                assert err <= tolerance(cublas_err, dtype), f"{what}: {err:.3e} vs cuBLAS {cublas_err:.3e}"
+            text = api.explain(a, b, mode, bias=bias)
+            runs = mode
+            if mode is None:  # what auto chose: its "runs:" line
+                runs = next(line.split()[1] for line in text.splitlines() if line.startswith("runs: "))
+            how = "read in place" if runs in IN_PLACE else "copied to row-major"
+            assert f"A: t (transpose view of a [K,M] matrix), {how}" in text, text
+            if runs in IN_PLACE:
+                assert "aligned copy" not in text, text

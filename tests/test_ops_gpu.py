@@ -2,7 +2,14 @@
 (also of the aligned-copy path), the `gluon_survey::matmul` operator under torch.compile(fullgraph)
 and autograd, and `gluon_survey.Linear` against torch.nn.functional.linear. Every result is checked
 against the fp32 product of the same inputs with the driver's rule (`driver.check.tolerance`), on
-fresh random inputs and NaN-poisoned outputs. Run on the GPU machine: pytest -m gpu."""
+fresh random inputs and NaN-poisoned outputs. Also: a transposed A and a bias replayed in CUDA
+graphs; a cached plan that runs cuBLAS calling torch.mm / torch.addmm directly (`out` given or
+not, a bias or none); the operator's gradients on every rung in all four A and B layouts, with
+and without a bias, against fp32; and `Linear`'s three paths: eager inference (`F.linear` from a
+layout's second call where matmul runs cuBLAS, bit for bit the first call's result), eager
+training (`_EagerMatmul`: no operand copied, grad^T read in place by cuBLAS, the whole step
+captured in a CUDA graph) and torch.compile(fullgraph=True) training (the operator, also in
+reduce-overhead's CUDA-graph trees). Run on the GPU machine: pytest -m gpu."""
 
 from __future__ import annotations
 
@@ -266,6 +273,73 @@ def test_the_operator_replays_in_a_cuda_graph():
         _assert_product(y, a, b, "ops.matmul in a graph")
 
 
+def _transposed(M: int, K: int, dtype, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buf, a): a [M, K] in A layout "t", the view x.t() of the [K, M] columns of `buf`, a [K, M']
+    matrix whose rows are padded to 16 bytes (M' a multiple of 8) with NaN, never read."""
+    buf = _nan(K, -(-M // 8) * 8, dtype=dtype)
+    buf[:, :M] = _randn(K, M, dtype=dtype, generator=generator)
+    return buf, buf[:, :M].t()
+
+
+@pytest.mark.parametrize("kernel", [None, "torch", "persistent", "warpspec", "splitk", "swapab"], ids=str)
+def test_a_transposed_a_and_a_bias_replay_in_a_cuda_graph(kernel):
+    """A in layout "t" (read in place by cuBLAS and the Hopper rungs, copied inside the graph by
+    swapab) and a bias, captured once; each replay reads the new A, B and bias values."""
+    g = torch.Generator(device="cuda").manual_seed(12)
+    M, N, K = 65, 264, 1032
+    buf, a = _transposed(M, K, torch.bfloat16, g)
+    b = _randn(N, K, dtype=torch.bfloat16, generator=g).t()
+    bias = _randn(N, dtype=torch.bfloat16, generator=g)
+    out = _nan(M, N, dtype=torch.bfloat16)
+    graph, result = _capture(lambda: api.matmul(a, b, kernel=kernel, out=out, bias=bias))
+    assert result is out
+    for round_ in range(3):
+        buf[:, :M] = _randn(K, M, dtype=torch.bfloat16, generator=g)
+        b.copy_(_randn(K, N, dtype=torch.bfloat16, generator=g))
+        bias.copy_(_randn(N, dtype=torch.bfloat16, generator=g))
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = reference(a, b, bias=bias)
+        assert not torch.isnan(out).any(), f"{kernel} replay {round_}: NaN"
+        _assert_close(out, ref, torch.addmm(bias, a, b), torch.bfloat16, f"{kernel} replay {round_}")
+
+
+# --------------------------------------------------------------------------------------------------
+# cuBLAS's direct plan: torch.mm / torch.addmm on the call's own tensors
+
+
+@pytest.mark.parametrize("a_layout", ["row", "t"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("kernel", ["torch", None], ids=str)
+def test_a_cached_cublas_plan_calls_cublas_directly_with_out_and_bias(kernel, bias, a_layout):
+    """A key whose plan runs cuBLAS with nothing to copy (`MatmulPlan.direct`): its repeated calls
+    are torch.mm / torch.addmm themselves, with `out` given (contiguous, or a view with padded rows
+    whose padding stays NaN) or allocated, with a bias or none, A row or "t" (cuBLAS takes a
+    transposed A as it is); every result the fp32 product (plus the bias)."""
+    g = torch.Generator(device="cuda").manual_seed(13)
+    M, N, K = 65, 520, 264  # no table entry for this weight: auto's rule runs cuBLAS above 16 tokens
+    a = _transposed(M, K, torch.bfloat16, g)[1] if a_layout == "t" else _randn(M, K, dtype=torch.bfloat16)
+    b = _randn(N, K, dtype=torch.bfloat16, generator=g).t()
+    c = _randn(N, dtype=torch.bfloat16, generator=g) if bias else None
+    if kernel is None:
+        assert "runs: torch " in api.explain(a, b, bias=c), api.explain(a, b, bias=c)
+    ref = reference(a, b, bias=c)
+    cublas = torch.matmul(a, b) if c is None else torch.addmm(c, a, b)
+    padded = _nan(M, N + 8, dtype=torch.bfloat16)
+    for out in (None, _nan(M, N, dtype=torch.bfloat16), padded[:, :N]):
+        for call in range(3):  # the first builds the plan, the others run it
+            if out is not None:
+                out.fill_(float("nan"))
+            y = api.matmul(a, b, kernel=kernel, out=out, bias=c)
+            assert out is None or y is out
+            _assert_close(y, ref, cublas, torch.bfloat16, f"{kernel} out={out is not None} call {call}")
+        cached = api._PLANS[api._plan_key(kernel, a, b, out, bias=c)]
+        assert cached.plan.direct is not None and cached.func is cached.plan.direct, cached.plan
+        assert not (cached.plan.copy_a or cached.plan.copy_b or cached.plan.copy_out), cached.plan
+    assert torch.isnan(padded[:, N:]).all(), "the padding of out's rows was written"
+    assert api.runs_cublas(a, b, kernel, c)
+
+
 # --------------------------------------------------------------------------------------------------
 # The operator: eager, torch.compile, autograd
 
@@ -396,6 +470,211 @@ def test_linear_skips_the_operator_only_where_nothing_records_or_traces(monkeypa
         stock_w = grad.reshape(-1, 100).t() @ x.reshape(-1, 264)
         _assert_close(lin.weight.grad, ref_w, stock_w, torch.bfloat16, "Linear's weight gradient")
         torch.testing.assert_close(lin.bias.grad.float(), g.sum(0), rtol=2e-2, atol=2e-2)
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().requires_grad_(True)
+
+
+@pytest.mark.parametrize(("a_layout", "b_layout"), [("row", "row"), ("row", "t"), ("t", "row"), ("t", "t")])
+@pytest.mark.parametrize("kernel", KERNELS, ids=str)
+def test_the_operators_gradients_in_every_layout_per_rung(kernel, a_layout, b_layout):
+    """gradcheck against fp32: y = a @ b (+ bias) through the operator on one rung, and its
+    gradients (grad @ b^T and a^T @ grad on the same rung: between them the other layout pairs,
+    grad^T a transposed A read in place where the rung can), for every A and B layout, M = 1, 7,
+    65, 300 (fp16 and bf16 in turn), N and K tails, with a bias and without. Each product within
+    the driver's tolerance of its fp32 value (cuBLAS's error the yardstick); the bias's gradient,
+    an fp32 sum of grad's rows, within bf16/fp16 rounding."""
+    g = torch.Generator(device="cuda").manual_seed(14)
+    N, K = 264, 200
+    for i, M in enumerate((1, 7, 65, 300)):
+        dtype = DTYPES[i % 2]
+        for with_bias in (False, True):
+            if a_layout == "t":
+                buf, _ = _transposed(M, K, dtype, g)
+                leaf_a = _leaf(buf)
+                a = leaf_a[:, :M].t()
+            else:
+                leaf_a = a = _leaf(_randn(M, K, dtype=dtype, generator=g))
+            if b_layout == "t":
+                leaf_b = _leaf(_randn(N, K, dtype=dtype, generator=g))
+                b = leaf_b.t()
+            else:
+                leaf_b = b = _leaf(_randn(K, N, dtype=dtype, generator=g))
+            bias = _leaf(_randn(N, dtype=dtype, generator=g)) if with_bias else None
+            y = ops.matmul(a, b, kernel, bias)
+            grad = _randn(M, N, dtype=dtype, generator=g)
+            y.backward(grad)
+            grad_a = leaf_a.grad[:, :M].t() if a_layout == "t" else leaf_a.grad
+            grad_b = leaf_b.grad.t() if b_layout == "t" else leaf_b.grad
+            ad, bd, cd = a.detach(), b.detach(), None if bias is None else bias.detach()
+            what = f"{kernel} M={M} A={a_layout} B={b_layout} bias={with_bias}"
+            cublas_y = torch.matmul(ad, bd) if cd is None else torch.addmm(cd, ad, bd)
+            _assert_close(y.detach(), reference(ad, bd, bias=cd), cublas_y, dtype, f"{what}: y")
+            _assert_close(grad_a, reference(grad, bd.t()), grad @ bd.t(), dtype, f"{what}: grad a")
+            _assert_close(grad_b, reference(ad.t(), grad), ad.t() @ grad, dtype, f"{what}: grad b")
+            if a_layout == "t":
+                assert torch.isnan(buf[:, M:]).all() and not leaf_a.grad[:, M:].any(), what
+            if bias is not None:
+                assert bias.grad.dtype == dtype
+                torch.testing.assert_close(bias.grad.float(), grad.float().sum(0), rtol=1e-2, atol=1e-2)
+
+
+def _products_of_linear(x, w, bias, grad):
+    """The three products of a Linear's step as `matmul` is called for them (forward, grad_x,
+    grad_w as (grad^T @ x)^T), by (name, a, b, bias)."""
+    return [("forward", x, w.t(), bias), ("grad x", grad, w, None), ("grad w", grad.t(), x, None)]
+
+
+@pytest.mark.parametrize("M", [7, 65, 300])
+def test_linear_training_copies_no_operand_and_cublas_reads_grad_t_in_place(M):
+    """`Linear` (matmul's default) in eager training on a contiguous activation and weight: the
+    weight's gradient grad^T @ x, which auto runs on cuBLAS, reads grad^T (a transposed A) in place;
+    none of the step's three products copies an operand (their cached plans and `explain` say so);
+    the output and the three gradients match fp32."""
+    torch.manual_seed(15)
+    lin = gluon_survey.Linear(264, 520, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.normal_()
+        lin.bias.normal_()
+    x = torch.randn(M, 264, device="cuda").to(torch.bfloat16).requires_grad_(True)
+    y = lin(x)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    xd, w, b = x.detach(), lin.weight.detach(), lin.bias.detach()
+    _assert_close(y.detach(), reference(xd, w.t(), bias=b), F.linear(xd, w, b), torch.bfloat16, "y")
+    _assert_close(x.grad, reference(grad, w), grad @ w, torch.bfloat16, "grad x")
+    _assert_close(lin.weight.grad, reference(grad.t(), xd), grad.t() @ xd, torch.bfloat16, "grad w")
+    torch.testing.assert_close(lin.bias.grad.float(), grad.float().sum(0), rtol=1e-2, atol=1e-2)
+    text = api.explain(grad.t(), xd)
+    assert "runs: torch " in text and "A: t (transpose view of a [K,M] matrix), read in place" in text, text
+    for name, a, b_, bias in _products_of_linear(xd, w, b, grad):
+        text = api.explain(a, b_, bias=bias)
+        assert "aligned copy" not in text and "copied to row-major" not in text, f"{name}: {text}"
+        plan = api._PLANS[api._plan_key(None, a, b_, None, bias=bias)].plan
+        assert not (plan.copy_a or plan.copy_b or plan.copy_out), f"{name}: {plan}"
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_linear_in_eager_inference_calls_f_linear_where_matmul_runs_cublas(monkeypatch, bias):
+    """In eager inference a layout's first call is `matmul`; where its plan calls cuBLAS itself
+    (65 tokens: auto's rule), the later calls are `F.linear` with the same result, bit for bit (the
+    same torch.addmm / torch.mm); where matmul runs a Gluon kernel (7 tokens: slab; any M with
+    kernel="warpspec"), every call stays `matmul`."""
+    calls = []
+    matmul, linear = api.matmul, F.linear
+    monkeypatch.setattr(api, "matmul", lambda *a, **k: calls.append("matmul") or matmul(*a, **k))
+    monkeypatch.setattr(F, "linear", lambda *a, **k: calls.append("F.linear") or linear(*a, **k))
+    torch.manual_seed(16)
+    for kernel, M, stock in ((None, 65, True), (None, 7, False), ("warpspec", 65, False), ("torch", 7, True)):
+        lin = gluon_survey.Linear(264, 520, bias=bias, device="cuda", dtype=torch.bfloat16, kernel=kernel)
+        with torch.no_grad():
+            lin.weight.normal_()
+        w, b = lin.weight.detach(), None if lin.bias is None else lin.bias.detach()
+        x = torch.randn(M, 264, device="cuda").to(torch.bfloat16)
+        runs = api.explain(x, w.t(), kernel, bias=b)
+        assert ("runs: torch " in runs or kernel == "torch") == stock, runs
+        calls.clear()
+        with torch.no_grad():
+            results = [lin(x) for _ in range(3)]
+        want = ["matmul", "F.linear", "F.linear"] if stock else ["matmul"] * 3
+        assert calls == want, (kernel, M, calls)
+        assert api.runs_cublas(x, w.t(), kernel, b) == stock
+        for y in results[1:]:
+            if stock:
+                assert torch.equal(y, results[0]), (kernel, M)
+        for y in results:
+            ref = reference(x, w.t(), bias=b)
+            _assert_close(y, ref, linear(x, w, b), torch.bfloat16, f"Linear {kernel} M={M}")
+
+
+@pytest.mark.parametrize("kernel", [None, "warpspec", "splitk"], ids=str)
+def test_eager_training_of_linear_replays_in_a_cuda_graph(monkeypatch, kernel):
+    """A training step of `Linear` in eager mode (`_EagerMatmul`: the forward and both backward
+    products as `matmul` calls, no operator) captured whole, forward and backward, in a CUDA graph
+    after warm-up steps on a side stream (torch.cuda.graphs' whole-network recipe); each replay on
+    new inputs, gradients and weights gives the new output and gradients."""
+    calls = []
+    operator = ops._OP
+    monkeypatch.setattr(ops, "_OP", lambda *args: calls.append(args) or operator(*args))
+    g = torch.Generator(device="cuda").manual_seed(17)
+    lin = gluon_survey.Linear(264, 520, device="cuda", dtype=torch.bfloat16, kernel=kernel)
+    x = _randn(65, 264, dtype=torch.bfloat16, generator=g).requires_grad_(True)
+    grad = _randn(65, 520, dtype=torch.bfloat16, generator=g)
+
+    def step():
+        y = lin(x)
+        y.backward(grad)
+        return y
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    lin.zero_grad(set_to_none=True)
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = step()
+    assert calls == [], "eager training ran the operator, not _EagerMatmul"
+    for round_ in range(3):
+        with torch.no_grad():
+            x.copy_(_randn(65, 264, dtype=torch.bfloat16, generator=g))
+            lin.weight.copy_(_randn(520, 264, dtype=torch.bfloat16, generator=g))
+            lin.bias.copy_(_randn(520, dtype=torch.bfloat16, generator=g))
+        grad.copy_(_randn(65, 520, dtype=torch.bfloat16, generator=g))
+        graph.replay()
+        xd, w, b = x.detach(), lin.weight.detach(), lin.bias.detach()
+        what = f"{kernel} replay {round_}"
+        _assert_close(y.detach(), reference(xd, w.t(), bias=b), F.linear(xd, w, b), torch.bfloat16, what)
+        _assert_close(x.grad, reference(grad, w), grad @ w, torch.bfloat16, f"{what}: grad x")
+        grad_w = lin.weight.grad
+        _assert_close(grad_w, reference(grad.t(), xd), grad.t() @ xd, torch.bfloat16, f"{what}: grad w")
+        torch.testing.assert_close(lin.bias.grad.float(), grad.float().sum(0), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.parametrize("kernel", [None, "warpspec"], ids=str)
+def test_a_compiled_training_step_of_linear(kernel, mode):
+    """torch.compile(fullgraph=True) of a training step through `Linear` with a bias: traced, it
+    takes the operator (never `_EagerMatmul`, which would break the graph), forward and backward;
+    reduce-overhead runs both in CUDA-graph trees. Fresh inputs each step; the output and the
+    gradients of the input, weight and bias against fp32."""
+    torch._dynamo.reset()
+    torch.manual_seed(18)
+    lin = gluon_survey.Linear(264, 520, device="cuda", dtype=torch.bfloat16, kernel=kernel)
+    with torch.no_grad():
+        lin.weight.normal_()
+        lin.bias.normal_()
+
+    def f(x):
+        return lin(x) * 2  # exact: the reference scales by 2 too
+
+    compiled = torch.compile(f, fullgraph=True, mode=mode)
+    w32 = lin.weight.detach().float()
+    b32 = lin.bias.detach().float()
+    for step in range(3):
+        lin.zero_grad(set_to_none=True)
+        x = torch.randn(5, 13, 264, device="cuda").to(torch.bfloat16).requires_grad_(True)
+        y = compiled(x)
+        grad = torch.randn_like(y)
+        y.backward(grad)
+        x32 = x.detach().float().requires_grad_(True)
+        w_ref, b_ref = w32.clone().requires_grad_(True), b32.clone().requires_grad_(True)
+        y32 = F.linear(x32, w_ref, b_ref) * 2
+        y32.backward(grad.float())
+        for got, want, name in (
+            (y, y32, "y"),
+            (x.grad, x32.grad, "grad x"),
+            (lin.weight.grad, w_ref.grad, "grad weight"),
+            (lin.bias.grad, b_ref.grad, "grad bias"),
+        ):
+            assert got is not None and got.dtype == torch.bfloat16, f"{mode} step {step}: {name}"
+            err = rel_error(got.detach(), want.detach())
+            assert err <= 2e-2, f"{kernel} {mode} step {step}: {name}: rel error {err:.3e}"
 
 
 # --------------------------------------------------------------------------------------------------
