@@ -1,8 +1,9 @@
 """The fp8 rungs on a real GPU: e4m3 operands with per-tensor and row-wise scales, ragged shapes,
 NaN-poisoned outputs, against the fp32 product of the upcast operands times the scales, with the
 tolerance taken from cuBLAS fp8's own error (`torch._scaled_mm`) on the same inputs; the small-M
-rungs' split-K reduction (forced uneven splits, replays, CUDA graphs); and every bad fp8 input
-getting its error. Run on the GPU machine: pytest -m gpu."""
+rungs' split-K reduction (forced uneven splits, replays, CUDA graphs); every fp8 config `tune`
+may pick on ragged M (1 to 3000); and every bad fp8 input getting its error. Run on the GPU
+machine: pytest -m gpu."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from gluon_survey import api, registry
 from gluon_survey.driver.check import rel_error
-from gluon_survey.kernels import slab, splitk, swapab
+from gluon_survey.kernels import gemv, persistent, pipelined, slab, splitk, swapab, warpspec
 from gluon_survey.launch import Scales
 from gpu_checks import cublas_fp8
 
@@ -193,6 +194,38 @@ def test_fp8_whole_k_swapab_tiles_scale_the_tile(ring, tokens, scaling):
         launch = swapab.prepare(a, b, out, api.target_of(a.device), cfg, scales=scales)
         assert launch.config["split_k"] == 1
         launch.fn()
+        torch.cuda.synchronize()
+        assert_close(out, a, b, sa, sb)
+
+
+# Every fp8 config `tune` may pick (each fp8 mode's `candidates(..., fp8=True)`) but those the
+# tests above run on every token tile already: slab's slab heights and swapab's whole-K tiles.
+FP8_CANDIDATES = [
+    pytest.param(module, cfg, id=f"{module.__name__.rsplit('.', 1)[1]} {cfg.label}")
+    for module in (gemv, slab, swapab, splitk, persistent, warpspec, pipelined)
+    for cfg in module.candidates((9, 0), fp8=True).values()
+    if not (module is swapab and cfg.SPLIT_K == 1)
+    and not (module is slab and cfg.BLOCK_K == slab.FP8_CONFIGS[9].BLOCK_K)
+]
+# The acceptance token counts, each kernel on its ground: gemv a few tokens, slab and swapab up to
+# a few hundred, the others all.
+FP8_MOST_M = {gemv: 7, slab: 300, swapab: 300}
+
+
+@pytest.mark.parametrize(("module", "cfg"), FP8_CANDIDATES)
+def test_every_fp8_candidate_on_ragged_shapes(module, cfg):
+    """M = 1, 7, 63, 65, 300, 3000 (up to FP8_MOST_M), a ragged N (1000: no multiple of any tile)
+    and a K tail (1040: 8 K steps of 128 and 16 more), per-tensor and row-wise scales in turn, into
+    NaN-poisoned bf16 outputs, against the dequantized fp32 product."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the candidates are sm_90's")
+    most = FP8_MOST_M.get(module, 3000)
+    for i, M in enumerate(m for m in (1, 7, 63, 65, 300, 3000) if m <= most):
+        scaling = ("tensor", "row")[i % 2]
+        a, b, sa, sb = fp8_inputs(M, 1000, 1040, scaling, seed=M)
+        out = torch.full((M, 1000), float("nan"), dtype=torch.bfloat16, device="cuda")
+        scales = Scales(sa.reshape(-1), sb.reshape(-1), scaling)
+        module.prepare(a, b, out, api.target_of(a.device), cfg, scales=scales).fn()
         torch.cuda.synchronize()
         assert_close(out, a, b, sa, sb)
 

@@ -275,6 +275,50 @@ def test_every_tune_candidate_matches_reference_on_ragged_shapes(module, cfg, dt
             _assert_relaunches_match_reference(launch, out, a, b)
 
 
+# The small-M candidates `tune` may pick that the tests above leave out: swapab's split-K tiles at
+# each token width (the whole-K ones: test_whole_k_swapab_tiles_match_reference) and slab's tile
+# with K steps half as wide (its slab heights: test_every_slab_and_token_tile_matches_reference).
+SMALL_M_CANDIDATES = [
+    pytest.param(swapab, cfg, id=f"swapab {cfg.label}")
+    for cfg in swapab.candidates((9, 0)).values()
+    if cfg.SPLIT_K != 1
+] + [
+    pytest.param(slab, cfg, id=f"slab {cfg.label}")
+    for cfg in slab.candidates((9, 0)).values()
+    if cfg.BLOCK_K != slab.CONFIGS[9].BLOCK_K
+]
+
+
+@pytest.mark.parametrize(("module", "cfg"), SMALL_M_CANDIDATES)
+def test_the_other_small_m_candidates_match_reference_on_ragged_shapes(module, cfg):
+    """M = 1, 7, 63, 65, 300 (fp16 and bf16 in turn), a ragged N and a K tail, both B layouts;
+    relaunched on fresh inputs."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the candidates are sm_90's")
+    for i, M in enumerate((1, 7, 63, 65, 300)):
+        for b_layout in ("row", "t"):
+            dtype = DTYPES[i % 2]
+            a, b = _inputs(M, 1000, 2056, dtype, b_layout, seed=M)
+            out = torch.full((M, 1000), float("nan"), dtype=dtype, device="cuda")
+            launch = module.prepare(a, b, out, api.target_of(a.device), cfg)
+            _assert_relaunches_match_reference(launch, out, a, b)
+
+
+@pytest.mark.parametrize("rung", ["Blocked", "Pipelined"])
+def test_the_first_rungs_at_7_and_63_tokens(rung):
+    """The token counts the shapes above give Blocked and Pipelined no case of (the other rungs
+    have theirs in SMALL_M and MID_M_SHAPES): M = 7 and 63, N and K tails, both dtypes and B
+    layouts."""
+    for M, N, K in ((7, 264, 200), (63, 1000, 2056)):
+        for dtype in DTYPES:
+            for b_layout in ("row", "t"):
+                a, b = _inputs(M, N, K, dtype, b_layout, seed=M)
+                out = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")
+                assert api.matmul(a, b, kernel=rung, out=out) is out
+                torch.cuda.synchronize()
+                assert_close_to_reference(out, a, b)
+
+
 H100 = "NVIDIA H100 80GB HBM3"
 
 
