@@ -26,6 +26,9 @@ kernel: every token tile, an expert of many chunk tiles), bf16 and fp16 outputs,
 the choice by S, CUDA graphs (a prefill and a decode size) replayed with other offsets and other
 scale values in the same buffers, and torch._scaled_grouped_mm on the same inputs within the same
 bound.
+Both kernels and grouped_matmul also at S = 0 (16-bit and fp8) and K = 0; and offsets whose
+values are wrong (past S, decreasing, negative), which the kernels clamp: nothing read or written
+past S or outside the experts the clamped offsets give, and `check_offsets` naming each.
 Run on the GPU machine: pytest -m gpu tests/test_grouped_gpu.py."""
 
 from __future__ import annotations
@@ -190,6 +193,83 @@ def test_empty_x_gives_an_empty_output():
     x, w, offs = _problem([0, 0], 64, 96, torch.bfloat16)
     out = gg.grouped_matmul(x, w, offs)
     assert out.shape == (0, 96)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_s_0_and_k_0_in_every_grouped_kernel(fp8):
+    """S = 0: an empty output, given or allocated, through grouped_matmul and each grouped mode's
+    launch, 16-bit and fp8; K = 0 (bf16): every row of a NaN-poisoned output zero (the empty sum),
+    rows no expert owns too."""
+    if fp8:
+        x, w, offs, scale_x, scale_w = _fp8_problem([0, 0], 64, 96)
+        scales = {"scale_x": scale_x, "scale_w": scale_w}
+    else:
+        (x, w, offs), scales = _problem([0, 0], 64, 96, torch.bfloat16), {}
+    given = torch.empty(0, 96, device="cuda", dtype=torch.bfloat16)
+    assert gg.grouped_matmul(x, w, offs, out=given, **scales) is given
+    assert gg.grouped_matmul(x, w, offs, **scales).shape == (0, 96)
+    for mode in ("grouped", "grouped-swapab", "grouped-auto"):
+        gg.prepare(mode, x, w, offs, given, **scales).fn()
+    if not fp8:
+        x = torch.empty(7, 0, device="cuda", dtype=torch.bfloat16)
+        w = torch.empty(2, 96, 0, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        offs = torch.tensor([3, 5], device="cuda", dtype=torch.int32)
+        out = _nan(7, 96, torch.bfloat16)
+        assert gg.grouped_matmul(x, w, offs, out=out) is out
+        assert torch.equal(out, torch.zeros_like(out))
+
+
+# Offsets whose values are wrong, which grouped_matmul cannot check without a host sync: the
+# kernels clamp each offset to [0, S] and take a decreasing pair for an empty expert (module
+# docstring of gluon_survey/grouped.py); `check_offsets` names each. S = 8 rows. Each case: the
+# offsets, (expert, first row, end) of the rows written, and check_offsets' complaint.
+BAD_OFFSETS = [
+    pytest.param([3, 100], [(0, 0, 3), (1, 3, 8)], r"offs\[-1\] is 100 but x has 8 rows", id="past-s"),
+    pytest.param([5, 2, 2], [(0, 0, 5)], "never decrease", id="decreasing"),
+    pytest.param([-4, 5, 5], [(1, 0, 5)], "never negative", id="negative"),
+]
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("mode", ["grouped", "grouped-swapab"])
+@pytest.mark.parametrize(("ends", "written", "complaint"), BAD_OFFSETS)
+def test_offsets_out_of_range_are_clamped_and_write_nothing_outside(ends, written, complaint, mode, fp8):
+    """x and out are the first 8 rows of larger buffers: the rows past them stay NaN (nothing is
+    read or written past S), the experts the clamped offsets give get their products, and every
+    other row of out stays NaN."""
+    S, K, N, E = 8, 64, 96, len(ends)
+    counts = [1] * E  # only for the operands' shapes; the offsets are `ends`
+    if fp8:
+        x_big, w, _, scale_big, scale_w = _fp8_problem(counts, K, N, S=S + 8)
+        scale_x = scale_big[:S]
+        scales = {"scale_x": scale_x, "scale_w": scale_w}
+    else:
+        x_big, w, _ = _problem(counts, K, N, torch.bfloat16, S=S + 8)
+        scales = {}
+    x = x_big[:S]
+    offs = torch.tensor(ends, device="cuda", dtype=torch.int32)
+    out_big = _nan(S + 8, N, torch.bfloat16)
+    out = out_big[:S]
+    gg.prepare(mode, x, w, offs, out, **scales).fn()
+    torch.cuda.synchronize()
+    owned = torch.zeros(S, dtype=torch.bool)
+    for e, start, end in written:
+        rows = out[start:end]
+        if fp8:
+            ref = _dequantized(x, w, scale_x, scale_w, e, start, end)
+            sa, sb = scale_x[start:end].clone().view(-1, 1), scale_w[e].clone().view(1, -1)
+            cublas = cublas_fp8(x[start:end], w[e], sa, sb)
+            dtype = "fp8-row"
+        else:
+            ref = x[start:end].float() @ w[e].float()
+            cublas, dtype = x[start:end] @ w[e], torch.bfloat16
+        err, cublas_err = rel_error(rows, ref), rel_error(cublas, ref)
+        assert err <= tolerance(cublas_err, dtype), f"{ends}: expert {e}: {err:.3e} vs {cublas_err:.3e}"
+        owned[start:end] = True
+    assert torch.isnan(out[~owned.cuda()]).all(), f"{ends}: rows of no clamped expert were written"
+    assert torch.isnan(out_big[S:]).all(), f"{ends}: rows past S were written"
+    with pytest.raises(ValueError, match=complaint):
+        gg.check_offsets(offs, rows=S)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "grouped_matmul")

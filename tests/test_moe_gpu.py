@@ -3,8 +3,9 @@
 * `gluon_survey::grouped_mm` forward and gradients against each expert's fp32 products, on ragged
   routing with empty experts and rows no expert owns, each within the driver's tolerance
   (`driver.check.tolerance`, cuBLAS's error on the same expert as the yardstick); the weight's
-  gradient in the weight's layout; torch.compile(fullgraph=True) of a function of the operator,
-  forward and backward, against eager.
+  gradient in the weight's layout; S = 1 and S = 0 (zero gradients, nothing launched);
+  torch.compile(fullgraph=True) of a function of the operator, forward and backward, against
+  eager.
 * Tiny Mixtral and Qwen3-MoE models (config built here, 2 layers, random weights, bf16) switched
   to "gluon_survey" with `patch_experts`, against their twin on transformers' "grouped_mm": the
   logits' and one training step's gradients' error against an fp32 copy (on transformers' "eager"
@@ -93,6 +94,30 @@ def test_forward_and_gradients_match_each_experts_fp32_products(launches, counts
         _close(x.grad[rows], ge, w.t(), f"expert {e} grad_x")
         _close(w_nk.grad[e], ge.t(), xe, f"expert {e} grad_w")  # [N, K], the weight's own layout
     assert not x.grad[start:].any(), "rows no expert owns got a gradient"
+
+
+def test_s_1_and_s_0_forward_and_gradients():
+    """One token (in one of three experts) and none at all: the forward's row against fp32, the
+    gradients of x and of that expert's weight against fp32, the other experts' zero; with S = 0
+    an empty output and zero gradients of the right shapes and layout (nothing launched)."""
+    x, w_nk, offs = _problem([0, 1, 0], 64, 64)
+    out = moe.grouped_mm(x, w_nk.transpose(1, 2), offs)
+    grad = torch.randn(1, 64, device="cuda").to(BF16)
+    out.backward(grad)
+    torch.cuda.synchronize()
+    w = w_nk[1].detach().t()
+    _close(out, x.detach(), w, "S=1 out")
+    _close(x.grad, grad, w.t(), "S=1 grad_x")
+    _close(w_nk.grad[1], grad.t(), x.detach(), "S=1 grad_w")
+    assert not w_nk.grad[0].any() and not w_nk.grad[2].any(), "experts without tokens got a gradient"
+
+    x, w_nk, offs = _problem([0, 0, 0], 64, 64)
+    assert x.shape == (0, 64)
+    out = moe.grouped_mm(x, w_nk.transpose(1, 2), offs)
+    assert out.shape == (0, 64) and out.dtype == BF16
+    out.backward(torch.empty(0, 64, device="cuda", dtype=BF16))
+    assert x.grad.shape == (0, 64)
+    assert w_nk.grad.shape == w_nk.shape and w_nk.grad.is_contiguous() and not w_nk.grad.any()
 
 
 def test_torch_compile_fullgraph_forward_and_backward_match_eager():
