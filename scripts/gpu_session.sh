@@ -20,6 +20,9 @@
 #     split     split-K in programs of 4-64 KB at the M <= 64 misses (scripts/split_probe.py) -> split-probe.csv/.log
 #     grouped   grouped_matmul against torch._grouped_mm and a cuBLAS loop, kernel-only
 #               (scripts/grouped_probe.py)                        -> grouped-probe.csv/.log
+#     glu       the gate-and-up projection with SwiGLU fused (grouped_swiglu) against grouped_matmul +
+#               silu * mul, kernel-only (scripts/glu_probe.py GLU_ARGS, default --tiles)
+#                                                               -> glu-probe.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
 #     moe       `--shapes moe` for grouped_matmul (MOE_MODES, default grouped-auto) in bf16 and
@@ -94,6 +97,9 @@ if step split; then
 fi
 if step grouped; then
   python3 scripts/grouped_probe.py --output "$OUT/grouped-probe.csv" 2>&1 | tee "$OUT/grouped-probe.log" | tail -30
+fi
+if step glu; then
+  python3 scripts/glu_probe.py ${GLU_ARGS:---tiles} --output "$OUT/glu-probe.csv" 2>&1 | tee "$OUT/glu-probe.log" | tail -40
 fi
 if step tune; then
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \

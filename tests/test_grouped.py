@@ -823,3 +823,164 @@ def test_the_kernels_prepare_refuses_a_config_of_the_other_kind():
             gs.prepare(x, w, offs, out, H100, gs.CONFIGS[9][16], scales=scales)
         with pytest.raises(ValueError, match=r"grouped-swapab: fp8 scales are row-wise .* not 'tensor'"):
             gs.prepare(x, w, offs, out, H100, scales=Scales(scale_x, scale_w, "tensor"))
+
+
+# --------------------------------------------------------------------------------------------------
+# grouped_swiglu: the gate-and-up projection with SwiGLU fused into the 128-row kernel's epilogue
+
+
+def _swiglu_bad(**changes):
+    x, w, offs = _operands()  # N = 48: I = 24
+    args = {"x": x, "w": w, "offs": offs, "out": None} | changes
+    return args["x"], args["w"], args["offs"], args["out"]
+
+
+SWIGLU_BAD = [
+    # grouped_matmul's checks, where the fused call's shapes do not change them
+    *[p for p in BAD if p.id not in ("out-shape", "out-dt", "out-t")],
+    pytest.param(
+        _swiglu_bad(x=torch.empty(32, 64, dtype=FP8), w=_weights(4, 64, 48, FP8)),
+        TypeError,
+        r"grouped_swiglu's fused kernel takes float16 or bfloat16: for fp8 run grouped_matmul",
+        id="fp8",
+    ),
+    pytest.param(
+        _swiglu_bad(w=_weights(4, 64, 47)), ValueError, r"N=47 .*odd.*I gate channels, then I up", id="odd-n"
+    ),
+    pytest.param(
+        _swiglu_bad(out=torch.empty(32, 48, dtype=BF16)),
+        ValueError,
+        r"out has shape \(32, 48\), expected \(32, 24\)",
+        id="out-is-s-by-i",
+    ),
+    pytest.param(
+        _swiglu_bad(out=torch.empty(32, 24, dtype=torch.float16)),
+        TypeError,
+        "out is torch.float16",
+        id="out-dt",
+    ),
+    pytest.param(
+        _swiglu_bad(out=torch.empty(24, 32, dtype=BF16).t()),
+        ValueError,
+        "out .* must be row-major",
+        id="out-t",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "error", "match"), SWIGLU_BAD)
+def test_bad_swiglu_arguments_are_refused_with_the_fix(args, error, match):
+    x, w, offs, out = args
+    with pytest.raises(error, match=match):
+        gg.grouped_swiglu(x, w, offs, out=out)
+
+
+@pytest.mark.parametrize("S", [1, 5, 1000])
+def test_swiglu_launches_the_128_row_kernel_with_the_gate_at_every_size(fake_h100, S):
+    """One launch of the 128-row kernel with GLU 1 (no swap-AB version yet, so at decode sizes
+    too): N is the output's I columns, the weight descriptor the [E * 2I, K] gate_up weight in
+    boxes half as tall as the MMA (gate rows and up rows: two boxes a stage), the grid the tiles
+    of the [S, I] output."""
+    x, w, offs = _operands(S=S, K=256, N=600, E=8, device="cuda")  # 2I = 600 < WIDE_N: I = 300
+    out = gg.grouped_swiglu(x, w, offs)
+    assert (out.shape, out.dtype, out.device.type) == ((S, 300), BF16, "cuda")
+    (launch,) = fake_h100
+    assert launch.kernel == "grouped_kernel"
+    cfg = gk.GLU_CONFIGS[9]
+    assert (cfg.BLOCK_N, cfg.out_n, cfg.GLU) == (128, 64, 1)  # the unfused 128x128 MMA tile, 64 outputs
+    a_desc, b_desc, c, o, scale_x, scale_w, s, n, e = launch.args
+    assert (c, o, scale_x, scale_w, s, n, e) == (out, offs, None, None, S, 300, 8)
+    assert launch.kwargs["GLU"] == 1 and launch.kwargs["SCALING"] == 0
+    assert launch.kwargs["EPILOGUE_N"] == cfg.EPILOGUE_N == 64
+    assert list(b_desc.shape) == [8 * 600, 256] and list(b_desc.block_shape) == [64, cfg.BLOCK_K]
+    assert list(a_desc.block_shape) == [cfg.BLOCK_M, cfg.BLOCK_K]
+    assert launch.grid == (min(132, gk.tile_bound(S, 300, 8, cfg)),)
+    assert gk.tile_bound(1000, 300, 8, cfg) == (1000 // 128 + 8) * 5  # 5 column tiles of 64 outputs
+
+
+def test_wide_gate_up_weights_take_the_wide_glu_tile(fake_h100):
+    x, w, offs = _operands(S=4096, K=128, N=gk.WIDE_N, E=16, device="cuda")
+    out = torch.empty(4096, gk.WIDE_N // 2, dtype=BF16, device="cuda")
+    assert gg.grouped_swiglu(x, w, offs, out=out) is out
+    (launch,) = fake_h100
+    cfg = gk.GLU_WIDE_CONFIGS[9]
+    assert (cfg.BLOCK_N, cfg.out_n, cfg.EPILOGUE_N) == (256, 128, 128)  # a 128x256 MMA, 128 outputs
+    assert list(launch.args[1].block_shape) == [128, cfg.BLOCK_K]
+    assert launch.args[7] == gk.WIDE_N // 2 and launch.kwargs["GLU"] == 1
+    assert launch.grid == (132,)
+
+
+@pytest.mark.parametrize(("S", "N"), [(0, 64), (16, 0)])
+def test_empty_swiglu_outputs_launch_nothing(fake_h100, S, N):
+    x, w, offs = _operands(S=S, K=64, N=N, E=4, device="cuda")
+    assert tuple(gg.grouped_swiglu(x, w, offs).shape) == (S, N // 2) and fake_h100 == []
+
+
+def test_swiglu_with_k_zero_gives_zeros_without_a_launch(monkeypatch):
+    zeroed = []
+    monkeypatch.setattr(torch.Tensor, "zero_", lambda t: zeroed.append(tuple(t.shape)) or t)
+    monkeypatch.setattr(api, "target_of", lambda device: H100)
+    _record_kernels(monkeypatch, log := [])
+    with FakeTensorMode():
+        x, w, offs = _operands(S=16, K=0, N=32, E=2, device="cuda")
+        gg.grouped_swiglu(x, w, offs)
+    assert zeroed == [(16, 16)] and log == []
+
+
+@pytest.mark.parametrize(
+    ("target", "gpu"), [(A100, "sm_80"), (Target((10, 0), 148, "NVIDIA B200"), "sm_100")]
+)
+def test_swiglu_runs_on_hopper_only(monkeypatch, target, gpu):
+    monkeypatch.setattr(api, "target_of", lambda device: target)
+    _record_kernels(monkeypatch, log := [])
+    with FakeTensorMode():
+        x, w, offs = _operands(device="cuda")
+        with pytest.raises(RuntimeError, match=rf"Hopper's \(sm_90\), this GPU is {gpu}; run grouped_matmul"):
+            gg.grouped_swiglu(x, w, offs)
+    assert log == []
+
+
+def test_the_glu_configs_keep_the_unfused_rings_and_bad_ones_are_refused():
+    for glu, plain in ((gk.GLU_CONFIGS[9], gk.CONFIGS[9]), (gk.GLU_WIDE_CONFIGS[9], gk.WIDE_CONFIGS[9])):
+        assert glu.smem_bytes() == plain.smem_bytes()  # a stage holds the gate box and the up box
+        assert glu.out_n == plain.BLOCK_N // 2 and glu.out_n % glu.EPILOGUE_N == 0
+        assert glu.smem_bytes() + glu.epilogue_bytes() <= common.SMEM_LIMIT
+        assert glu.table()["glu"] == "swiglu" and "glu" not in plain.table()
+    assert gk.config_for((9, 0), gk.WIDE_N - 2, glu=True) is gk.GLU_CONFIGS[9]
+    assert gk.config_for((9, 0), gk.WIDE_N, glu=True) is gk.GLU_WIDE_CONFIGS[9]
+    with pytest.raises(ValueError, match=r"EPILOGUE_N \(128\) must divide the output tile's 64 columns"):
+        replace(gk.CONFIGS[9], GLU=1)
+    with pytest.raises(ValueError, match="16-bit operands, not fp8"):
+        replace(gk.FP8_CONFIGS[9], GLU=1, EPILOGUE_N=64)
+    with pytest.raises(ValueError, match="GLU is one of"):
+        replace(gk.CONFIGS[9], GLU=2)
+
+
+def test_glu_specs_for_hopper_16_bit_only():
+    specs = gk.compile_specs((9, 0), "bfloat16", glu=True)
+    assert [s.kernel for s in specs] == [
+        "grouped_kernel 128x128x64 swiglu s4 w8 E<=512 B=t",
+        "grouped_kernel 128x256x64 swiglu s4 w8 E<=512 B=t",
+    ]
+    for spec in specs:
+        assert spec.constexprs["GLU"] == 1 and spec.constexprs["SCALING"] == 0
+        assert spec.signature["b_desc"] == gk.desc_signature([spec.config.out_n, 64], "bfloat16")
+    assert all(s.constexprs["GLU"] == 0 for s in gk.compile_specs((9, 0), "bfloat16"))
+    assert gk.compile_specs((9, 0), "float8_e4m3fn", glu=True) == []
+    assert gk.compile_specs((10, 0), "bfloat16", glu=True) == []
+
+
+def test_the_kernels_prepare_refuses_a_config_that_disagrees_with_glu():
+    with FakeTensorMode():
+        x, w, offs = _operands(device="cuda")
+        with pytest.raises(ValueError, match="is a fused-SwiGLU config; this launch is not one"):
+            gk.prepare(x, w, offs, torch.empty(32, 48, dtype=BF16, device="cuda"), H100, gk.GLU_CONFIGS[9])
+        with pytest.raises(ValueError, match="is no fused-SwiGLU config; this launch is one"):
+            gk.prepare(
+                x, w, offs, torch.empty(32, 24, dtype=BF16, device="cuda"), H100, gk.CONFIGS[9], glu=True
+            )
+
+
+def test_the_package_exports_grouped_swiglu_lazily():
+    assert gluon_survey.grouped_swiglu is gg.grouped_swiglu
+    assert "grouped_swiglu" in gluon_survey.__all__

@@ -5,7 +5,10 @@ with fp8 e4m3 operands QGMMA, one per 32, in both kernels, and no 16-bit MMA), T
 (UTMALDG) and no TMA store (the epilogue is a masked register store, STG), no local-memory
 spills (fp8: with the row-wise scales' loads in the epilogue; in the swap-AB kernel two
 multiplies for each element of C's tile, its token's scale and its channel's), and the shared
-memory of the ring (plus the epilogue's layout-conversion scratch).
+memory of the ring (plus the epilogue's layout-conversion scratch). The 128-row kernel with the
+SwiGLU fused into its epilogue (GLU 1, 16-bit) against the unfused kernel of the same MMA tile:
+one wgmma as wide over the gate and up boxes, three TMA loads for two, half the stores, an exp2
+and a reciprocal per output element, no spills.
 
 They are the registry's `grouped` and `grouped-swapab` modes, which the dense rungs' compile
 tests leave out (a grouped mode's kernel is no rung of the dense ladder), so their specs are
@@ -191,3 +194,58 @@ def test_the_tile_lookup_stays_inside_each_warp(num_warps):
     assert "tt.scan" in c.ttgir and c.ptx.count("shfl.sync") > 0
     assert c.shared_bytes == 0
     assert "bar.sync" not in c.ptx and "st.shared" not in c.ptx and "ld.shared" not in c.ptx
+
+
+# The fused SwiGLU (GLU 1, 16-bit): the unfused kernel's MMA tile over a stage of two weight boxes
+GLU_PARAMS = [
+    pytest.param(
+        dtype,
+        index,
+        id=f"{spec.kernel.replace(' ', '-')}-{dtype}",
+        # both tiles of one dtype: the narrow one's epilogue is one slice, the wide one's a split
+        marks=() if dtype == SIXTEEN_BIT[0] else (pytest.mark.exhaustive,),
+    )
+    for dtype in SIXTEEN_BIT
+    for index, spec in enumerate(gk.compile_specs((9, 0), dtype, glu=True))
+]
+
+
+@functools.cache
+def compiled_glu(dtype: str, index: int):
+    spec = gk.compile_specs((9, 0), dtype, glu=True)[index]
+    return spec, gs_inspect.inspect_spec(spec, ARCH)
+
+
+def test_two_glu_tiles_per_16_bit_dtype_and_none_for_fp8():
+    assert len(GLU_PARAMS) == 2 * len(SIXTEEN_BIT) and gk.compile_specs((9, 0), FP8, glu=True) == []
+    assert [p.id for p in GLU_PARAMS if not p.marks] == [
+        "grouped_kernel-128x128x64-swiglu-s4-w8-E<=512-B=t-float16",
+        "grouped_kernel-128x256x64-swiglu-s4-w8-E<=512-B=t-float16",
+    ]
+
+
+@pytest.mark.parametrize(("dtype", "index"), GLU_PARAMS)
+def test_grouped_glu_machine_code(dtype, index):
+    """Against the unfused kernel of the same MMA tile (same BLOCK_N weight rows a stage): the same
+    wgmma per K step, 64 x BLOCK_N (a warpgroup's rows by both boxes: gate and up columns in one
+    MMA), three TMA loads where it issues two (x, the gate box, the up box), half the stores
+    (BLOCK_N / 2 output columns), and for each output element of a thread one exp2 and one
+    reciprocal more (silu's, on the MUFU); no spills, the same shared memory."""
+    spec, r = compiled_glu(dtype, index)
+    assert r.error is None, r.error
+    cfg = spec.config
+    plain_spec, plain = compiled(dtype, index)
+    assert plain_spec.config.BLOCK_N == cfg.BLOCK_N and cfg.out_n == cfg.BLOCK_N // 2
+    shape = f"HGMMA.64x{cfg.BLOCK_N}x16.F32"
+    assert sum(n for op, n in r.sass.items() if op.startswith(shape)) == cfg.BLOCK_K // 16, r.sass
+    assert r.count("HGMMA") == cfg.BLOCK_K // 16 and r.count("QGMMA") == 0 and r.count("HMMA") == 0
+    assert r.count("UTMALDG") * 2 == plain.count("UTMALDG") * 3, (r.count("UTMALDG"), plain.count("UTMALDG"))
+    assert r.count("UTMASTG") == 0 and r.count("STG") * 2 == plain.count("STG")
+    outputs_per_thread = cfg.BLOCK_M * cfg.out_n // (32 * r.num_warps)
+    assert r.count("MUFU") - plain.count("MUFU") == 2 * outputs_per_thread, (
+        r.count("MUFU"),
+        plain.count("MUFU"),
+    )
+    assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
+    assert r.spill_bytes == 0 and r.stack_bytes == 0
+    assert r.shared_bytes == plain.shared_bytes and cfg.smem_bytes() < r.shared_bytes <= common.SMEM_LIMIT

@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -366,6 +367,143 @@ def test_experts_forward_wants_one_weight_per_choice(grouped_on_cpu):
 
 
 # --------------------------------------------------------------------------------------------------
+# The fused gate: gluon_survey::grouped_swiglu and experts_forward's opt-in (FUSED_SWIGLU)
+
+
+def test_the_swiglu_operator_is_one_node_whose_fake_output_is_s_by_i():
+    with FakeTensorMode():
+        x = torch.empty(1000, 256, dtype=BF16, device="cuda")
+        w = _weights(8, 256, 600, device="cuda")
+        offs = torch.empty(8, dtype=torch.int32, device="cuda")
+        out = moe.grouped_swiglu(x, w, offs)
+        assert (tuple(out.shape), out.dtype, out.device.type) == ((1000, 300), BF16, "cuda")
+        graph = make_fx(lambda x, w, offs: moe.grouped_swiglu(x, w, offs).relu())(x, w, offs)
+    calls = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert calls.count(torch.ops.gluon_survey.grouped_swiglu.default) == 1
+
+
+def test_the_swiglu_operator_runs_grouped_swiglus_checks_and_wants_no_gradient():
+    with FakeTensorMode():
+        x = torch.empty(32, 64, dtype=BF16, device="cuda")
+        offs = torch.empty(4, dtype=torch.int32, device="cuda")
+        with pytest.raises(ValueError, match="N=47 output channels, an odd number"):
+            moe.grouped_swiglu(x, _weights(4, 64, 47, device="cuda"), offs)
+        w = _weights(4, 64, 48, device="cuda").requires_grad_()
+        with pytest.raises(RuntimeError, match=r"no gradients: run it under torch\.no_grad\(\)"):
+            moe.grouped_swiglu(x, w, offs)
+        with torch.no_grad():
+            assert moe.grouped_swiglu(x, w, offs).shape == (32, 24)
+
+
+class _ClampedExperts(_Experts):
+    """gpt-oss's kind of gate: silu on clamped halves."""
+
+    def _apply_gate(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate.clamp(max=7.0)) * up.clamp(-7.0, 7.0)
+
+
+class _NoHookExperts(_Experts):
+    """transformers before the gate hook: act_fn on the chunked halves."""
+
+    def __getattribute__(self, name):
+        if name == "_apply_gate":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+class _GeluNoHookExperts(_NoHookExperts):
+    def __init__(self):
+        super().__init__()
+        self.act_fn = nn.GELU()
+
+
+@pytest.mark.parametrize(
+    ("module", "swiglu"),
+    [
+        pytest.param(_Experts, True, id="silu-chunk"),
+        pytest.param(_NoHookExperts, True, id="silu-no-hook"),
+        pytest.param(_InterleavedExperts, False, id="interleaved"),
+        pytest.param(_ClampedExperts, False, id="clamped"),
+        pytest.param(_GeluNoHookExperts, False, id="gelu"),
+        pytest.param(lambda: _Experts(has_gate=False), False, id="no-gate"),
+    ],
+)
+def test_swiglu_gate_tells_the_fused_kernels_gate_from_others(module, swiglu):
+    mod = module()
+    assert experts.swiglu_gate(mod) is swiglu
+    assert experts.swiglu_gate(mod) is swiglu  # kept on the module
+
+
+def test_swiglu_gate_is_checked_once_a_module(monkeypatch):
+    mod = _Experts()
+    runs = []
+    original = mod._apply_gate
+    monkeypatch.setattr(mod, "_apply_gate", lambda h: runs.append(h.shape) or original(h))
+    assert experts.swiglu_gate(mod) and experts.swiglu_gate(mod)
+    assert runs == [(4, 48)]  # a [4, 2I] test input, once
+
+
+@pytest.fixture
+def fused_on_cpu(monkeypatch, grouped_on_cpu):
+    """FUSED_SWIGLU on, the fused seam a CPU stand-in: torch._grouped_mm and silu * mul."""
+    calls = []
+
+    def fused(x, w, offs):
+        calls.append((tuple(x.shape), tuple(w.shape)))
+        h = torch._grouped_mm(x, w, offs=offs)
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    monkeypatch.setattr(experts, "FUSED_SWIGLU", True)
+    monkeypatch.setattr(experts, "_grouped_swiglu", fused)
+    return calls
+
+
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["local", "ep-sentinels"])
+def test_the_fused_gate_runs_in_inference_and_is_the_per_token_computation(
+    fused_on_cpu, grouped_on_cpu, elsewhere
+):
+    mod = _Experts()
+    hidden = torch.randn(11, 16, generator=torch.Generator().manual_seed(1))
+    index, weights = _routing(elsewhere=elsewhere)
+    with torch.no_grad():
+        got = experts.experts_forward(mod, hidden, index, weights)
+        want = mod.reference(hidden, index, weights)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert fused_on_cpu == [((22, 16), (6, 16, 48))]  # gate_up, fused: [S, H] by [E, H, 2I]
+    assert [c[1] for c in grouped_on_cpu] == [(6, 24, 16)]  # down alone unfused
+
+
+@pytest.mark.parametrize(
+    ("module", "grad"),
+    [
+        pytest.param(_Experts, True, id="training"),
+        pytest.param(_InterleavedExperts, False, id="interleaved-gate"),
+        pytest.param(_ClampedExperts, False, id="clamped-gate"),
+        pytest.param(lambda: _Experts(has_bias=True), False, id="gate-up-bias"),
+        pytest.param(lambda: _Experts(has_gate=False), False, id="no-gate"),
+    ],
+)
+def test_the_fused_gate_stays_off_where_it_would_differ(fused_on_cpu, grouped_on_cpu, module, grad):
+    mod = module()
+    hidden = torch.randn(11, 16, generator=torch.Generator().manual_seed(1))
+    index, weights = _routing()
+    with torch.set_grad_enabled(grad):
+        got = experts.experts_forward(mod, hidden, index, weights)
+        want = mod.reference(hidden, index, weights)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert fused_on_cpu == [] and len(grouped_on_cpu) == 2
+
+
+def test_the_fused_gate_is_off_by_default(grouped_on_cpu):
+    assert experts.FUSED_SWIGLU is False
+    with torch.no_grad():
+        experts.experts_forward(_Experts(), torch.randn(11, 16), *_routing())
+    assert len(grouped_on_cpu) == 2
+
+
+# --------------------------------------------------------------------------------------------------
 # register / patch_experts, against a stand-in for transformers
 
 
@@ -447,6 +585,24 @@ def test_patch_experts_switches_every_experts_module(monkeypatch):
         assert experts.patch_experts(model) == ("0.mlp.experts", "2.mlp.experts")
     assert shared._experts_implementation == "gluon_survey"
     assert _Interface.mapping == {"gluon_survey": experts.experts_forward}
+
+
+def test_patch_experts_checks_each_modules_gate_outside_any_trace(monkeypatch):
+    _fake_transformers(monkeypatch)
+    checked = []
+    monkeypatch.setattr(experts, "swiglu_gate", lambda module: checked.append(module) or True)
+    with FakeTensorMode():
+        model = nn.Sequential(_Layer(_fake_cuda_experts()), _Layer(_fake_cuda_experts()))
+        experts.patch_experts(model)
+    assert checked == [model[0].mlp.experts, model[1].mlp.experts]
+
+
+def test_a_gate_that_cannot_run_on_the_test_input_is_not_the_fused_one_and_not_kept():
+    mod = _Experts()
+    mod.act_fn = None  # calling it fails
+    assert experts.swiglu_gate(mod) is False and experts._SWIGLU_SEEN not in mod.__dict__
+    mod.act_fn = nn.SiLU()
+    assert experts.swiglu_gate(mod) is True
 
 
 @pytest.mark.parametrize(

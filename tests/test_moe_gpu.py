@@ -11,7 +11,8 @@
   logits' and one training step's gradients' error against an fp32 copy (on transformers' "eager"
   experts) no worse than the stock bf16 model's, and the grouped kernel seen to run; the same for
   torch.compile(fullgraph=True) of each whole model; one experts forward captured in a CUDA graph
-  and replayed with other routings, against transformers' "grouped_mm".
+  and replayed with other routings, against transformers' "grouped_mm"; with the fused gate
+  (`experts.FUSED_SWIGLU`) in inference, eager and compiled, the same bound.
 
 Skips without transformers (pip install -e .[models]) or off sm_90. Run on the GPU machine:
 pytest -m gpu tests/test_moe_gpu.py."""
@@ -258,6 +259,43 @@ def test_model_compiled_fullgraph_agrees_with_fp32_as_well_as_grouped_mm(launche
             errors.append(rel_error(got, want))
     stock_err, ours_err = errors
     assert launches, "the compiled model's experts never ran on the grouped kernel"
+    assert 0 < stock_err < 0.05, stock_err
+    assert ours_err <= 2 * stock_err + 1e-3, (ours_err, stock_err)
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """experts.FUSED_SWIGLU on; counts grouped_swiglu's calls (the fused operator's forward)."""
+    from gluon_survey import experts
+
+    monkeypatch.setattr(experts, "FUSED_SWIGLU", True)
+    calls = []
+    real = grouped.grouped_swiglu
+
+    def counted(*args, **kwargs):
+        calls.append(tuple(args[0].shape))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grouped, "grouped_swiglu", counted)
+    return calls
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled-fullgraph"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_fused_gate_in_inference_agrees_with_fp32_as_well_as_grouped_mm(launches, fused, name, compiled):
+    """experts.FUSED_SWIGLU: each layer's gate_up and SiLU gate in one kernel (Mixtral's and
+    Qwen3-MoE's gates are silu(gate) * up), the down projection on grouped_matmul."""
+    stock, ours, ref = _models(name)
+    ids = _ids(stock.config.vocab_size, 5)
+    with torch.no_grad():
+        want = ref(input_ids=ids, use_cache=False).logits
+        errors = []
+        for model in (stock, ours):
+            torch._dynamo.reset()
+            run = torch.compile(model, fullgraph=True) if compiled else model
+            errors.append(rel_error(run(input_ids=ids, use_cache=False).logits, want))
+    stock_err, ours_err = errors
+    assert len(fused) == 2 and len(launches) == 2, (fused, launches)  # per layer: fused gate_up, down
     assert 0 < stock_err < 0.05, stock_err
     assert ours_err <= 2 * stock_err + 1e-3, (ours_err, stock_err)
 

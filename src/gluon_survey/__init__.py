@@ -7,7 +7,8 @@ fastest on this GPU); `explain(a, b)` says which kernel and config it would run 
 on first use. `patch(model)` swaps a model's `nn.Linear` modules for `Linear` on the same
 Parameters and `unpatch(model)` swaps them back (`gluon_survey.patching`, imported on first use).
 `grouped_matmul(x, w, offs)` runs a mixture-of-experts layer's expert GEMMs in one launch
-(`gluon_survey.grouped`, imported on first use; Hopper);
+(`gluon_survey.grouped`, imported on first use; Hopper), and `grouped_swiglu(x, w, offs)` the
+gate-and-up projection with its SwiGLU fused into the epilogue;
 `gluon_survey.moe` has it as a PyTorch operator (torch.compile, autograd), and
 `patch_experts(model)` runs a transformers mixture-of-experts model's experts on it
 (`gluon_survey.experts`, imported on first use)."""
@@ -25,6 +26,7 @@ __all__ = [
     "__version__",
     "explain",
     "grouped_matmul",
+    "grouped_swiglu",
     "matmul",
     "ops",
     "patch",
@@ -35,15 +37,15 @@ __all__ = [
 
 def __getattr__(name: str):
     """`gluon_survey.Linear` and `gluon_survey.ops`, `patch`, `unpatch` and `PatchReport`
-    (`gluon_survey.patching`), `grouped_matmul` (`gluon_survey.grouped`) and `patch_experts`
-    (`gluon_survey.experts`), imported when first asked for."""
+    (`gluon_survey.patching`), `grouped_matmul` and `grouped_swiglu` (`gluon_survey.grouped`) and
+    `patch_experts` (`gluon_survey.experts`), imported when first asked for."""
     if name in ("Linear", "ops"):
         ops = importlib.import_module(f"{__name__}.ops")
         return ops if name == "ops" else ops.Linear
     if name in ("patch", "unpatch", "PatchReport"):
         return getattr(importlib.import_module(f"{__name__}.patching"), name)
-    if name == "grouped_matmul":
-        return importlib.import_module(f"{__name__}.grouped").grouped_matmul
+    if name in ("grouped_matmul", "grouped_swiglu"):
+        return getattr(importlib.import_module(f"{__name__}.grouped"), name)
     if name == "patch_experts":
         return importlib.import_module(f"{__name__}.experts").patch_experts
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,6 +32,20 @@ tcgen05 version is compile-checked only), hidden and intermediate sizes multiple
 16-byte rows), and for training bf16 (the gradients' torch._grouped_mm). Biases (`has_bias`) and
 experts without a gate (`has_gate` False: `up_proj` and the activation alone) are handled as
 transformers handles them.
+
+The fused gate (opt-in, off by default until measured: docs/perf-notes.md, entry 62). With
+
+    gluon_survey.experts.FUSED_SWIGLU = True
+
+the gate-and-up projection and the gate run as one kernel (`moe.grouped_swiglu`: the grouped
+kernel with silu(gate) * up in its epilogue, so h [S, 2I] is never written and read back) where
+all of this holds, and as above otherwise: the module's gate is SwiGLU on transformers' standard
+split (`swiglu_gate`: its `_apply_gate`, or its `act_fn` on the chunked halves, computes
+silu(h[:, :I]) * h[:, I:], checked once on a test input: a clamped gate as gpt-oss's, or one
+whose gate and up rows alternate, falls back), it has a gate and no gate_up bias, and no
+gradient is wanted (grad mode off, or neither the tokens nor the weight requires one: training
+keeps the unfused path). The fused kernel runs the 128-row tiles at every size (Hopper), and
+rounds once, from fp32, where the unfused path rounds h first.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ import importlib
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import moe
@@ -51,12 +66,75 @@ NEEDS_TRANSFORMERS = (
     "transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS): pip install -e .[models]"
 )
 
-__all__ = ["NAME", "experts_forward", "experts_modules", "experts_reason", "patch_experts", "register"]
+__all__ = [
+    "FUSED_SWIGLU",
+    "NAME",
+    "experts_forward",
+    "experts_modules",
+    "experts_reason",
+    "patch_experts",
+    "register",
+    "swiglu_gate",
+]
+
+# Run the gate-and-up projection and a SwiGLU gate as one kernel in inference (module docstring).
+FUSED_SWIGLU = False
+_SWIGLU_SEEN = "_gluon_survey_swiglu_gate"  # where `swiglu_gate` keeps its answer on a module
 
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """The grouped product of one projection (a seam: the CPU tests put torch._grouped_mm here)."""
     return moe.grouped_mm(x, w, offs)
+
+
+def _grouped_swiglu(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The gate-and-up projection with its SwiGLU in one kernel (a seam, as `_grouped`)."""
+    return moe.grouped_swiglu(x, w, offs)
+
+
+def swiglu_gate(module: nn.Module) -> bool:
+    """Whether the module's gate is silu(gate) * up with gate = the first I channels of gate_up and
+    up = the last I (transformers' standard split), what the fused kernel computes: its
+    `_apply_gate` (or, without one, its `act_fn` on the two halves) run once on a test input in
+    fp32 on the CPU, values up to +-50 (beyond gpt-oss's clamp at 7), against F.silu. The answer
+    is kept on the module. A gate that fails to run on the test input (or a check under a fake
+    tensor mode, where the values are unknown) counts as another gate, unkept: checked again on
+    the next call."""
+    seen = module.__dict__.get(_SWIGLU_SEEN)
+    if seen is not None:
+        return seen
+    weight = getattr(module, "gate_up_proj", None)
+    ok = False
+    if getattr(module, "has_gate", True) and isinstance(weight, torch.Tensor) and weight.dim() == 3:
+        half = weight.shape[1] // 2
+        h = torch.linspace(-50.0, 50.0, 4 * 2 * half).reshape(2 * half, 4).t().contiguous()  # [4, 2I]
+        try:
+            with torch.no_grad():
+                if hasattr(module, "_apply_gate"):
+                    got = module._apply_gate(h)
+                else:
+                    got = module.act_fn(h[:, :half]) * h[:, half:]
+            expected = F.silu(h[:, :half]) * h[:, half:]
+            ok = tuple(got.shape) == tuple(expected.shape) and torch.allclose(
+                got, expected, rtol=1e-4, atol=1e-4
+            )
+        except Exception:  # a gate that cannot run on the test input: not the fused kernel's
+            return False
+    module.__dict__[_SWIGLU_SEEN] = ok
+    return ok
+
+
+def _fuse_gate(module: nn.Module, x: torch.Tensor, w: torch.Tensor, bias) -> bool:
+    """Whether this call runs the fused gate: the opt-in, a SwiGLU gate with no bias before it, and
+    no gradient wanted (module docstring). Under torch.compile a module not yet checked stays
+    unfused (the check runs in `patch_experts`, or in the first eager call)."""
+    if not FUSED_SWIGLU or bias is not None or not getattr(module, "has_gate", True):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return False
+    if _SWIGLU_SEEN not in module.__dict__ and torch.compiler.is_compiling():
+        return False
+    return swiglu_gate(module)
 
 
 def _projection(module: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -89,16 +167,20 @@ def experts_forward(
 
     has_gate = getattr(self, "has_gate", True)
     w, bias = _projection(self, "gate_up_proj" if has_gate else "up_proj")
-    h = _grouped(x.to(w.dtype), w, offs)  # [S, 2 * I] (or [S, I] without a gate)
-    if bias is not None:
-        h.add_(bias[bias_rows])
-    if not has_gate:
-        h = self.act_fn(h)
-    elif hasattr(self, "_apply_gate"):
-        h = self._apply_gate(h)  # the model's activation and gate/up split
-    else:  # transformers before the gate hook: gate and up concatenated
-        gate, up = h.chunk(2, dim=-1)
-        h = self.act_fn(gate) * up
+    x = x.to(w.dtype)
+    if _fuse_gate(self, x, w, bias):
+        h = _grouped_swiglu(x, w, offs)  # [S, I]: silu(gate) * up in the kernel's epilogue
+    else:
+        h = _grouped(x, w, offs)  # [S, 2 * I] (or [S, I] without a gate)
+        if bias is not None:
+            h.add_(bias[bias_rows])
+        if not has_gate:
+            h = self.act_fn(h)
+        elif hasattr(self, "_apply_gate"):
+            h = self._apply_gate(h)  # the model's activation and gate/up split
+        else:  # transformers before the gate hook: gate and up concatenated
+            gate, up = h.chunk(2, dim=-1)
+            h = self.act_fn(gate) * up
 
     w, bias = _projection(self, "down_proj")
     y = _grouped(h.to(w.dtype), w, offs)  # [S, H]
@@ -196,6 +278,8 @@ def patch_experts(model: nn.Module) -> tuple[str, ...]:
     if refused:
         listed = "; ".join(f"{name}: {reason}" for name, reason in refused.items())
         raise ValueError(f"these experts modules cannot run on gluon_survey's grouped kernel: {listed}")
+    for _, module in found:
+        swiglu_gate(module)  # checked once here, outside any torch.compile trace (FUSED_SWIGLU)
     for config in {id(m.config): m.config for _, m in found}.values():
         config._experts_implementation = NAME
     return tuple(name for name, _ in found)

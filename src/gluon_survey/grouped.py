@@ -59,6 +59,7 @@ import math
 import torch
 
 from . import api, registry
+from .kernels import grouped as kernel_128  # the 128-row kernel, which has the fused gate
 from .kernels.grouped import MAX_EXPERTS
 from .launch import Launch, Scales
 
@@ -68,7 +69,7 @@ FP8 = api.FP8  # fp8 operands: e4m3, with row-wise scales
 TMA_K = 8  # K a multiple of 8: TMA needs rows of 16-byte multiples (fp16/bf16)
 FP8_TMA_K = 16  # the same for 1-byte fp8 elements
 
-__all__ = ["check_offsets", "grouped_matmul", "prepare"]
+__all__ = ["check_offsets", "grouped_matmul", "grouped_swiglu", "prepare"]
 
 
 def grouped_matmul(
@@ -99,6 +100,43 @@ def grouped_matmul(
         return out.zero_()
     scales = _scales(x, scale_x, scale_w)
     _launch(registry.get(MODE), x, w, offs, out, "grouped_matmul", scales).fn()
+    return out
+
+
+def grouped_swiglu(
+    x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A mixture-of-experts layer's gate-and-up projection and its SwiGLU in one launch: out [S, I]
+    with, for every expert e and its rows,
+
+        h = x[rows of e] @ w[e]                      # [rows, 2I]: what grouped_matmul(x, w, offs) gives
+        out[rows of e] = silu(h[:, :I]) * h[:, I:]   # gate = the first I channels, up = the last I
+
+    transformers' split of `gate_up_proj` ([E, 2I, H]: w is its [E, H, 2I] transpose view) for
+    SiLU-gated experts (Mixtral, Qwen3-MoE, DeepSeek-V3). The 128-row grouped kernel with the
+    gate in its epilogue (`kernels/grouped.py`, GLU 1): the [S, 2I] product is never written and
+    read back. Arguments as grouped_matmul's, 16-bit only (fp16/bf16, no scales), w's N = 2I even;
+    out: optional [S, I] row-major, x's dtype. The silu and the product are computed in fp32 on
+    the accumulator, then rounded once to x's dtype (the unfused path rounds h first). Hopper
+    (sm_90) only, every S (no swap-AB version for decoding yet). Forward only: no gradients (the
+    `gluon_survey.experts` path uses it for inference only)."""
+    S, I = _check(x, w, offs, out, glu=True)
+    if out is None:
+        out = torch.empty(S, I, dtype=x.dtype, device=x.device)
+    if S == 0 or I == 0:
+        return out
+    if x.shape[1] == 0:  # h = 0 everywhere, and silu(0) * 0 = 0
+        return out.zero_()
+    target = api.target_of(x.device)
+    if target.capability[0] not in kernel_128.GLU_CONFIGS:
+        name = f" ({target.name})" if target.name else ""
+        gpu = f"sm_{target.capability[0]}{target.capability[1]}"
+        raise RuntimeError(
+            f"grouped_swiglu cannot run on this GPU{name}: its fused kernel is Hopper's (sm_90), this "
+            f"GPU is {gpu}; run grouped_matmul(x, w, offs) and the gate apart"
+        )
+    _check_aligned(x, w, out)
+    kernel_128.prepare(x, w, offs, out, target, glu=True).fn()
     return out
 
 
@@ -142,13 +180,18 @@ def _launch(mode: registry.Mode, x, w, offs, out, who: str, scales: Scales | Non
     if reason:
         name = f" ({target.name})" if target.name else ""
         raise RuntimeError(f"{who} cannot run on this GPU{name}: {reason}")
+    _check_aligned(x, w, out)
+    extra = {} if scales is None else {"scales": scales}
+    return mode.provider(target.capability).prepare(x, w, offs, out, target, **extra)
+
+
+def _check_aligned(x, w, out) -> None:
+    """Every base 16-byte aligned: TMA's (and torch._grouped_mm's) requirement."""
     for arg, t in (("x", x), ("w", w), ("out", out)):
         if t.data_ptr() % 16:
             raise ValueError(
                 f"{arg}'s base address is not 16-byte aligned, which TMA needs: pass {arg}.clone()"
             )
-    extra = {} if scales is None else {"scales": scales}
-    return mode.provider(target.capability).prepare(x, w, offs, out, target, **extra)
 
 
 def check_offsets(offs: torch.Tensor, rows: int | None = None) -> None:
@@ -172,8 +215,9 @@ def check_offsets(offs: torch.Tensor, rows: int | None = None) -> None:
         raise ValueError(f"offs[-1] is {values[-1]} but x has {rows} rows")
 
 
-def _check(x, w, offs, out, scale_x=None, scale_w=None, out_dtype=None) -> tuple[int, int]:
-    """Every check of grouped_matmul's arguments, the devices last; returns (S, N)."""
+def _check(x, w, offs, out, scale_x=None, scale_w=None, out_dtype=None, glu=False) -> tuple[int, int]:
+    """Every check of grouped_matmul's arguments, the devices last; returns (S, N), the output's
+    shape. `glu`: grouped_swiglu's instead (16-bit, N = 2I even, out [S, I]): returns (S, I)."""
     for name, t in (("x", x), ("w", w), ("offs", offs)):
         api.require_tensor(name, t)
     if x.dim() != 2:
@@ -187,6 +231,11 @@ def _check(x, w, offs, out, scale_x=None, scale_w=None, out_dtype=None) -> tuple
         raise TypeError(
             f"x is {x.dtype}; grouped_matmul takes float16, bfloat16 or float8_e4m3fn (convert with "
             "x.bfloat16())"
+        )
+    if glu and x.dtype not in DTYPES:
+        raise TypeError(
+            f"x is {x.dtype}; grouped_swiglu's fused kernel takes float16 or bfloat16: for fp8 run "
+            "grouped_matmul (with its scales) and the gate apart"
         )
     if w.dim() != 3:
         raise ValueError(f"w must be 3-D [E, K, N] (one weight per expert), got shape {tuple(w.shape)}")
@@ -232,6 +281,13 @@ def _check(x, w, offs, out, scale_x=None, scale_w=None, out_dtype=None) -> tuple
         raise ValueError(f"offs has {offs.shape[0]} entries but w has {E} experts: give one end per expert")
     if offs.device.type == "cpu" and offs.numel() and (last := int(offs[-1])) > S:
         raise ValueError(f"offs[-1] is {last} but x has {S} rows")
+    if glu:
+        if N % 2:
+            raise ValueError(
+                f"w has N={N} output channels, an odd number; grouped_swiglu's w is the gate_up weight, "
+                "[E, K, 2I]: I gate channels, then I up channels"
+            )
+        N //= 2
     if x.dtype == FP8:
         _check_scales(scale_x, scale_w, S, E, N)
         if out_dtype is not None and out_dtype not in api.FP8_OUT_DTYPES:

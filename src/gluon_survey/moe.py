@@ -34,7 +34,14 @@ torch.compile traces, accepts) and N a multiple of 8 (grad's rows in 16-byte mul
 checked when autograd records the call, before the GPU, with a TypeError or ValueError that says
 so; the forward alone also takes fp16 and any N.
 
-Importing this module registers the operator; `import gluon_survey` does not import it until
+`gluon_survey::grouped_swiglu` is `grouped_swiglu` (the gate-and-up projection with SwiGLU fused
+into the kernel's epilogue, out [S, I]) the same way, for inference only: it has a fake
+implementation (its checks) but no gradients, and a call that autograd would record is refused
+(`gluon_survey.experts` calls it only where no gradient is wanted).
+
+    out = torch.ops.gluon_survey.grouped_swiglu(x, w, offs)   # silu(h[:, :I]) * h[:, I:], h = x @ w[e]
+
+Importing this module registers the operators; `import gluon_survey` does not import it until
 `gluon_survey.moe` is first used (`gluon_survey.experts` imports it).
 """
 
@@ -47,7 +54,7 @@ from . import api, grouped
 GRAD_DTYPE = torch.bfloat16  # torch._grouped_mm's dtype when traced (its fake implementation's check)
 GRAD_N = 8  # N a multiple of 8: grad [S, N] in rows of 16-byte multiples, as torch._grouped_mm needs
 
-__all__ = ["grouped_mm", "route"]
+__all__ = ["grouped_mm", "grouped_swiglu", "route"]
 
 
 @torch.library.custom_op("gluon_survey::grouped_mm", mutates_args=())
@@ -124,6 +131,40 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Te
     for name, t in (("x", x), ("w", w), ("offs", offs)):
         api.require_tensor(name, t)
     return _OP(x, w, offs)
+
+
+@torch.library.custom_op("gluon_survey::grouped_swiglu", mutates_args=())
+def _grouped_swiglu(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    if x.is_cuda:
+        torch.cuda.set_device(x.device)  # as `_grouped_mm`
+    return grouped.grouped_swiglu(x, w, offs)
+
+
+@_grouped_swiglu.register_fake
+def _grouped_swiglu_fake(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    if isinstance(offs, torch.Tensor) and offs.device.type == "cpu":
+        api.require_cuda("offs", offs)  # as `_grouped_mm_fake`
+    S, I = grouped._check(x, w, offs, None, glu=True)
+    return x.new_empty((S, I))
+
+
+_SWIGLU_OP = torch.ops.gluon_survey.grouped_swiglu.default
+
+
+def grouped_swiglu(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """silu(h[:, :I]) * h[:, I:] of h[rows of e] = x[rows of e] @ w[e] through the
+    `gluon_survey::grouped_swiglu` operator: `gluon_survey.grouped_swiglu` (same arguments and
+    errors, no `out`) as one node for torch.compile. Forward only: where autograd would record
+    the call (grad mode on and x or w requiring grad) a RuntimeError says to run it under
+    torch.no_grad() or use grouped_mm and the gate apart."""
+    for name, t in (("x", x), ("w", w), ("offs", offs)):
+        api.require_tensor(name, t)
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        raise RuntimeError(
+            "gluon_survey::grouped_swiglu has no gradients: run it under torch.no_grad() (inference), "
+            "or use grouped_mm and the gate apart for training"
+        )
+    return _SWIGLU_OP(x, w, offs)
 
 
 def route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

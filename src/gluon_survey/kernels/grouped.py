@@ -87,6 +87,8 @@ from .common import (
     grouped_tile,
     init_barriers,
     invalidate_barriers,
+    load_a,
+    load_b,
     load_step,
     mbarrier,
     scale_rows,
@@ -97,6 +99,9 @@ __all__ = [
     "CONFIGS",
     "FP8_CONFIGS",
     "FP8_WIDE_CONFIGS",
+    "GLUS",
+    "GLU_CONFIGS",
+    "GLU_WIDE_CONFIGS",
     "MAX_EXPERTS",
     "WIDE_CONFIGS",
     "WIDE_N",
@@ -116,6 +121,9 @@ __all__ = [
 _POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16"}  # of the output
 OUT_BYTES = 2  # fp16 / bf16 output (an fp8 product is written as bf16 or fp16 too)
 
+# The GLU constexpr's codes: the epilogue's gated activation (GroupedConfig.GLU).
+GLUS = {0: "none", 1: "swiglu"}
+
 # Each warp holds the offsets' table whole, EXPERTS_PAD / 32 int32 a lane for each vector kept
 # live through the loop (the prefix ends): 16 registers at 512 experts.
 MAX_EXPERTS = 512
@@ -134,12 +142,21 @@ class GroupedConfig:
     GROUP_M: int = 16  # row tiles of one expert that sweep its columns together
     EPILOGUE_N: int = 128  # columns stored at a time (one layout conversion each)
     ELEM_BYTES: int = 2  # bytes of an x or w element: 2 for fp16/bf16, 1 for an fp8 config
+    # 0: out = x @ w[e]; 1 (SwiGLU): out = silu(gate) * up, the MMA's BLOCK_N columns half gate
+    # rows, half up rows of the [E, 2I, K] weight, and the output tile BLOCK_N // 2 wide (`out_n`)
+    GLU: int = 0
 
     def __post_init__(self):
         if self.STAGES < 2:
             raise ValueError(f"STAGES must be at least 2 (loads in flight behind the MMA), got {self.STAGES}")
-        if self.BLOCK_N % self.EPILOGUE_N:
-            raise ValueError(f"EPILOGUE_N ({self.EPILOGUE_N}) must divide BLOCK_N ({self.BLOCK_N})")
+        if self.GLU not in GLUS:
+            raise ValueError(f"GLU is one of {sorted(GLUS)} ({', '.join(GLUS.values())}), got {self.GLU!r}")
+        if self.GLU and self.ELEM_BYTES == 1:
+            raise ValueError("the fused SwiGLU epilogue (GLU 1) is for 16-bit operands, not fp8")
+        if self.out_n % self.EPILOGUE_N:
+            raise ValueError(
+                f"EPILOGUE_N ({self.EPILOGUE_N}) must divide the output tile's {self.out_n} columns"
+            )
         need = self.smem_bytes() + self.epilogue_bytes()
         if need > SMEM_LIMIT:
             raise ValueError(
@@ -157,9 +174,16 @@ class GroupedConfig:
         return self.BLOCK_M * self.EPILOGUE_N * OUT_BYTES
 
     @property
+    def out_n(self) -> int:
+        """Output columns of a tile: BLOCK_N, or with GLU half of it (the MMA's columns are gate and
+        up channels in two halves, and their product is one column each)."""
+        return self.BLOCK_N // 2 if self.GLU else self.BLOCK_N
+
+    @property
     def label(self) -> str:
         fp8 = " fp8" if self.ELEM_BYTES == 1 else ""
-        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}{fp8} s{self.STAGES} w{self.num_warps}"
+        glu = f" {GLUS[self.GLU]}" if self.GLU else ""
+        return f"{self.BLOCK_M}x{self.BLOCK_N}x{self.BLOCK_K}{fp8}{glu} s{self.STAGES} w{self.num_warps}"
 
     def table(self) -> dict[str, object]:
         return {
@@ -170,7 +194,7 @@ class GroupedConfig:
             "warps": self.num_warps,
             "group_m": self.GROUP_M,
             "epilogue_n": self.EPILOGUE_N,
-        }
+        } | ({"glu": GLUS[self.GLU]} if self.GLU else {})
 
 
 # Hopper, N < WIDE_N: Pipelined's 128-wide N with a deeper ring, 4 stages of 32 KB.
@@ -191,6 +215,13 @@ FP8_WIDE_CONFIGS = {
     major: replace(cfg, BLOCK_K=128, ELEM_BYTES=1, EPILOGUE_N=64) for major, cfg in WIDE_CONFIGS.items()
 }
 
+# SwiGLU fused into the epilogue (GLU 1): the unfused product's MMA tile at the same weight rows
+# N = 2I (128x128 below WIDE_N, 128x256 from it on), now half gate and half up rows, so a tile
+# stores 64 or 128 columns of the [S, I] result; each K step loads two weight boxes into one
+# stage, gate rows j and up rows I + j, and the ring's bytes are the unfused tile's.
+GLU_CONFIGS = {major: replace(cfg, GLU=1, EPILOGUE_N=64) for major, cfg in CONFIGS.items()}
+GLU_WIDE_CONFIGS = {major: replace(cfg, GLU=1, EPILOGUE_N=128) for major, cfg in WIDE_CONFIGS.items()}
+
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
     """This kernel multiplies with wgmma: sm_90 only. (Blackwell runs its tcgen05 version,
@@ -203,9 +234,12 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return f"the grouped kernel runs on Hopper (sm_90) and Blackwell (sm_100); this GPU is {gpu}"
 
 
-def config_for(capability: tuple[int, int], N: int, fp8: bool = False) -> GroupedConfig:
+def config_for(capability: tuple[int, int], N: int, fp8: bool = False, glu: bool = False) -> GroupedConfig:
     """The config a product with N output columns runs: the wide tile from N = WIDE_N on; with
-    `fp8` operands, the fp8 config of that tile."""
+    `fp8` operands, the fp8 config of that tile; with `glu` (16-bit only), the fused SwiGLU config
+    of that tile, N then being the weight's 2I rows an expert."""
+    if glu:
+        return (GLU_WIDE_CONFIGS if N >= WIDE_N else GLU_CONFIGS)[capability[0]]
     if fp8:
         return (FP8_WIDE_CONFIGS if N >= WIDE_N else FP8_CONFIGS)[capability[0]]
     return (WIDE_CONFIGS if N >= WIDE_N else CONFIGS)[capability[0]]
@@ -266,13 +300,31 @@ def _tile_of(t, prefix, offs, S, E, tiles_n, BLOCK_M: gl.constexpr, GROUP_M: gl.
     return e, start, count, pid_m, pid_n
 
 
+@gluon.constexpr_function
+def weight_boxes(GLU):
+    """Weight boxes a K step loads: one, or with a GLU two (gate rows and up rows)."""
+    return 2 if GLU else 1
+
+
 @gluon.jit
 def _load_coords(
-    t, prefix, offs, S, N, E, tiles_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr
+    t,
+    prefix,
+    offs,
+    S,
+    N,
+    E,
+    tiles_n,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    GLU: gl.constexpr = 0,
 ):
-    """Tile t -> (A row, weight row) of its first box: rows of x, rows of the [E * N, K] weight."""
+    """Tile t -> (A row, weight row) of its first box: rows of x, rows of the [E * N, K] weight
+    (with a GLU, of the [E * 2N, K] weight: N output columns, 2N weight rows an expert, the gate
+    box's; the up box's row is N further on)."""
     e, start, _count, pid_m, pid_n = _tile_of(t, prefix, offs, S, E, tiles_n, BLOCK_M, GROUP_M)
-    return start + pid_m * BLOCK_M, e * N + pid_n * BLOCK_N
+    return start + pid_m * BLOCK_M, e * (weight_boxes(GLU) * N) + pid_n * BLOCK_N
 
 
 @gluon.jit
@@ -292,34 +344,59 @@ def _next_load(
     b_bufs,
     ready,
     GROUP_M: gl.constexpr,
+    GLU: gl.constexpr = 0,
 ):
     """Issue the producer's next load and advance its state p = (tile, K step, ring position, A
     row, weight row) past it; at the end of a tile it moves to this program's next tile (found
     once per tile, not per K step), so loads run ahead across tile boundaries. Past the program's
-    last tile the loads are predicated off."""
+    last tile the loads are predicated off. With a GLU a stage's weight buffer is two boxes tall:
+    the gate rows (w_row) above, the up rows (w_row + N) below, on one barrier with the A box."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     tile, k, ring, a_row, w_row = p
     slot = ring.slot()
-    load_step(
-        a_desc,
-        b_desc,
-        a_row,
-        w_row,
-        k * BLOCK_K,
-        ready.index(slot),
-        a_bufs.index(slot),
-        b_bufs.index(slot),
-        True,
-        pred=tile < total,
-    )
+    if GLU:
+        bar = ready.index(slot)
+        pred = tile < total
+        b_buf = b_bufs.index(slot)
+        mbarrier.expect(bar, a_desc.block_type.nbytes + 2 * b_desc.block_type.nbytes, pred)
+        load_a(a_desc, a_row, k * BLOCK_K, bar, a_bufs.index(slot), True, pred)
+        load_b(b_desc, w_row, k * BLOCK_K, bar, b_buf.slice(0, BLOCK_N), True, pred)
+        load_b(b_desc, w_row + N, k * BLOCK_K, bar, b_buf.slice(BLOCK_N, BLOCK_N), True, pred)
+    else:
+        load_step(
+            a_desc,
+            b_desc,
+            a_row,
+            w_row,
+            k * BLOCK_K,
+            ready.index(slot),
+            a_bufs.index(slot),
+            b_bufs.index(slot),
+            True,
+            pred=tile < total,
+        )
     k += 1
     if k == k_steps:
         k = 0
         tile += gl.num_programs(0)
-        a_row, w_row = _load_coords(tile, prefix, offs, S, N, E, tiles_n, BLOCK_M, BLOCK_N, GROUP_M)
+        a_row, w_row = _load_coords(tile, prefix, offs, S, N, E, tiles_n, BLOCK_M, BLOCK_N, GROUP_M, GLU)
     return tile, k, ring.next(), a_row, w_row
+
+
+@gluon.jit
+def _gated(acc, GLU: gl.constexpr):
+    """The fused gate on a finished fp32 tile: GLU 1, the tile's left half (gate channels j) and
+    right half (up channels I + j, the same j: a register renaming, the same thread holds both) ->
+    silu(gate) * up = gate * up / (1 + exp(-gate)), in fp32 (the division the fast one, within 2
+    ulp), half as wide; GLU 0 leaves it."""
+    if GLU == 1:
+        HALF: gl.constexpr = acc.shape[1] // 2
+        gate = column_slice(acc, 0, HALF)
+        up = column_slice(acc, 1, HALF)
+        acc = gl.fdiv(gate * up, 1.0 + gl.exp2(gate * -1.4426950408889634), ieee_rounding=False)
+    return acc
 
 
 @gluon.jit
@@ -381,9 +458,13 @@ def grouped_kernel(
     EPILOGUE_N: gl.constexpr,
     EXPERTS_PAD: gl.constexpr,
     SCALING: gl.constexpr,
+    GLU: gl.constexpr = 0,
 ):
     """a_desc: x [S, K], block [BLOCK_M, BLOCK_K]; b_desc: the weight as [E * N, K], block
     [BLOCK_N, BLOCK_K]; out: row-major [S, N]; offs: int32 [E], cumulative ends of the experts' rows;
+    GLU 1 (SwiGLU, 16-bit only): b_desc is the [E * 2N, K] gate_up weight (each expert's N gate
+    rows, then its N up rows), out [S, N] gets silu(x @ gate^T) * (x @ up^T), and an MMA tile is
+    two boxes wide (2 * BLOCK_N columns: gate rows j, up rows N + j) for BLOCK_N output columns;
     EXPERTS_PAD: a power of two >= E, at least 32. fp8 e4m3 operands (SCALING 2, row-wise) come
     with fp32 scales, scale_x [S] (one per token) and scale_w [E, N] (one per expert and output
     channel, row-major), applied to the fp32 accumulator before the store: out = (x @ w[e]) *
@@ -391,26 +472,45 @@ def grouped_kernel(
     (SCALING 1, one per-tensor scale each, is compiled by `gluon-survey inspect --dtype fp8`;
     `grouped_matmul` takes row-wise scales only.)"""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]  # output columns of a tile
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    MMA_N: gl.constexpr = weight_boxes(GLU) * BLOCK_N  # the MMA's columns: weight rows a stage holds
     dtype: gl.constexpr = a_desc.dtype
-    k_steps = gl.cdiv(a_desc.shape[1], a_desc.block_type.shape[1])
+    k_steps = gl.cdiv(a_desc.shape[1], BLOCK_K)
     tiles_n = gl.cdiv(N, BLOCK_N)
     prefix, total = _schedule(offs, S, E, tiles_n, BLOCK_M, EXPERTS_PAD)
 
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES, MMA_N, BLOCK_K], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
 
     # Producer state: the next load is K step p[1] of tile p[0], into ring position p[2].
-    a_row, w_row = _load_coords(gl.program_id(0), prefix, offs, S, N, E, tiles_n, BLOCK_M, BLOCK_N, GROUP_M)
+    a_row, w_row = _load_coords(
+        gl.program_id(0), prefix, offs, S, N, E, tiles_n, BLOCK_M, BLOCK_N, GROUP_M, GLU
+    )
     p = (gl.program_id(0), 0, Ring.start(STAGES), a_row, w_row)
     for _ in gl.static_range(STAGES - 1):
         p = _next_load(
-            a_desc, b_desc, p, total, prefix, offs, S, N, E, tiles_n, k_steps, a_bufs, b_bufs, ready, GROUP_M
+            a_desc,
+            b_desc,
+            p,
+            total,
+            prefix,
+            offs,
+            S,
+            N,
+            E,
+            tiles_n,
+            k_steps,
+            a_bufs,
+            b_bufs,
+            ready,
+            GROUP_M,
+            GLU,
         )
 
-    mma = MMA.initialize(dtype, BLOCK_M, BLOCK_N, gl.num_warps())
+    mma = MMA.initialize(dtype, BLOCK_M, MMA_N, gl.num_warps())
     ring = Ring.start(STAGES)  # the consumer's position, over all of this program's K steps
     for t in range(gl.program_id(0), total, gl.num_programs(0)):
         for _k in range(k_steps):
@@ -435,12 +535,14 @@ def grouped_kernel(
                 b_bufs,
                 ready,
                 GROUP_M,
+                GLU,
             )
             ring = ring.next()
         # Where this tile goes, found while its last MMA runs.
         e, start, count, pid_m, pid_n = _tile_of(t, prefix, offs, S, E, tiles_n, BLOCK_M, GROUP_M)
         acc, mma = mma.take_result()
         acc = _scale_rows(acc, scale_x, start, count, pid_m * BLOCK_M, SCALING)
+        acc = _gated(acc, GLU)  # [BLOCK_M, BLOCK_N] of the output
         for j in gl.static_range(BLOCK_N // EPILOGUE_N):
             off_n = pid_n * BLOCK_N + j * EPILOGUE_N
             part = _scale_columns(column_slice(acc, j, EPILOGUE_N), scale_w, e, off_n, N, SCALING)
@@ -460,14 +562,16 @@ def constexprs(
         "EPILOGUE_N": cfg.EPILOGUE_N,
         "EXPERTS_PAD": experts_pad(E),
         "SCALING": scaling,
+        "GLU": cfg.GLU,
     }
 
 
 def tile_bound(S: int, N: int, E: int, cfg: GroupedConfig) -> int:
     """The most tiles offsets that never decrease can make, what the grid is sized by: S //
     BLOCK_M full row tiles plus at most one partial one per expert, and no more row tiles than
-    rows. (Decreasing offsets may make more; the programs then loop over them all the same.)"""
-    return min(S // cfg.BLOCK_M + E, S) * triton.cdiv(N, cfg.BLOCK_N)
+    rows, times the column tiles of the N output columns. (Decreasing offsets may make more; the
+    programs then loop over them all the same.)"""
+    return min(S // cfg.BLOCK_M + E, S) * triton.cdiv(N, cfg.out_n)
 
 
 def _dtype_name(t) -> str:
@@ -475,7 +579,14 @@ def _dtype_name(t) -> str:
 
 
 def prepare(
-    x, w, offs, out, target: Target, cfg: GroupedConfig | None = None, scales: Scales | None = None
+    x,
+    w,
+    offs,
+    out,
+    target: Target,
+    cfg: GroupedConfig | None = None,
+    scales: Scales | None = None,
+    glu: bool = False,
 ) -> Launch:
     """A ready launch of out[rows of e] = x[rows of e] @ w[e] for every expert e. x [S, K]
     row-major, w the [E, K, N] transpose view of a contiguous [E, N, K] weight, offs int32 [E] on
@@ -483,12 +594,20 @@ def prepare(
     stride) and E at most MAX_EXPERTS. fp8 e4m3 operands come with `scales` (kind "row": `a` the
     [S] token scales, `b` the [E, N] expert-channel scales, contiguous fp32) and a bf16 or fp16
     `out`. `gluon_survey.grouped.grouped_matmul` checks all of that first. `cfg`: the config to
-    run (`config_for`'s by default); one of the other kind of operands is a ValueError."""
+    run (`config_for`'s by default); one of the other kind of operands is a ValueError. `glu`:
+    the fused SwiGLU (16-bit only): w is the [E, K, 2I] view of the [E, 2I, K] gate_up weight
+    (gate rows first), out [S, I] gets silu(x @ gate) * (x @ up) per expert, and `cfg` a GLU
+    config (`GLU_CONFIGS`, `GLU_WIDE_CONFIGS`); `gluon_survey.grouped.grouped_swiglu` checks it."""
     reason = unsupported_reason(target.capability)
     if reason:
         raise RuntimeError(reason)
-    cfg = cfg or config_for(target.capability, w.shape[2], scales is not None)
+    cfg = cfg or config_for(target.capability, w.shape[2], scales is not None, glu)
     check_operand_kind("grouped", cfg, x, scales)
+    if bool(cfg.GLU) != glu:
+        raise ValueError(
+            f"grouped: config {cfg.label} is {'a' if cfg.GLU else 'no'} fused-SwiGLU config; "
+            f"this launch is {'' if glu else 'not '}one (glu={glu})"
+        )
     values = constexprs(cfg, target.capability, w.shape[0], scales.code if scales else 0)
     return launch_of(grouped_kernel, values, x, w, offs, out, target, cfg, scales)
 
@@ -517,8 +636,10 @@ def launch_of(
     E, _, N = w.shape
     fp8 = scales is not None
     weight = w.transpose(1, 2).reshape(E * N, K)  # a view of the contiguous [E, N, K] weight
+    if cfg.GLU:
+        N //= 2  # the output's columns: the weight holds a gate and an up row for each
     gdt = GL_DTYPES[_dtype_name(x)]
-    a_block, b_block = [cfg.BLOCK_M, cfg.BLOCK_K], [cfg.BLOCK_N, cfg.BLOCK_K]
+    a_block, b_block = [cfg.BLOCK_M, cfg.BLOCK_K], [cfg.out_n, cfg.BLOCK_K]
     a_desc = TensorDescriptor.from_tensor(x, a_block, smem_layout(a_block, gdt))
     b_desc = TensorDescriptor.from_tensor(weight, b_block, smem_layout(b_block, gdt))
     grid = (max(1, min(target.sm_count, tile_bound(S, N, E, cfg))),)
@@ -528,18 +649,23 @@ def launch_of(
     return Launch(lambda: launcher(*args), cfg.table() | ({"scales": "row"} if fp8 else {}))
 
 
-def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
+def compile_specs(
+    capability: tuple[int, int], dtype: str = "float16", glu: bool = False
+) -> list[CompileSpec]:
     """The specs of the configs this architecture runs (narrow N, then wide), for a compile
     without a GPU (none where the kernel does not run, or for other dtypes), each for the most
     experts (MAX_EXPERTS: the largest table a lane holds). S, N, E are plain int32 arguments, so
     N is not known to be a multiple of 8 and the stores stay scalar (a launch with such an N, as
     every model's is, specializes it and vectorizes them: fewer registers); out and offs are
     compiled as 16-byte aligned, as torch allocates them. fp8 ("float8_e4m3fn") compiles the fp8
-    configs with row-wise scales and a bf16 output, as the dense fp8 rungs' specs do."""
-    if unsupported_reason(capability) or dtype not in (*_POINTER_TYPES, FP8):
+    configs with row-wise scales and a bf16 output, as the dense fp8 rungs' specs do. `glu`: the
+    fused SwiGLU configs instead (16-bit only: none for fp8)."""
+    if unsupported_reason(capability) or dtype not in (*_POINTER_TYPES, FP8) or (glu and dtype == FP8):
         return []
     major = capability[0]
-    if dtype == FP8:
+    if glu:
+        configs = (GLU_CONFIGS[major], GLU_WIDE_CONFIGS[major])
+    elif dtype == FP8:
         configs = (FP8_CONFIGS[major], FP8_WIDE_CONFIGS[major])
     else:
         configs = (CONFIGS[major], WIDE_CONFIGS[major])
@@ -559,7 +685,7 @@ def spec_of(kernel, cfg: GroupedConfig, values: dict[str, object], dtype: str) -
     signature = (
         {
             "a_desc": desc_signature([cfg.BLOCK_M, cfg.BLOCK_K], dtype),
-            "b_desc": desc_signature([cfg.BLOCK_N, cfg.BLOCK_K], dtype),
+            "b_desc": desc_signature([cfg.out_n, cfg.BLOCK_K], dtype),
             "out": _POINTER_TYPES[FP8_OUT if fp8 else dtype],
             "offs": "*i32",
         }
