@@ -1078,7 +1078,11 @@ def test_modes_that_read_a_row_major_a_get_a_copy_with_the_switch_on(host, copie
     _, b, out = _operands(16, 520, 264)
     api.matmul(a, b, kernel="slab", out=out)  # the few-token modes keep the copy
     assert host.launches[-1].descriptors[0].base is not a
-    assert "the mode that runs reads A row-major only here" in api.explain(a, b, "slab")
+    text = api.explain(a, b, "slab")
+    assert "the mode that runs reads A row-major only here" in text
+    assert "aligned copy" not in text  # the A line gives the copy's reason, not alignment
+    unaligned = torch.empty_strided((16, 264), (1, 18), dtype=torch.bfloat16, device="cuda")  # 36-byte rows
+    assert "copied to row-major (TMA cannot describe" in api.explain(unaligned, b, "persistent")
     big = _transposed_a(3000, 264, 3000)
     _, b, _ = _operands(3000, 520, 264)
     assert "reads A row-major only here" in api.explain(big, b, "triton")  # plain Triton: a copy
@@ -1087,6 +1091,12 @@ def test_modes_that_read_a_row_major_a_get_a_copy_with_the_switch_on(host, copie
     assert not api._reads_a_in_place(torch_ops, big, b, H100, True)  # _scaled_mm: a row-major fp8 A
     assert api._reads_a_in_place(warpspec, big, b, H100, False)
     assert not api._reads_a_in_place(warpspec, big, b, H100, True)  # fp8
+
+
+def test_explain_names_which_operand_gets_an_aligned_copy(host, copies):
+    a = torch.empty_strided((300, 128), (129, 1), dtype=torch.bfloat16, device="cuda")  # 258-byte rows
+    _, b, _ = _operands(300, 520, 128)
+    assert "aligned copy (a): a row stride" in api.explain(a, b, "Pipelined")
 
 
 def test_an_fp8_transposed_a_is_copied_and_a_rung_refuses_one(host, copies, monkeypatch):

@@ -845,8 +845,13 @@ def explain(
     if a_layout(a) == "t":
         _, how = _transposed_a(mode.provider(cap), a, b, target_of(a.device), scale_a is not None)
         lines.append(f"A: t (transpose view of a [K,M] matrix), {how}")
-    if "aligned_copy" in config:
-        lines.append("aligned copy: a row stride or base address is not a multiple of 16 bytes")
+    copied = config.get("aligned_copy", "").split(",")
+    if a_layout(a) == "t":  # a transposed A's copy is the A line's
+        copied = [c for c in copied if c != "a"]
+    if any(copied):
+        lines.append(
+            f"aligned copy ({', '.join(copied)}): a row stride or base address is not a multiple of 16 bytes"
+        )
     return "\n".join(lines)
 
 
