@@ -427,7 +427,8 @@ def test_an_fp8_launch_passes_the_callers_scales_after_the_offsets(fake_h100):
     assert half.dtype == torch.float16 and fake_h100[1].args[2] is half
 
 
-def test_an_fp8_decode_launch_is_the_swap_ab_kernel_with_the_callers_scales(fake_h100):
+def test_an_fp8_decode_launch_is_the_swap_ab_kernel_with_the_callers_scales(fake_h100, monkeypatch):
+    monkeypatch.setattr(grouped_auto, "FP8_SWAPAB", True)
     """grouped-auto sends fp8 operands at decode sizes to the swap-AB kernel, as it does 16-bit
     ones: Mixtral-8x7B's down projection at one token (S = 2), 2 experts x 4096 / 64 weight blocks
     = 128 programs, on the fp8 ring (K steps of 256 e4m3 elements, 8 stages at 16 tokens)."""
@@ -456,7 +457,8 @@ def test_an_fp8_decode_launch_is_the_swap_ab_kernel_with_the_callers_scales(fake
     [(1, "grouped_swapab_kernel"), (grouped_auto.DECODE_ROWS, "grouped_swapab_kernel")]
     + [(grouped_auto.DECODE_ROWS + 1, "grouped_kernel")],
 )
-def test_fp8_runs_the_swap_ab_kernel_up_to_decode_rows(fake_h100, S, kernel):
+def test_fp8_runs_the_swap_ab_kernel_up_to_decode_rows(fake_h100, monkeypatch, S, kernel):
+    monkeypatch.setattr(grouped_auto, "FP8_SWAPAB", True)
     x, w, offs, scale_x, scale_w = _fp8_operands(S=S, K=128, N=256, E=8, device="cuda")
     gg.grouped_matmul(x, w, offs, scale_x=scale_x, scale_w=scale_w)
     (launch,) = fake_h100
@@ -625,10 +627,18 @@ def test_the_choice_says_which_kernel_and_tile_and_why(fake_h100, S, mode, tile)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, BF16, FP8], ids=str)
-def test_the_choice_is_by_s_alone_for_every_dtype_grouped_matmul_takes(dtype):
+def test_the_choice_is_by_s_alone_for_every_dtype_grouped_matmul_takes(dtype, monkeypatch):
+    monkeypatch.setattr(grouped_auto, "FP8_SWAPAB", True)
     assert grouped_auto.choose(1, dtype, (9, 0))[0] == "grouped-swapab"
     assert grouped_auto.choose(grouped_auto.DECODE_ROWS, dtype, (9, 0))[0] == "grouped-swapab"
     assert grouped_auto.choose(grouped_auto.DECODE_ROWS + 1, dtype, (9, 0))[0] == "grouped"
+
+
+def test_fp8_stays_on_the_128_row_kernel_until_its_swap_ab_path_has_run_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(grouped_auto, "FP8_SWAPAB", False)
+    mode, why = grouped_auto.choose(1, FP8, (9, 0))
+    assert mode == "grouped" and "FP8_SWAPAB" in why
+    assert grouped_auto.choose(1, BF16, (9, 0))[0] == "grouped-swapab"
 
 
 def test_a_dtype_the_swap_ab_kernel_has_no_config_for_goes_to_the_128_row_kernel():

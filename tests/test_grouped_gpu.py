@@ -446,7 +446,8 @@ def test_fp8_every_token_tile_of_the_swap_ab_kernel(counts, K, N, width):
 
 
 @pytest.mark.parametrize("S", [grouped_auto.DECODE_ROWS, grouped_auto.DECODE_ROWS + 1])
-def test_fp8_grouped_matmul_on_either_side_of_the_choice(S):
+def test_fp8_grouped_matmul_on_either_side_of_the_choice(S, monkeypatch):
+    monkeypatch.setattr(grouped_auto, "FP8_SWAPAB", True)  # the switch's own test
     counts = _random_counts(64, S, S)
     x, w, offs, scale_x, scale_w = _fp8_problem(counts, 256, 384)
     expected = "grouped-swapab" if S <= grouped_auto.DECODE_ROWS else "grouped"
@@ -470,10 +471,11 @@ def test_fp8_allocates_its_output_in_out_dtype(out_dtype):
     [(4096, 256, 2048, 128, "grouped"), (128, 512, 1536, 128, "grouped-swapab")],
     ids=["prefill", "decode"],
 )
-def test_fp8_a_cuda_graph_replays_with_other_offsets_and_other_scales(S, K, N, E, mode):
+def test_fp8_a_cuda_graph_replays_with_other_offsets_and_other_scales(S, K, N, E, mode, monkeypatch):
     """The offsets and the scales are read on the device, from the caller's buffers: one capture
     serves every routing, and new scale values written into the same buffers are the ones used
     (through grouped_matmul: the 128-row kernel at 4096 token-slots, the swap-AB one at 128)."""
+    monkeypatch.setattr(grouped_auto, "FP8_SWAPAB", True)
     routings = [_random_counts(E, S, seed) for seed in range(3)] + [[S] + [0] * (E - 1), _zipf_counts(E, S)]
     x, w, offs, scale_x, scale_w = _fp8_problem(routings[0], K, N)
     assert gg.prepare("grouped-auto", x, w, offs, scale_x=scale_x, scale_w=scale_w).config["mode"] == mode

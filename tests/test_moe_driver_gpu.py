@@ -56,7 +56,7 @@ def test_a_tiny_grouped_sweep_runs_end_to_end(tmp_path, capsys):
     assert (tmp_path / "moe.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_tiny_grouped_fp8_row_sweep_runs_against_scaled_grouped_mm(tmp_path, capsys):
+def test_a_tiny_grouped_fp8_row_sweep_runs_against_scaled_grouped_mm(tmp_path, capsys, monkeypatch):
     """The same shapes in fp8-row: e4m3 operands with a scale per token and per expert channel,
     torch._scaled_grouped_mm the reference (unpaired, as the reference is), the grouped kernel,
     what grouped_matmul runs and the cuBLAS loop (torch._scaled_mm per expert) paired with it.
@@ -66,6 +66,7 @@ def test_a_tiny_grouped_fp8_row_sweep_runs_against_scaled_grouped_mm(tmp_path, c
     csv, path = tmp_path / "moe.csv", tmp_path / "r.jsonl"
     lines = [f"{s.T},{s.N},{s.K},{s.E},{s.topk},{s.routing}" for s in SHAPES]
     csv.write_text("T,N,K,E,topk,routing\n" + "\n".join(lines) + "\n")
+    monkeypatch.setenv("GLUON_SURVEY_FP8_SWAPAB", "1")  # the workers' grouped-auto: fp8 on swap-AB too
     argv = ["grouped,grouped-auto,scaled_grouped_mm,cublas-loop", "--shapes", str(csv), "--dtype", "fp8-row"]
     argv += ["--seed", "5", "--warmup-ms", "50", "--min-ms", "50", "--rounds", "2", "--format", "markdown"]
     status = main([*argv, "--results", str(path)])

@@ -20,8 +20,9 @@ routing it ran at 0.84-1.19x torch._grouped_mm (geomean 1.02x) on four models' e
 16, 512 and 4096 tokens (docs/perf-notes.md, entry 56; results/experiments/h100-grouped-sched).
 What grouped_matmul ran there: 1.166x torch._grouped_mm geomean in bf16 (the swap-AB kernel up
 to 512 token-slots) and 1.145x torch._scaled_grouped_mm in fp8-row (the 128-row kernel at every
-size) over `--shapes moe` (results/h100-moe-auto; entries 58 and 59). fp8 now takes the swap-AB
-kernel up to 512 token-slots too, not yet measured (entry 61).
+size) over `--shapes moe` (results/h100-moe-auto; entries 58 and 59). The swap-AB kernel's fp8
+path is compile-checked, not run: fp8 stays on the 128-row kernel until it passes its GPU tests
+(`grouped_auto.FP8_SWAPAB`; entry 61).
 
 Every argument is checked before the GPU, each with an error that names the fix, except what only
 the offsets' values can say: that would need a host sync. The kernel clamps each offset to

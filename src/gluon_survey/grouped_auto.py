@@ -9,15 +9,19 @@ GEMM, and which is faster depends on how many rows each expert gets:
 
 The choice is by S, x's rows (the token-slots, T * top-k), which the host knows without reading
 the offsets (no sync, so a call stays CUDA-graph capturable): up to DECODE_ROWS the swap-AB
-kernel, above it the 128-row one, for fp16/bf16 and fp8 e4m3 operands (row-wise scales) alike:
-both kernels take both, and the 128-row kernel's fp8 misses were the decode cells where the
-swap-AB kernel had fixed bf16 (docs/perf-notes.md, entries 59 and 61). On Blackwell (sm_100) the
+kernel, above it the 128-row one. Both kernels take fp16/bf16 and fp8 e4m3 (row-wise scales),
+and the 128-row kernel's fp8 misses were the decode cells where the swap-AB kernel had fixed bf16
+(docs/perf-notes.md, entries 59 and 61); but fp8 takes the same threshold only once the swap-AB
+kernel's fp8 path has passed its GPU tests (`FP8_SWAPAB`, off until then: fp8 runs the 128-row
+kernel, measured, at every S). On Blackwell (sm_100) the
 `grouped` mode's kernel is its tcgen05 version (kernels/grouped_tcgen05.py, the registry's
 provider there) and runs at every S: the swap-AB kernel is wgmma's, Hopper's only. Each launch's
 config says which kernel ran and why. The driver measures this mode like the two rungs
 (`--shapes moe`), so the threshold can be read off one run."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -33,8 +37,12 @@ from .launch import Launch, Scales, Target
 # docs/perf-notes.md, entry 58. fp8 takes the same line, not yet measured there (entry 61).
 DECODE_ROWS = 512
 SWAPAB_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+# fp8 on the swap-AB kernel is compile-checked (sm_90a, triton 3.6 and 3.9) but has not run on a
+# GPU: until tests/test_grouped_gpu.py's fp8 swap-AB cases pass on one, fp8 stays on the 128-row
+# kernel (measured) at every S. On with GLUON_SURVEY_FP8_SWAPAB=1 (read at import) or here.
+FP8_SWAPAB = os.environ.get("GLUON_SURVEY_FP8_SWAPAB", "") == "1"
 
-__all__ = ["DECODE_ROWS", "SWAPAB_DTYPES", "choose", "prepare", "unsupported_reason"]
+__all__ = ["DECODE_ROWS", "FP8_SWAPAB", "SWAPAB_DTYPES", "choose", "prepare", "unsupported_reason"]
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
@@ -58,6 +66,9 @@ def choose(S: int, dtype: torch.dtype, capability: tuple[int, int]) -> tuple[str
         return "grouped", f"{reason}; the 128-row tiles at every S"
     if dtype not in SWAPAB_DTYPES:
         return "grouped", f"{dtype} operands: the swap-AB kernel takes fp16, bf16 and e4m3 ones only"
+    if dtype == torch.float8_e4m3fn and not FP8_SWAPAB:
+        why = "fp8: the swap-AB kernel's fp8 path has not run on a GPU yet (grouped_auto.FP8_SWAPAB)"
+        return "grouped", f"{why}; the 128-row tiles at every S"
     if S <= DECODE_ROWS:
         return "grouped-swapab", f"S = {S} <= {DECODE_ROWS} token-slots: few rows an expert (decode)"
     return "grouped", f"S = {S} > {DECODE_ROWS} token-slots: 128-row tiles (prefill)"
