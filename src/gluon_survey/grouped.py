@@ -120,7 +120,10 @@ def grouped_swiglu(
     out: optional [S, I] row-major, x's dtype. The silu and the product are computed in fp32 on
     the accumulator, then rounded once to x's dtype (the unfused path rounds h first). Hopper
     (sm_90) only, every S (no swap-AB version for decoding yet). Forward only: no gradients (the
-    `gluon_survey.experts` path uses it for inference only)."""
+    `gluon_survey.experts` path uses it for inference only, behind `experts.FUSED_SWIGLU`, off).
+    Status: compile-checked (sm_90a, triton 3.6 and 3.9), not yet run on a GPU: its GPU tests
+    (tests/test_grouped_swiglu_gpu.py) and scripts/glu_probe.py decide whether it stays
+    (docs/perf-notes.md, entry 62)."""
     S, I = _check(x, w, offs, out, glu=True)
     if out is None:
         out = torch.empty(S, I, dtype=x.dtype, device=x.device)
