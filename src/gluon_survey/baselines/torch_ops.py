@@ -66,9 +66,7 @@ class _Cublas:
     @staticmethod
     def launch(a, b, out, scales: Scales | None = None, bias=None) -> torch.Tensor:
         if scales is None:
-            if bias is None:
-                return torch.matmul(a, b, out=out)
-            return torch.addmm(bias, a, b, out=out)
+            return _Cublas.direct(a, b, out, bias=bias)
         return _scaled_mm(a, b, out, scales.torch_a, scales.torch_b, bias)
 
     @staticmethod
