@@ -492,23 +492,9 @@ def grouped_kernel(
     p = (gl.program_id(0), 0, Ring.start(STAGES), a_row, w_row)
     for _ in gl.static_range(STAGES - 1):
         p = _next_load(
-            a_desc,
-            b_desc,
-            p,
-            total,
-            prefix,
-            offs,
-            S,
-            N,
-            E,
-            tiles_n,
-            k_steps,
-            a_bufs,
-            b_bufs,
-            ready,
-            GROUP_M,
-            GLU,
-        )
+            a_desc, b_desc, p, total, prefix, offs, S, N,
+            E, tiles_n, k_steps, a_bufs, b_bufs, ready, GROUP_M, GLU,
+        )  # fmt: skip
 
     mma = MMA.initialize(dtype, BLOCK_M, MMA_N, gl.num_warps())
     ring = Ring.start(STAGES)  # the consumer's position, over all of this program's K steps
@@ -520,23 +506,9 @@ def grouped_kernel(
             mma = mma.wait(1)  # retires MMA k-1, whose stage is the one refilled next
             # The freed stage gets the producer's next load, which may already be the next tile's.
             p = _next_load(
-                a_desc,
-                b_desc,
-                p,
-                total,
-                prefix,
-                offs,
-                S,
-                N,
-                E,
-                tiles_n,
-                k_steps,
-                a_bufs,
-                b_bufs,
-                ready,
-                GROUP_M,
-                GLU,
-            )
+                a_desc, b_desc, p, total, prefix, offs, S, N,
+                E, tiles_n, k_steps, a_bufs, b_bufs, ready, GROUP_M, GLU,
+            )  # fmt: skip
             ring = ring.next()
         # Where this tile goes, found while its last MMA runs.
         e, start, count, pid_m, pid_n = _tile_of(t, prefix, offs, S, E, tiles_n, BLOCK_M, GROUP_M)

@@ -265,22 +265,9 @@ def grouped_swapab_kernel(
             mma = mma.issue(w_bufs.index(slot), x_bufs.index(slot).permute((1, 0)))
             mma = mma.wait(1)  # retires MMA k-1, whose stage is the one refilled next
             p = _next_load(
-                x_desc,
-                w_desc,
-                p,
-                total,
-                prefix,
-                offs,
-                S,
-                N,
-                E,
-                tiles_w,
-                k_steps,
-                x_bufs,
-                w_bufs,
-                ready,
-                GROUP_M,
-            )
+                x_desc, w_desc, p, total, prefix, offs, S, N,
+                E, tiles_w, k_steps, x_bufs, w_bufs, ready, GROUP_M,
+            )  # fmt: skip
             ring = ring.next()
         # Where this tile goes, found while its last MMA runs: chunk `chunk` of expert e's rows,
         # weight block `block` (C's columns).

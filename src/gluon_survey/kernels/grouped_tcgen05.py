@@ -172,22 +172,9 @@ def grouped_tcgen05_kernel(
             # The producer's next fill goes to the stage MMA k - 1 read: wait until it has.
             p[2].wait_free(empty)
             p = _next_load(
-                a_desc,
-                b_desc,
-                p,
-                total,
-                prefix,
-                offs,
-                S,
-                N,
-                E,
-                tiles_n,
-                k_steps,
-                a_bufs,
-                b_bufs,
-                ready,
-                GROUP_M,
-            )
+                a_desc, b_desc, p, total, prefix, offs, S, N,
+                E, tiles_n, k_steps, a_bufs, b_bufs, ready, GROUP_M,
+            )  # fmt: skip
             ring = ring.next()
         tcgen05_commit(acc_bar.index(0))  # arrives once every MMA issued so far is done
         # Where this tile goes, found while its last MMAs run.
