@@ -4,6 +4,8 @@
   them; the closing line counts them).
 * Shared fixtures: `hopper_or_blackwell` (GPU tests of the Gluon rungs skip elsewhere, saying
   why) and `sweeps` (the timing command with its sweep replaced).
+* Every test plans its grouped launches anew (`gluon_survey.grouped.clear_plans`): a cached plan
+  holds the kernel of the test that made it, which the CPU tests replace with a recorder.
 * Tests marked `benchmark` assert on wall time, which a loaded CPU cannot promise: they are left
   out unless the -m expression names them (`pytest -m benchmark -s`).
 * Quiet (-q) runs on pytest-xdist workers print dots, not the workers' start-up status lines
@@ -58,6 +60,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_grouped_plans():
+    from gluon_survey import grouped
+
+    grouped.clear_plans()
 
 
 @pytest.fixture

@@ -186,6 +186,30 @@ def test_the_launch_is_one_persistent_program_per_sm_over_every_experts_tiles(fa
     assert list(b_desc.shape) == [8 * 300, 256] and list(b_desc.block_shape) == [cfg.BLOCK_N, cfg.BLOCK_K]
 
 
+def test_a_problem_is_planned_once_and_each_call_launches_on_its_own_tensors(fake_h100, monkeypatch):
+    planned = []
+    original = grouped_auto.plan
+    monkeypatch.setattr(
+        grouped_auto, "plan", lambda x, *a, **k: planned.append(x.shape[0]) or original(x, *a, **k)
+    )
+    x1, w, offs1 = _operands(S=1000, K=256, N=300, E=8, device="cuda")
+    x2, _, offs2 = _operands(S=1000, K=256, N=300, E=8, device="cuda")
+    out1, out2 = gg.grouped_matmul(x1, w, offs1), gg.grouped_matmul(x2, w, offs2)
+    assert planned == [1000]  # the second call of the problem runs the first call's plan
+    first, second = fake_h100
+    assert second.args[0].base is x2 and second.args[2:4] == (out2, offs2)
+    assert first.args[0].base is x1 and first.args[2:4] == (out1, offs1)
+    assert first.grid == second.grid and first.kwargs == second.kwargs
+    gg.grouped_matmul(*_operands(S=999, K=256, N=300, E=8, device="cuda"))  # another problem
+    assert planned == [1000, 999]
+    monkeypatch.setattr(grouped_auto, "DECODE_ROWS", 1000)  # the choice's switch: planned again
+    gg.grouped_matmul(x1, w, offs1)
+    assert planned == [1000, 999, 1000] and fake_h100[-1].kernel == "grouped_swapab_kernel"
+    gg.clear_plans()
+    gg.grouped_matmul(x1, w, offs1)
+    assert planned == [1000, 999, 1000, 1000]
+
+
 def test_wide_outputs_take_the_wide_tile_and_the_grid_never_exceeds_the_sms(fake_h100):
     x, w, offs = _operands(S=4096, K=128, N=gk.WIDE_N, E=200, device="cuda")
     gg.grouped_matmul(x, w, offs)
@@ -634,7 +658,13 @@ def test_the_choice_is_by_s_alone_for_every_dtype_grouped_matmul_takes(dtype, mo
     assert grouped_auto.choose(grouped_auto.DECODE_ROWS + 1, dtype, (9, 0))[0] == "grouped"
 
 
-def test_fp8_stays_on_the_128_row_kernel_until_its_swap_ab_path_has_run_on_a_gpu(monkeypatch):
+def test_fp8_takes_the_swap_ab_kernel_by_default_unless_the_environment_turns_it_off():
+    assert grouped_auto.fp8_swapab_from({}) is True
+    assert grouped_auto.fp8_swapab_from({"GLUON_SURVEY_FP8_SWAPAB": "1"}) is True
+    assert grouped_auto.fp8_swapab_from({"GLUON_SURVEY_FP8_SWAPAB": "0"}) is False
+
+
+def test_fp8_stays_on_the_128_row_kernel_when_its_swap_ab_path_is_switched_off(monkeypatch):
     monkeypatch.setattr(grouped_auto, "FP8_SWAPAB", False)
     mode, why = grouped_auto.choose(1, FP8, (9, 0))
     assert mode == "grouped" and "FP8_SWAPAB" in why

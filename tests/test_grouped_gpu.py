@@ -299,6 +299,23 @@ def test_a_cuda_graph_replays_with_other_offsets(S, K, N, E, dtype, mode):
         _assert_grouped(out, x, w, counts, f"{mode} replay {counts}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("S", [48, 1000], ids=["swap-ab", "128-row"])
+def test_calls_of_one_problem_run_its_plan_on_each_calls_own_tensors(S, dtype):
+    """grouped_matmul plans a problem once: later calls launch that plan on their own tokens,
+    weights (another layer's), offsets and outputs, as a model's layers do, the descriptors
+    encoded once per address (the first layer again: its encodings are reused)."""
+    E, K, N = 8, 256, 320
+    layers = []
+    for seed in range(3):
+        counts = _random_counts(E, S, seed)
+        layers.append((counts, *_problem(counts, K, N, dtype, seed=seed)))
+    for i, (counts, x, w, offs) in enumerate([*layers, layers[0]]):
+        out = _nan(S, N, dtype)
+        assert gg.grouped_matmul(x, w, offs, out=out) is out
+        _assert_grouped(out, x, w, counts, f"call {i}")
+
+
 def test_bad_arguments_on_the_gpu():
     x, w, offs = _problem([8, 8], 64, 32, torch.float16)
     with pytest.raises(ValueError, match="offs has 3 entries but w has 2 experts"):

@@ -19,10 +19,8 @@ Status: the 128-row kernel passes tests/test_grouped_gpu.py on an H100; kernel-o
 routing it ran at 0.84-1.19x torch._grouped_mm (geomean 1.02x) on four models' expert shapes at
 16, 512 and 4096 tokens (docs/perf-notes.md, entry 56; results/experiments/h100-grouped-sched).
 What grouped_matmul ran there: 1.166x torch._grouped_mm geomean in bf16 (the swap-AB kernel up
-to 512 token-slots) and 1.145x torch._scaled_grouped_mm in fp8-row (the 128-row kernel at every
-size) over `--shapes moe` (results/h100-moe-auto; entries 58 and 59). The swap-AB kernel's fp8
-path is compile-checked, not run: fp8 stays on the 128-row kernel until it passes its GPU tests
-(`grouped_auto.FP8_SWAPAB`; entry 61).
+to 512 token-slots; results/h100-moe-auto, entry 58) and 1.223x torch._scaled_grouped_mm in
+fp8-row (the same choice; results/h100-moe-fp8-swapab, entry 63) over `--shapes moe`.
 
 Every argument is checked before the GPU, each with an error that names the fix, except what only
 the offsets' values can say: that would need a host sync. The kernel clamps each offset to
@@ -44,7 +42,13 @@ scales (one element each), with the expand that makes them row-wise. K must be a
 there (TMA's 16-byte rows of 1-byte elements). Scales are for fp8 operands only, and fp8
 operands need both.
 
-Each call builds its launch anew (TMA descriptors, Triton's dispatch): no plan cache yet.
+A call's launch is planned once per problem: the kernel, grid, constexprs and TMA descriptors of
+x's [S, K], w's [E, K, N] and the dtypes (`kernels.plan.GroupedPlan`, kept in a cache keyed on
+those, with the choice's switches; `clear_plans` empties it). Later calls of the same problem,
+every layer of a model and every routing, run the checks and the plan's launch: the compiled
+kernel's C launcher with each descriptor encoded once per base address. (Before the cache, each
+call built its launch anew, about 0.4 ms of host time under a profiler: results/experiments/
+h100-moe-model-host.)
 
 `prepare(mode, x, w, offs, out, scale_x=, scale_w=, out_dtype=)` is what the benchmark driver
 times: the same checks, then the launch of any grouped mode of the registry (`grouped-auto`, what
@@ -59,9 +63,10 @@ import math
 
 import torch
 
-from . import api, registry
+from . import api, grouped_auto, registry
 from .kernels import grouped as kernel_128  # the 128-row kernel, which has the fused gate
 from .kernels.grouped import MAX_EXPERTS
+from .kernels.plan import GroupedPlan
 from .launch import Launch, Scales
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -70,7 +75,7 @@ FP8 = api.FP8  # fp8 operands: e4m3, with row-wise scales
 TMA_K = 8  # K a multiple of 8: TMA needs rows of 16-byte multiples (fp16/bf16)
 FP8_TMA_K = 16  # the same for 1-byte fp8 elements
 
-__all__ = ["check_offsets", "grouped_matmul", "grouped_swiglu", "prepare"]
+__all__ = ["check_offsets", "clear_plans", "grouped_matmul", "grouped_swiglu", "prepare"]
 
 
 def grouped_matmul(
@@ -100,7 +105,8 @@ def grouped_matmul(
     if x.shape[1] == 0:  # an empty sum: every expert's rows are zero (and the others too)
         return out.zero_()
     scales = _scales(x, scale_x, scale_w)
-    _launch(registry.get(MODE), x, w, offs, out, "grouped_matmul", scales).fn()
+    _check_aligned(x, w, out)
+    _plan(x, w, out, scales).launch(x, w, offs, out, scales)
     return out
 
 
@@ -140,8 +146,49 @@ def grouped_swiglu(
             f"GPU is {gpu}; run grouped_matmul(x, w, offs) and the gate apart"
         )
     _check_aligned(x, w, out)
-    kernel_128.prepare(x, w, offs, out, target, glu=True).fn()
+    _plan(x, w, out, None, glu=True).launch(x, w, offs, out)
     return out
+
+
+_PLANS: dict[tuple, GroupedPlan] = {}  # problem key -> plan
+_MAX_PLANS = 1024  # past this many keys the cache starts again from empty (as gluon_survey.api's)
+
+
+def _plan(x, w, out, scales: Scales | None, glu: bool = False) -> GroupedPlan:
+    """The plan of grouped_matmul's launch (`glu`: grouped_swiglu's) on checked operands of this
+    problem, made on the first call of it and kept: keyed on all the plan depends on, the shapes
+    (w's strides follow from its shape, x and out are row-major), the dtypes, the GPU, the kind of
+    operands and the choice's switches (`grouped_auto.DECODE_ROWS`, `FP8_SWAPAB`)."""
+    key = (
+        glu,
+        x.dtype,
+        out.dtype,
+        *x.shape,
+        *w.shape,
+        x.device.index,
+        grouped_auto.DECODE_ROWS,
+        grouped_auto.FP8_SWAPAB,
+    )
+    plan = _PLANS.get(key)
+    if plan is None:
+        target = api.target_of(x.device)
+        if glu:
+            plan = kernel_128.plan(x, w, target, glu=True)
+        else:
+            mode = registry.get(MODE)
+            if reason := mode.unsupported_reason(target.capability):
+                name = f" ({target.name})" if target.name else ""
+                raise RuntimeError(f"grouped_matmul cannot run on this GPU{name}: {reason}")
+            plan = mode.provider(target.capability).plan(x, w, target, scales)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def clear_plans() -> None:
+    """Forget every plan (the next call of each problem plans it again)."""
+    _PLANS.clear()
 
 
 def prepare(

@@ -93,7 +93,16 @@ from .common import (
     mbarrier,
     scale_rows,
 )
-from .plan import FP8, FP8_OUT, GL_DTYPES, Launcher, desc_signature, smem_layout
+from .plan import (
+    FP8,
+    FP8_OUT,
+    GL_DTYPES,
+    GroupedPlan,
+    Launcher,
+    desc_signature,
+    smem_layout,
+    templates_of,
+)
 
 __all__ = [
     "CONFIGS",
@@ -111,7 +120,8 @@ __all__ = [
     "config_for",
     "experts_pad",
     "grouped_kernel",
-    "launch_of",
+    "plan",
+    "plan_of",
     "prepare",
     "spec_of",
     "tile_bound",
@@ -550,26 +560,20 @@ def _dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def prepare(
-    x,
-    w,
-    offs,
-    out,
-    target: Target,
-    cfg: GroupedConfig | None = None,
-    scales: Scales | None = None,
-    glu: bool = False,
-) -> Launch:
-    """A ready launch of out[rows of e] = x[rows of e] @ w[e] for every expert e. x [S, K]
-    row-major, w the [E, K, N] transpose view of a contiguous [E, N, K] weight, offs int32 [E] on
-    the GPU, out row-major [S, N]; S, N, K > 0, K a multiple of 8 (16 for fp8: TMA's 16-byte row
-    stride) and E at most MAX_EXPERTS. fp8 e4m3 operands come with `scales` (kind "row": `a` the
-    [S] token scales, `b` the [E, N] expert-channel scales, contiguous fp32) and a bf16 or fp16
-    `out`. `gluon_survey.grouped.grouped_matmul` checks all of that first. `cfg`: the config to
-    run (`config_for`'s by default); one of the other kind of operands is a ValueError. `glu`:
-    the fused SwiGLU (16-bit only): w is the [E, K, 2I] view of the [E, 2I, K] gate_up weight
-    (gate rows first), out [S, I] gets silu(x @ gate) * (x @ up) per expert, and `cfg` a GLU
-    config (`GLU_CONFIGS`, `GLU_WIDE_CONFIGS`); `gluon_survey.grouped.grouped_swiglu` checks it."""
+def plan(
+    x, w, target: Target, cfg: GroupedConfig | None = None, scales: Scales | None = None, glu: bool = False
+) -> GroupedPlan:
+    """The plan of out[rows of e] = x[rows of e] @ w[e] for every expert e (`GroupedPlan`: launched
+    on these operands' like, any offsets). x [S, K] row-major, w the [E, K, N] transpose view of a
+    contiguous [E, N, K] weight, offs int32 [E] on the GPU, out row-major [S, N]; S, N, K > 0, K a
+    multiple of 8 (16 for fp8: TMA's 16-byte row stride) and E at most MAX_EXPERTS. fp8 e4m3
+    operands come with `scales` (kind "row": `a` the [S] token scales, `b` the [E, N]
+    expert-channel scales, contiguous fp32) and a bf16 or fp16 `out`.
+    `gluon_survey.grouped.grouped_matmul` checks all of that first. `cfg`: the config to run
+    (`config_for`'s by default); one of the other kind of operands is a ValueError. `glu`: the
+    fused SwiGLU (16-bit only): w is the [E, K, 2I] view of the [E, 2I, K] gate_up weight (gate
+    rows first), out [S, I] gets silu(x @ gate) * (x @ up) per expert, and `cfg` a GLU config
+    (`GLU_CONFIGS`, `GLU_WIDE_CONFIGS`); `gluon_survey.grouped.grouped_swiglu` checks it."""
     reason = unsupported_reason(target.capability)
     if reason:
         raise RuntimeError(reason)
@@ -581,7 +585,14 @@ def prepare(
             f"this launch is {'' if glu else 'not '}one (glu={glu})"
         )
     values = constexprs(cfg, target.capability, w.shape[0], scales.code if scales else 0)
-    return launch_of(grouped_kernel, values, x, w, offs, out, target, cfg, scales)
+    return plan_of(grouped_kernel, values, x, w, target, cfg, scales)
+
+
+def prepare(
+    x, w, offs, out, target: Target, cfg: GroupedConfig | None = None, scales: Scales | None = None, glu=False
+) -> Launch:
+    """A ready launch of `plan`'s plan on these tensors (what the driver times)."""
+    return plan(x, w, target, cfg, scales, glu).bind(x, w, offs, out, scales)
 
 
 def check_operand_kind(who: str, cfg: GroupedConfig, x, scales: Scales | None) -> None:
@@ -596,29 +607,35 @@ def check_operand_kind(who: str, cfg: GroupedConfig, x, scales: Scales | None) -
         raise ValueError(f"{who}: fp8 scales are row-wise ([S] and [E, N]), not {scales.kind!r}")
 
 
-def launch_of(
-    kernel, values: dict[str, object], x, w, offs, out, target: Target, cfg: GroupedConfig, scales
-) -> Launch:
-    """The launch of a grouped kernel with this module's arguments (`grouped_kernel`, or the
-    tcgen05 one of kernels/grouped_tcgen05.py): the x and weight descriptors of `cfg`'s boxes, the
-    grid (`tile_bound`), the constexprs `values`; checked operands and config (`prepare`)."""
+def plan_of(
+    kernel,
+    values: dict[str, object],
+    x,
+    w,
+    target: Target,
+    cfg,
+    scales,
+    blocks: tuple[list[int], list[int]] | None = None,
+) -> GroupedPlan:
+    """The plan of a grouped kernel with this module's arguments (`grouped_kernel`, the tcgen05 one
+    of kernels/grouped_tcgen05.py, the swap-AB one of kernels/grouped_swapab.py): the x and weight
+    descriptors of `cfg`'s boxes (or the (x, weight) `blocks` given), the grid (`tile_bound`), the
+    constexprs `values`; checked operands and config (`plan`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     S, K = x.shape
     E, _, N = w.shape
-    fp8 = scales is not None
     weight = w.transpose(1, 2).reshape(E * N, K)  # a view of the contiguous [E, N, K] weight
     if cfg.GLU:
         N //= 2  # the output's columns: the weight holds a gate and an up row for each
     gdt = GL_DTYPES[_dtype_name(x)]
-    a_block, b_block = [cfg.BLOCK_M, cfg.BLOCK_K], [cfg.out_n, cfg.BLOCK_K]
+    a_block, b_block = blocks or ([cfg.BLOCK_M, cfg.BLOCK_K], [cfg.out_n, cfg.BLOCK_K])
     a_desc = TensorDescriptor.from_tensor(x, a_block, smem_layout(a_block, gdt))
     b_desc = TensorDescriptor.from_tensor(weight, b_block, smem_layout(b_block, gdt))
     grid = (max(1, min(target.sm_count, tile_bound(S, N, E, cfg))),)
     launcher = Launcher(kernel, grid, values, cfg.num_warps)
-    scale_x, scale_w = (scales.a, scales.b) if fp8 else (None, None)
-    args = (a_desc, b_desc, out, offs, scale_x, scale_w, S, N, E)
-    return Launch(lambda: launcher(*args), cfg.table() | ({"scales": "row"} if fp8 else {}))
+    config = cfg.table() | ({"scales": "row"} if scales is not None else {})
+    return GroupedPlan(launcher, templates_of((a_desc, b_desc)), (S, N, E), config)
 
 
 def compile_specs(

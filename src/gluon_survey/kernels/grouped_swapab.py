@@ -102,10 +102,10 @@ from .grouped import (
     _tile_of,
     check_operand_kind,
     experts_pad,
-    tile_bound,
+    plan_of,
     unsupported_reason,
 )
-from .plan import FP8, FP8_OUT, GL_DTYPES, Launcher, desc_signature, smem_layout
+from .plan import FP8, FP8_OUT, GroupedPlan, desc_signature
 
 __all__ = [
     "CONFIGS",
@@ -117,6 +117,7 @@ __all__ = [
     "config_for",
     "constexprs",
     "grouped_swapab_kernel",
+    "plan",
     "prepare",
     "rows_per_expert",
     "unsupported_reason",
@@ -296,34 +297,29 @@ def constexprs(
     }
 
 
-def prepare(
-    x, w, offs, out, target: Target, cfg: GroupedSwapABConfig | None = None, scales: Scales | None = None
-) -> Launch:
-    """A ready launch of out[rows of e] = x[rows of e] @ w[e] for every expert e, on the operands
-    `kernels.grouped.prepare` takes (checked by `gluon_survey.grouped`), fp8 e4m3 ones with their
+def plan(
+    x, w, target: Target, cfg: GroupedSwapABConfig | None = None, scales: Scales | None = None
+) -> GroupedPlan:
+    """The plan of out[rows of e] = x[rows of e] @ w[e] for every expert e, on the operands
+    `kernels.grouped.plan` takes (checked by `gluon_survey.grouped`), fp8 e4m3 ones with their
     row-wise `scales` ([S] and [E, N]) and a bf16 or fp16 `out`. `cfg`: the config to run
-    (`config_for`'s by default); one of the other kind of operands is a ValueError."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
+    (`config_for`'s by default); one of the other kind of operands is a ValueError. The x box is
+    [BLOCK_T, BLOCK_K], the weight box [BLOCK_W, BLOCK_K]: the 128-row kernel's, in C's terms."""
     reason = unsupported_reason(target.capability)
     if reason:
         raise RuntimeError(reason)
-    S, K = x.shape
-    E, _, N = w.shape
     fp8 = scales is not None
-    cfg = cfg or config_for(target.capability, S, E, fp8)
+    cfg = cfg or config_for(target.capability, x.shape[0], w.shape[0], fp8)
     check_operand_kind("grouped-swapab", cfg, x, scales)
-    weight = w.transpose(1, 2).reshape(E * N, K)  # a view of the contiguous [E, N, K] weight
-    gdt = GL_DTYPES[str(x.dtype).removeprefix("torch.")]
-    x_block, w_block = [cfg.BLOCK_T, cfg.BLOCK_K], [cfg.BLOCK_W, cfg.BLOCK_K]
-    x_desc = TensorDescriptor.from_tensor(x, x_block, smem_layout(x_block, gdt))
-    w_desc = TensorDescriptor.from_tensor(weight, w_block, smem_layout(w_block, gdt))
-    grid = (max(1, min(target.sm_count, tile_bound(S, N, E, cfg))),)
-    values = constexprs(cfg, target.capability, E, scales.code if fp8 else 0)
-    launcher = Launcher(grouped_swapab_kernel, grid, values, cfg.num_warps)
-    scale_x, scale_w = (scales.a, scales.b) if fp8 else (None, None)
-    args = (x_desc, w_desc, out, offs, scale_x, scale_w, S, N, E)
-    return Launch(lambda: launcher(*args), cfg.table() | ({"scales": "row"} if fp8 else {}))
+    values = constexprs(cfg, target.capability, w.shape[0], scales.code if fp8 else 0)
+    return plan_of(grouped_swapab_kernel, values, x, w, target, cfg, scales)
+
+
+def prepare(
+    x, w, offs, out, target: Target, cfg: GroupedSwapABConfig | None = None, scales: Scales | None = None
+) -> Launch:
+    """A ready launch of `plan`'s plan on these tensors (what the driver times)."""
+    return plan(x, w, target, cfg, scales).bind(x, w, offs, out, scales)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:

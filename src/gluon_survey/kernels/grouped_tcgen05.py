@@ -8,7 +8,7 @@ maps a tile to its expert, rows and grouped position); the K loop is its flat ri
 runs STAGES - 1 (tile, K step) loads ahead across tile boundaries (`_next_load`); the epilogue is its
 masked register store into the expert's rows (`_store_rows`), with the fp8 row-wise scales on the
 fp32 values first (`_scale_rows`, `_scale_columns`). Same arguments, same grid (`tile_bound`), same
-host checks (`grouped.check_operand_kind`, `grouped.launch_of`).
+host checks (`grouped.check_operand_kind`, `grouped.plan_of`).
 
 What tcgen05 changes, and why:
 
@@ -62,10 +62,10 @@ from .grouped import (
     _tile_of,
     check_operand_kind,
     experts_pad,
-    launch_of,
+    plan_of,
     spec_of,
 )
-from .plan import FP8
+from .plan import FP8, GroupedPlan
 
 __all__ = [
     "CONFIGS",
@@ -75,6 +75,7 @@ __all__ = [
     "compile_specs",
     "config_for",
     "grouped_tcgen05_kernel",
+    "plan",
     "prepare",
     "unsupported_reason",
 ]
@@ -203,17 +204,22 @@ def constexprs(cfg: GroupedConfig, E: int, scaling: int = 0) -> dict[str, object
     }
 
 
-def prepare(
-    x, w, offs, out, target: Target, cfg: GroupedConfig | None = None, scales: Scales | None = None
-) -> Launch:
-    """kernels/grouped.py's `prepare` (the same operands, checks and grid) for this kernel."""
+def plan(x, w, target: Target, cfg: GroupedConfig | None = None, scales: Scales | None = None) -> GroupedPlan:
+    """kernels/grouped.py's `plan` (the same operands, checks and grid) for this kernel."""
     reason = unsupported_reason(target.capability)
     if reason:
         raise RuntimeError(reason)
     cfg = cfg or config_for(target.capability, w.shape[2], scales is not None)
     check_operand_kind("grouped", cfg, x, scales)
     values = constexprs(cfg, w.shape[0], scales.code if scales else 0)
-    return launch_of(grouped_tcgen05_kernel, values, x, w, offs, out, target, cfg, scales)
+    return plan_of(grouped_tcgen05_kernel, values, x, w, target, cfg, scales)
+
+
+def prepare(
+    x, w, offs, out, target: Target, cfg: GroupedConfig | None = None, scales: Scales | None = None
+) -> Launch:
+    """A ready launch of `plan`'s plan on these tensors (what the driver times)."""
+    return plan(x, w, target, cfg, scales).bind(x, w, offs, out, scales)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:

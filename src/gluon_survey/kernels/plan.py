@@ -367,6 +367,67 @@ def _plan_launch(plan: Plan) -> Callable[..., None]:
     return launch
 
 
+@dataclass(frozen=True)
+class GroupedPlan:
+    """`Plan` for the grouped kernels (kernels/grouped.py and the rungs built on it), whose
+    arguments are x's and the weight's TMA descriptors, then (out, offs, scale_x, scale_w, S, N, E):
+    kernel, grid and constexprs decided once for one problem (x's [S, K], the weight's [E, K, N]
+    view and strides, the dtypes, the scales' kind), the two descriptors kept as templates without
+    a base. `launch(x, w, offs, out, scales)` launches on these tensors, the offsets read on the
+    device as ever, so one plan serves every routing; with `Launcher.direct`, each descriptor's
+    CUtensorMap is encoded once per base address (`encoded`, as `Plan.encoded`): a model's
+    expert weights are always such bases. A plan is only for tensors of the problem it was made
+    for, checked (and their bases' 16-byte alignment) by `gluon_survey.grouped`, which keys its
+    cache of plans on exactly these. `config`: what a results row records of the launch."""
+
+    launcher: Launcher
+    templates: tuple[object, object]  # x's [S, K] and the weight's [E * N, K] descriptors, no base
+    args: tuple[int, int, int]  # the kernel's S, N, E (N: the output's columns)
+    config: dict = field(compare=False)
+    encoded: tuple[dict, dict] = field(default_factory=lambda: ({}, {}), compare=False, repr=False)
+
+    def descriptors(self, x, w) -> tuple[object, object]:
+        """The templates on x and on the [E * N, K] view of w's weight."""
+        E, K, N = w.shape
+        tx, tw = self.templates
+        return _rebased(tx, x), _rebased(tw, w.transpose(1, 2).reshape(E * N, K))
+
+    def encode(self, i: int, t) -> tuple:
+        """Descriptor i's encoding with t's address as its base (a descriptor's encoding reads its
+        base's address alone, so the weight's is w itself), kept for that address."""
+        cache = self.encoded[i]
+        if len(cache) >= ENCODED_PER_SLOT:
+            cache.clear()
+        enc = cache[t.data_ptr()] = self.launcher.raw.encode(_rebased(self.templates[i], t), i)
+        return enc
+
+    def launch(self, x, w, offs, out, scales: Scales | None = None) -> None:
+        """out[rows of e] = x[rows of e] @ w[e] (times fp8 `scales`) on these tensors."""
+        rest = (out, offs, *scale_args(scales), *self.args)
+        launcher = self.launcher
+        direct = None if _hooked() else launcher.direct()
+        if direct is None:  # the first launch (Triton compiles), a launch hook, other releases
+            launcher(*self.descriptors(x, w), *rest)
+            return
+        c_launch, g0, g1, g2, get_stream, get_device, head, values = direct
+        ex, ew = self.encoded
+        c_launch(
+            g0,
+            g1,
+            g2,
+            get_stream(get_device()),
+            *head,
+            *(ex.get(x.data_ptr()) or self.encode(0, x)),
+            *(ew.get(w.data_ptr()) or self.encode(1, w)),
+            *rest,
+            *values,
+        )
+
+    def bind(self, x, w, offs, out, scales: Scales | None = None) -> Launch:
+        """The launch on these tensors as a `Launch` (what a provider's `prepare` returns)."""
+        return Launch(lambda: self.launch(x, w, offs, out, scales), self.config)
+
+
 # --------------------------------------------------------------------------------------------------
 # A rung's provider functions (`Rung`): config, plan, compile specs; and the fp8 scale arguments.
 
