@@ -87,6 +87,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import memory, registry
 from .launch import ALIGN, Launch, Scales, Target, Unaligned, a_layout, b_layout
@@ -136,6 +137,21 @@ def _target(index: int) -> Target:
 def target_of(device: torch.device) -> Target:
     """The GPU a launch on `device` is prepared for: capability and SM count, read once per device."""
     return _target(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def untraced_cuda(x: torch.Tensor) -> bool:
+    """Whether a call on x may run its launch itself rather than through its PyTorch operator, whose
+    dispatch costs more host time in eager mode (`gluon-survey overhead`): nothing traces the call
+    (no torch.compile, no dispatch mode such as FakeTensorMode or a FLOP counter), and x is a plain
+    CUDA tensor on the current device (an operator makes its device current; a launch uses the
+    current one)."""
+    return (
+        not torch.compiler.is_compiling()
+        and type(x) is torch.Tensor
+        and x.is_cuda
+        and not is_in_torch_dispatch_mode()
+        and x.get_device() == torch.cuda.current_device()
+    )
 
 
 # --------------------------------------------------------------------------------------------------

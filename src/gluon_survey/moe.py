@@ -122,14 +122,39 @@ _grouped_mm.register_autograd(_backward, setup_context=_setup_context)
 _OP = torch.ops.gluon_survey.grouped_mm.default
 
 
+class _EagerGroupedMM(torch.autograd.Function):
+    """The operator's forward and gradients for eager autograd, without its dispatch (`grouped_mm`
+    in eager training): the same checks and products. Autograd runs the backward on a thread of
+    its own, so it makes the gradient's device current first, as the operator does."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs):
+        _setup_context(ctx, (x, w, offs), None)
+        return grouped.grouped_matmul(x, w, offs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad.is_cuda:
+            torch.cuda.set_device(grad.device)
+        return _backward(ctx, grad)
+
+
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """out[rows of expert e] = x[rows of e] @ w[e] through the `gluon_survey::grouped_mm` operator:
     `gluon_survey.grouped_matmul` (same arguments and errors, no `out`) that torch.compile and
     autograd can see through (the module docstring says how gradients are computed). A non-tensor
     gets grouped_matmul's TypeError here, before the operator's schema would refuse it with a
-    RuntimeError."""
+    RuntimeError. In eager mode (`api.untraced_cuda`) it runs the operator's forward and gradients
+    without the operator's dispatch, which cost a mixture-of-experts model's decode step more host
+    time than its kernels (docs/perf-notes.md, entry 63)."""
     for name, t in (("x", x), ("w", w), ("offs", offs)):
         api.require_tensor(name, t)
+    if type(w) in (torch.Tensor, torch.nn.Parameter) and api.untraced_cuda(x):
+        # eager: `grouped_matmul` itself, at its host cost rather than torch.library's dispatch
+        # (`_EagerGroupedMM` where autograd records the call)
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            return _EagerGroupedMM.apply(x, w, offs)
+        return grouped.grouped_matmul(x, w, offs)
     return _OP(x, w, offs)
 
 
@@ -164,6 +189,8 @@ def grouped_swiglu(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torc
             "gluon_survey::grouped_swiglu has no gradients: run it under torch.no_grad() (inference), "
             "or use grouped_mm and the gate apart for training"
         )
+    if type(w) in (torch.Tensor, torch.nn.Parameter) and api.untraced_cuda(x):
+        return grouped.grouped_swiglu(x, w, offs)  # eager: without the operator's dispatch
     return _SWIGLU_OP(x, w, offs)
 
 

@@ -31,7 +31,6 @@ import math
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from . import api, memory, registry
 from .launch import b_layout
@@ -141,20 +140,11 @@ def fuses_bias(kernel: str | None) -> bool:
 
 
 def _eager(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `Linear.forward` may call `gluon_survey.matmul` itself instead of the operator,
-    whose dispatch costs more host time in eager mode than `matmul` does (`gluon-survey
-    overhead`): nothing traces the call (no torch.compile, no dispatch mode such as FakeTensorMode
-    or a FLOP counter), and x is a plain CUDA tensor on the current device (the operator makes its
-    device current; `matmul` launches on the current one). Where autograd records the product,
-    it is `_EagerMatmul`'s."""
-    return (
-        not torch.compiler.is_compiling()
-        and type(x) is torch.Tensor
-        and type(weight) in (torch.Tensor, nn.Parameter)
-        and x.is_cuda
-        and not is_in_torch_dispatch_mode()
-        and x.get_device() == torch.cuda.current_device()
-    )
+    """Whether `Linear.forward` may call `gluon_survey.matmul` itself instead of the operator
+    (`api.untraced_cuda`: nothing traces the call, x a plain CUDA tensor on the current device),
+    for a weight that is a plain tensor or Parameter. Where autograd records the product, it is
+    `_EagerMatmul`'s."""
+    return type(weight) in (torch.Tensor, nn.Parameter) and api.untraced_cuda(x)
 
 
 def _records(*tensors: torch.Tensor | None) -> bool:
