@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import gluon_survey
-from gluon_survey import experts, moe
+from gluon_survey import experts, grouped_auto, moe
 from test_grouped import BAD
 
 BF16 = torch.bfloat16
@@ -456,6 +456,7 @@ def fused_on_cpu(monkeypatch, grouped_on_cpu):
         return F.silu(gate) * up
 
     monkeypatch.setattr(experts, "FUSED_SWIGLU", True)
+    monkeypatch.setattr(experts, "FUSED_SWIGLU_ABOVE", 0)  # every size: these calls have 22 slots
     monkeypatch.setattr(experts, "_grouped_swiglu", fused)
     return calls
 
@@ -496,11 +497,21 @@ def test_the_fused_gate_stays_off_where_it_would_differ(fused_on_cpu, grouped_on
     assert fused_on_cpu == [] and len(grouped_on_cpu) == 2
 
 
-def test_the_fused_gate_is_off_by_default(grouped_on_cpu):
-    assert experts.FUSED_SWIGLU is False
+def test_the_fused_gate_is_on_by_default_with_the_line_at_the_swap_ab_kernels_rows():
+    assert experts.FUSED_SWIGLU is True and experts.FUSED_SWIGLU_ABOVE is None
+
+
+@pytest.mark.parametrize(("decode_rows", "fused"), [(21, True), (22, False)])
+def test_by_default_the_fused_gate_runs_above_the_swap_ab_kernels_rows(
+    fused_on_cpu, grouped_on_cpu, monkeypatch, decode_rows, fused
+):
+    """The default line (FUSED_SWIGLU_ABOVE None) is grouped_auto.DECODE_ROWS: 11 tokens x top-2
+    are 22 token-slots, fused above a line of 21, not at a line of 22."""
+    monkeypatch.setattr(experts, "FUSED_SWIGLU_ABOVE", None)
+    monkeypatch.setattr(grouped_auto, "DECODE_ROWS", decode_rows)
     with torch.no_grad():
         experts.experts_forward(_Experts(), torch.randn(11, 16), *_routing())
-    assert len(grouped_on_cpu) == 2
+    assert (len(fused_on_cpu), len(grouped_on_cpu)) == ((1, 1) if fused else (0, 2))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -265,10 +265,11 @@ def test_model_compiled_fullgraph_agrees_with_fp32_as_well_as_grouped_mm(launche
 
 @pytest.fixture
 def fused(monkeypatch):
-    """experts.FUSED_SWIGLU on; counts grouped_swiglu's calls (the fused operator's forward)."""
+    """experts.FUSED_SWIGLU on at every size; counts grouped_swiglu's calls (the fused operator's forward)."""
     from gluon_survey import experts
 
     monkeypatch.setattr(experts, "FUSED_SWIGLU", True)
+    monkeypatch.setattr(experts, "FUSED_SWIGLU_ABOVE", 0)  # at these few tokens too
     calls = []
     real = grouped.grouped_swiglu
 

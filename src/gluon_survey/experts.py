@@ -33,19 +33,21 @@ tcgen05 version is compile-checked only), hidden and intermediate sizes multiple
 experts without a gate (`has_gate` False: `up_proj` and the activation alone) are handled as
 transformers handles them.
 
-The fused gate (opt-in, off by default until measured: docs/perf-notes.md, entry 62). With
-
-    gluon_survey.experts.FUSED_SWIGLU = True
-
-the gate-and-up projection and the gate run as one kernel (`moe.grouped_swiglu`: the grouped
+The fused gate. In inference above `grouped_auto.DECODE_ROWS` token-slots (prefill), the
+gate-and-up projection and the gate run as one kernel (`moe.grouped_swiglu`: the 128-row grouped
 kernel with silu(gate) * up in its epilogue, so h [S, 2I] is never written and read back) where
 all of this holds, and as above otherwise: the module's gate is SwiGLU on transformers' standard
 split (`swiglu_gate`: its `_apply_gate`, or its `act_fn` on the chunked halves, computes
 silu(h[:, :I]) * h[:, I:], checked once on a test input: a clamped gate as gpt-oss's, or one
 whose gate and up rows alternate, falls back), it has a gate and no gate_up bias, and no
 gradient is wanted (grad mode off, or neither the tokens nor the weight requires one: training
-keeps the unfused path). The fused kernel runs the 128-row tiles at every size (Hopper), and
-rounds once, from fp32, where the unfused path rounds h first.
+keeps the unfused path). The fused kernel rounds once, from fp32, where the unfused path rounds h
+first. Measured kernel-only on the four `--shapes moe` models' gate_up (H100, docs/perf-notes.md,
+entry 63; results/experiments/h100-glu-probe): 1.01-1.15x the unfused path at 512 tokens,
+1.08-1.39x at 4096 and 1.12-1.44x at 16384; but 0.81-0.95x at 1 and 16 tokens, where the unfused
+path's GEMM is the swap-AB kernel, which has no fused gate. Hence the line at DECODE_ROWS, where
+grouped_matmul itself leaves the swap-AB kernel (`FUSED_SWIGLU_ABOVE` moves it; `FUSED_SWIGLU =
+False` turns the fused gate off).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import moe
+from . import grouped_auto, moe
 from .grouped import DTYPES, TMA_K
 
 NAME = "gluon_survey"
@@ -68,6 +70,7 @@ NEEDS_TRANSFORMERS = (
 
 __all__ = [
     "FUSED_SWIGLU",
+    "FUSED_SWIGLU_ABOVE",
     "NAME",
     "experts_forward",
     "experts_modules",
@@ -77,8 +80,10 @@ __all__ = [
     "swiglu_gate",
 ]
 
-# Run the gate-and-up projection and a SwiGLU gate as one kernel in inference (module docstring).
-FUSED_SWIGLU = False
+# Run the gate-and-up projection and a SwiGLU gate as one kernel in inference (module docstring),
+# for calls of more than FUSED_SWIGLU_ABOVE token-slots (None: grouped_auto.DECODE_ROWS).
+FUSED_SWIGLU = True
+FUSED_SWIGLU_ABOVE: int | None = None
 _SWIGLU_SEEN = "_gluon_survey_swiglu_gate"  # where `swiglu_gate` keeps its answer on a module
 
 
@@ -125,10 +130,12 @@ def swiglu_gate(module: nn.Module) -> bool:
 
 
 def _fuse_gate(module: nn.Module, x: torch.Tensor, w: torch.Tensor, bias) -> bool:
-    """Whether this call runs the fused gate: the opt-in, a SwiGLU gate with no bias before it, and
-    no gradient wanted (module docstring). Under torch.compile a module not yet checked stays
-    unfused (the check runs in `patch_experts`, or in the first eager call)."""
-    if not FUSED_SWIGLU or bias is not None or not getattr(module, "has_gate", True):
+    """Whether this call runs the fused gate: the switch, more token-slots than the line (x's rows
+    above `FUSED_SWIGLU_ABOVE`, by default `grouped_auto.DECODE_ROWS`), a SwiGLU gate with no
+    bias before it, and no gradient wanted (module docstring). Under torch.compile a module not
+    yet checked stays unfused (the check runs in `patch_experts`, or in the first eager call)."""
+    above = grouped_auto.DECODE_ROWS if FUSED_SWIGLU_ABOVE is None else FUSED_SWIGLU_ABOVE
+    if not FUSED_SWIGLU or x.shape[0] <= above or bias is not None or not getattr(module, "has_gate", True):
         return False
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
         return False
