@@ -208,6 +208,27 @@ def test_stock_and_ours_alternate_after_the_warmup():
     assert (stock, ours) == ([5.0, 7.0, 9.0], [6.0, 8.0, 10.0])
 
 
+def test_no_garbage_collection_runs_inside_a_timed_pair(monkeypatch):
+    events = []
+    monkeypatch.setattr(model.gc, "collect", lambda *a: events.append("collect"))
+
+    def timer(fn):
+        events.append((fn(), model.gc.isenabled()))
+        return 1.0
+
+    assert model.gc.isenabled()
+    model.alternate(lambda: "s", lambda: "o", repeats=2, warmup=1, timer=timer)
+    assert events == [("s", False), ("o", False)] + ["collect", ("s", False), ("o", False)] * 2
+    assert model.gc.isenabled()  # on again after, as it was before
+    with pytest.raises(RuntimeError):  # and after a timed call raised
+        model.alternate(lambda: "s", lambda: "o", repeats=1, warmup=0, timer=lambda fn: _raise())
+    assert model.gc.isenabled()
+
+
+def _raise():
+    raise RuntimeError("a timed call failed")
+
+
 def test_the_plan_follows_the_steps():
     args = model.parse_args(
         [*BASE, "--prefill-tokens", "64,128", "--decode-batch", "1,16", "--compile", "eager,static"]

@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import gc
 import json
 import math
 import shlex
@@ -75,7 +76,10 @@ MOE_BASELINES = ("grouped_mm", "eager", "batched_mm")
 DEFAULT_MOE_BASELINES = ["grouped_mm", "eager"]
 DENSE_BASELINE = "stock"  # a dense model's only baseline: the model as transformers builds it
 REFERENCE_EXPERTS = "eager"  # the fp32 copy's experts implementation (torch._grouped_mm is bf16 only)
-TIMER = "CUDA events around each call; stock and ours alternate, each warmed up first"
+TIMER = (
+    "CUDA events around each call; stock and ours alternate, each warmed up first; "
+    "no garbage collection in a timed pair"
+)
 
 # The published architectures, as in the config.json of the model cards meta-llama/Meta-Llama-3-8B,
 # Qwen/Qwen2.5-7B, mistralai/Mistral-7B-v0.1, mistralai/Mixtral-8x7B-v0.1 and Qwen/Qwen3-30B-A3B
@@ -495,15 +499,25 @@ def fill_agreement(row: Row, kind: str, stock_err: float, ours_err: float) -> Ro
 def alternate(
     stock: Callable[[], object], ours: Callable[[], object], repeats: int, warmup: int, timer: Callable
 ) -> tuple[list[float], list[float]]:
-    """`timer(fn)` (ms of one call) of stock and ours taking turns, after `warmup` untimed turns."""
-    for _ in range(warmup):
-        timer(stock)
-        timer(ours)
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        times[0].append(timer(stock))
-        times[1].append(timer(ours))
-    return times
+    """`timer(fn)` (ms of one call) of stock and ours taking turns, after `warmup` untimed turns.
+    Python's garbage collector is off throughout and runs, untimed, before each timed pair (as
+    timeit keeps it out of its loops): a collection that one call's allocations trigger would
+    otherwise land in whichever call comes next, tens of ms in a host-bound generate."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(warmup):
+            timer(stock)
+            timer(ours)
+        times: tuple[list[float], list[float]] = ([], [])
+        for _ in range(repeats):
+            gc.collect()
+            times[0].append(timer(stock))
+            times[1].append(timer(ours))
+        return times
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def cuda_timer(fn: Callable[[], object]) -> float:
