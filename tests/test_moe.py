@@ -304,7 +304,11 @@ def grouped_on_cpu(monkeypatch):
 
     def grouped(x, w, offs):
         calls.append((tuple(x.shape), tuple(w.shape), w.stride()))
-        return torch._grouped_mm(x, w, offs=offs)
+        out = torch._grouped_mm(x, w, offs=offs)
+        # as the operator: the rows past offs[-1] (no expert's) are not written (NaN here) and get
+        # no gradient
+        owned = torch.arange(x.shape[0]) < offs[-1]
+        return torch.where(owned.unsqueeze(-1), out, float("nan"))
 
     monkeypatch.setattr(experts, "_grouped", grouped)
     return calls
@@ -344,16 +348,20 @@ def test_experts_forward_is_the_per_token_computation(grouped_on_cpu, module, el
     ]
 
 
-def test_experts_forward_gradients_flow_to_the_parameters(grouped_on_cpu):
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["local", "ep-sentinels"])
+def test_experts_forward_gradients_flow_to_the_parameters(grouped_on_cpu, elsewhere):
     mod = _Experts()
     hidden = torch.randn(11, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    index, weights = _routing()
+    index, weights = _routing(elsewhere=elsewhere)
+    weights.requires_grad_()  # the router's: its gradient too (0 for pairs held elsewhere, not NaN)
     experts.experts_forward(mod, hidden, index, weights).square().sum().backward()
     ref = _Experts()
     ref_hidden = hidden.detach().clone().requires_grad_()
-    ref.reference(ref_hidden, index, weights).square().sum().backward()
+    ref_weights = weights.detach().clone().requires_grad_()
+    ref.reference(ref_hidden, index, ref_weights).square().sum().backward()
     for got, want in (
         (hidden, ref_hidden),
+        (weights, ref_weights),
         (mod.gate_up_proj, ref.gate_up_proj),
         (mod.down_proj, ref.down_proj),
     ):

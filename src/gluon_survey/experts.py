@@ -168,9 +168,9 @@ def experts_forward(
     expert_ids, perm, offs = moe.route(top_k_index, num_experts)
     weights = top_k_weights.reshape(-1)[perm]
     x = hidden_states[perm // k]  # the pairs' tokens, grouped by expert
-    elsewhere = (expert_ids >= num_experts).unsqueeze(-1)  # pairs of experts held elsewhere
-    x.masked_fill_(elsewhere, 0.0)
-    bias_rows = expert_ids.clamp(max=num_experts - 1)
+    # Pairs of experts held elsewhere sort last, at or past offs[-1]: no expert owns their rows, so
+    # the kernels neither read nor write them, and only their outputs are zeroed (below).
+    elsewhere = (expert_ids >= num_experts).unsqueeze(-1)
 
     has_gate = getattr(self, "has_gate", True)
     w, bias = _projection(self, "gate_up_proj" if has_gate else "up_proj")
@@ -180,7 +180,7 @@ def experts_forward(
     else:
         h = _grouped(x, w, offs)  # [S, 2 * I] (or [S, I] without a gate)
         if bias is not None:
-            h.add_(bias[bias_rows])
+            h.add_(bias[expert_ids.clamp(max=num_experts - 1)])
         if not has_gate:
             h = self.act_fn(h)
         elif hasattr(self, "_apply_gate"):
@@ -192,13 +192,13 @@ def experts_forward(
     w, bias = _projection(self, "down_proj")
     y = _grouped(h.to(w.dtype), w, offs)  # [S, H]
     if bias is not None:
-        y.add_(bias[bias_rows])
+        y.add_(bias[expert_ids.clamp(max=num_experts - 1)])
+    y.masked_fill_(elsewhere, 0.0)  # before the weights, so that their gradient there is 0, not NaN
     y = y * weights.unsqueeze(-1)
-    y.masked_fill_(elsewhere, 0.0)
 
-    order = torch.empty_like(perm)  # the inverse permutation: back to (token, k) order
-    order[perm] = torch.arange(perm.numel(), device=perm.device)
-    return y[order].view(tokens, k, hidden).sum(dim=1).to(hidden_states.dtype)
+    out = torch.empty_like(y)  # back to (token, k) order: sorted pair i is pair perm[i]
+    out.index_copy_(0, perm, y)
+    return out.view(tokens, k, hidden).sum(dim=1).to(hidden_states.dtype)
 
 
 def _experts_interface():
