@@ -316,6 +316,23 @@ def test_calls_of_one_problem_run_its_plan_on_each_calls_own_tensors(S, dtype):
         _assert_grouped(out, x, w, counts, f"call {i}")
 
 
+@pytest.mark.parametrize("S", [48, 1000], ids=["swap-ab", "128-row"])
+def test_offsets_off_a_16_byte_boundary_get_a_plan_of_their_own(S):
+    """Triton compiles a kernel for its pointers' alignment: offsets that are a view 4 bytes into
+    a buffer, after a call with aligned ones of the same problem, must not run the aligned plan."""
+    E, K, N = 8, 256, 320
+    counts = _random_counts(E, S, 7)
+    x, w, offs = _problem(counts, K, N, torch.bfloat16, seed=7)
+    buffer = torch.zeros(E + 1, dtype=torch.int32, device="cuda")
+    buffer[1:] = offs
+    shifted = buffer[1:]  # 4 bytes past a 16-byte boundary
+    assert shifted.data_ptr() % 16 == 4
+    for i, o in enumerate((offs, shifted, offs)):
+        out = _nan(S, N, torch.bfloat16)
+        gg.grouped_matmul(x, w, o, out=out)
+        _assert_grouped(out, x, w, counts, f"call {i}")
+
+
 def test_bad_arguments_on_the_gpu():
     x, w, offs = _problem([8, 8], 64, 32, torch.float16)
     with pytest.raises(ValueError, match="offs has 3 entries but w has 2 experts"):

@@ -106,7 +106,7 @@ def grouped_matmul(
         return out.zero_()
     scales = _scales(x, scale_x, scale_w)
     _check_aligned(x, w, out)
-    _plan(x, w, out, scales).launch(x, w, offs, out, scales)
+    _plan(x, w, offs, out, scales).launch(x, w, offs, out, scales)
     return out
 
 
@@ -146,7 +146,7 @@ def grouped_swiglu(
             f"GPU is {gpu}; run grouped_matmul(x, w, offs) and the gate apart"
         )
     _check_aligned(x, w, out)
-    _plan(x, w, out, None, glu=True).launch(x, w, offs, out)
+    _plan(x, w, offs, out, None, glu=True).launch(x, w, offs, out)
     return out
 
 
@@ -154,11 +154,14 @@ _PLANS: dict[tuple, GroupedPlan] = {}  # problem key -> plan
 _MAX_PLANS = 1024  # past this many keys the cache starts again from empty (as gluon_survey.api's)
 
 
-def _plan(x, w, out, scales: Scales | None, glu: bool = False) -> GroupedPlan:
+def _plan(x, w, offs, out, scales: Scales | None, glu: bool = False) -> GroupedPlan:
     """The plan of grouped_matmul's launch (`glu`: grouped_swiglu's) on checked operands of this
     problem, made on the first call of it and kept: keyed on all the plan depends on, the shapes
     (w's strides follow from its shape, x and out are row-major), the dtypes, the GPU, the kind of
-    operands and the choice's switches (`grouped_auto.DECODE_ROWS`, `FP8_SWAPAB`)."""
+    operands and the choice's switches (`grouped_auto.DECODE_ROWS`, `FP8_SWAPAB`), and whether
+    the pointer arguments that are not checked for it are 16-byte aligned (offs and the scales:
+    Triton compiles a kernel for its pointers' alignment; x, w and out always are)."""
+    aligned = tuple(t.data_ptr() % 16 == 0 for t in (offs, *((scales.a, scales.b) if scales else ())))
     key = (
         glu,
         x.dtype,
@@ -168,6 +171,7 @@ def _plan(x, w, out, scales: Scales | None, glu: bool = False) -> GroupedPlan:
         x.device.index,
         grouped_auto.DECODE_ROWS,
         grouped_auto.FP8_SWAPAB,
+        aligned,
     )
     plan = _PLANS.get(key)
     if plan is None:
