@@ -786,11 +786,12 @@ def test_a_mode_without_a_fused_bias_refuses_one(host):
     assert host.launches == []
 
 
-def test_the_key_holds_whether_there_is_a_bias_and_its_dtype_but_no_address(monkeypatch):
+def test_the_key_holds_whether_there_is_a_bias_and_its_dtype_and_alignment_but_no_address(monkeypatch):
     monkeypatch.setattr(api, "target_of", lambda device: H100)
     a, b = torch.empty(64, 128, dtype=torch.float16), torch.empty(128, 32, dtype=torch.float16)
-    flat = torch.empty(64, dtype=torch.float16)
-    one, other = flat[:32], flat[1:33]  # the same shape and strides, at different addresses
+    flat = torch.empty(128, dtype=torch.float16)
+    assert flat.data_ptr() % 16 == 0
+    one, other = flat[:32], flat[64:96]  # the same shape and strides, at two aligned addresses
     plain = api._plan_key(None, a, b, None)
     biased = api._plan_key(None, a, b, None, bias=one)
     assert biased != plain
@@ -800,6 +801,8 @@ def test_the_key_holds_whether_there_is_a_bias_and_its_dtype_but_no_address(monk
         == api._plan_key(None, a, b, None, bias=one.clone())
     )
     assert biased != api._plan_key(None, a, b, None, bias=one.bfloat16())
+    # 2 bytes off a 16-byte boundary: Triton would compile the kernel for it apart
+    assert biased != api._plan_key(None, a, b, None, bias=flat[1:33])
     assert not any(isinstance(part, int) and part in (one.data_ptr(), other.data_ptr()) for part in biased)
 
 

@@ -646,7 +646,9 @@ def _plan_key(
     """Everything `_build_plan` reads of its arguments but the base addresses (module docstring);
     a key without `out`'s part is shorter, so it never equals one with it, and fp8's scales and
     output dtype add a part of their own, as a bias does (its shape, strides, dtype and device:
-    never its address, which each launch passes). It also holds `target_of`, the function (not its
+    never its address, which each launch passes, but whether that is 16-byte aligned, as for the
+    scales: Triton compiles a kernel for its pointer arguments' alignment, and a bias or scale
+    that is a view into a larger tensor may not be). It also holds `target_of`, the function (not its
     answer, which the device decides): tests that fake a GPU replace that function, and so never
     meet a plan made for another GPU."""
     key = (
@@ -665,14 +667,14 @@ def _plan_key(
     if scale_a is not None or scale_b is not None or out_dtype is not None:
         key = (*key, "fp8", out_dtype, *_scale_key(scale_a), *_scale_key(scale_b))
     if bias is not None:
-        key = (*key, "bias", bias.shape, bias.stride(), bias.dtype, bias.device)
+        key = (*key, "bias", bias.shape, bias.stride(), bias.dtype, bias.device, bias.data_ptr() % ALIGN == 0)
     if out is None:
         return key
     return (*key, out.shape, out.stride(), out.dtype, out.device)
 
 
 def _scale_key(t: torch.Tensor | None) -> tuple:
-    return (None,) if t is None else (t.shape, t.stride(), t.dtype, t.device)
+    return (None,) if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % ALIGN == 0)
 
 
 def _build_plan(
