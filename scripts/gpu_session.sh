@@ -23,6 +23,9 @@
 #     glu       the gate-and-up projection with SwiGLU fused (grouped_swiglu) against grouped_matmul +
 #               silu * mul, kernel-only (scripts/glu_probe.py GLU_ARGS, default --tiles)
 #                                                               -> glu-probe.csv/.log
+#     bias      a product with a bias, fused against matmul + a separate add, ours and cuBLAS,
+#               kernel-only (scripts/bias_probe.py BIAS_ARGS, default fp16, bf16, fp8, fp8-row)
+#                                                               -> bias-probe.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
 #                                                               -> tune-table.json, tune.log
 #     moe       `--shapes moe` for grouped_matmul (MOE_MODES, default grouped-auto) in bf16 and
@@ -100,6 +103,10 @@ if step grouped; then
 fi
 if step glu; then
   python3 scripts/glu_probe.py ${GLU_ARGS:---tiles} --output "$OUT/glu-probe.csv" 2>&1 | tee "$OUT/glu-probe.log" | tail -40
+fi
+if step bias; then
+  python3 scripts/bias_probe.py ${BIAS_ARGS:---dtype fp16,bf16,fp8,fp8-row} --output "$OUT/bias-probe.csv" 2>&1 \
+    | tee "$OUT/bias-probe.log" | tail -5
 fi
 if step tune; then
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \
