@@ -19,7 +19,7 @@
 #     readfloor the fastest read of a decode weight's bytes (scripts/read_floor.py) -> read-floor.csv/.log
 #     split     split-K in programs of 4-64 KB at the M <= 64 misses (scripts/split_probe.py) -> split-probe.csv/.log
 #     grouped   grouped_matmul against torch._grouped_mm and a cuBLAS loop, kernel-only
-#               (scripts/grouped_probe.py)                        -> grouped-probe.csv/.log
+#               (scripts/grouped_probe.py GROUPED_ARGS)           -> grouped-probe.csv/.log
 #     glu       the gate-and-up projection with SwiGLU fused (grouped_swiglu) against grouped_matmul +
 #               silu * mul, kernel-only (scripts/glu_probe.py GLU_ARGS, default --tiles)
 #                                                               -> glu-probe.csv/.log
@@ -99,7 +99,7 @@ if step split; then
   python3 scripts/split_probe.py --output "$OUT/split-probe.csv" 2>&1 | tee "$OUT/split-probe.log" | tail -5
 fi
 if step grouped; then
-  python3 scripts/grouped_probe.py --output "$OUT/grouped-probe.csv" 2>&1 | tee "$OUT/grouped-probe.log" | tail -30
+  python3 scripts/grouped_probe.py ${GROUPED_ARGS:-} --output "$OUT/grouped-probe.csv" 2>&1 | tee "$OUT/grouped-probe.log" | tail -30
 fi
 if step glu; then
   python3 scripts/glu_probe.py ${GLU_ARGS:---tiles} --output "$OUT/glu-probe.csv" 2>&1 | tee "$OUT/glu-probe.log" | tail -40

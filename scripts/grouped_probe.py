@@ -1,6 +1,9 @@
 """Kernel-only GPU time of `grouped_matmul` and of each of its two kernels against
-`torch._grouped_mm` and a per-expert loop of cuBLAS, on mixture-of-experts expert shapes with
-uniform routing, from decode (1, 4, 16, 64 tokens) to prefill (512, 4096). Each call is preceded
+`torch._grouped_mm` and a per-expert loop of cuBLAS, on mixture-of-experts expert shapes, from
+decode (1, 4, 16, 64 tokens) to prefill (512, 4096), or the --tokens given. The rows each expert
+gets are the uniform split of S = T * top-k, or with --routing uniform, zipf or half the routing
+`--shapes moe` draws for the same T (`shapes.routing_counts`, the driver's seed 0): the cells of
+a sweep, kernel-only and per config. Each call is preceded
 by a read of 2x L2 (kernel_time.py's flush); the output of each is checked against an fp32
 per-expert product first.
 
@@ -12,10 +15,13 @@ ones they pick. Each row has the bytes of the touched experts' weights, the toke
 over rung 0's rate (`of_rung0`) and the time 0.90 of it allows.
 
     PYTHONPATH=src python3 scripts/grouped_probe.py --output out/grouped-probe.csv [--tiles]
+    PYTHONPATH=src python3 scripts/grouped_probe.py --tiles --tokens 512 --routing half,uniform,zipf \
+        --output out/grouped-probe-512.csv
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -26,6 +32,8 @@ from kernel_time import against_rung0, check_close, flush_buffers, probe_parser,
 
 from gluon_survey import api, grouped_matmul
 from gluon_survey import grouped as grouped_api
+from gluon_survey.driver.settings import DEFAULTS
+from gluon_survey.driver.shapes import ROUTINGS, GroupedShape, routing_counts
 from gluon_survey.kernels import grouped as kernel
 from gluon_survey.kernels import grouped_swapab as swapab
 
@@ -39,11 +47,21 @@ MODELS = (
 TOKENS = (1, 4, 16, 64, 512, 4096)
 
 
-def problems():
+def problems(tokens=TOKENS):
     for name, E, topk, H, I in MODELS:
         for proj, N, K in (("gate_up", 2 * I, H), ("down", H, I)):
-            for T in TOKENS:
+            for T in tokens:
                 yield f"{name} {proj}", E, topk, N, K, T
+
+
+def split(E: int, topk: int, N: int, K: int, T: int, routing: str | None) -> torch.Tensor:
+    """Rows per expert: S = T * topk split evenly (routing None), or as the sweep routes them."""
+    if routing is not None:
+        return torch.tensor(routing_counts(GroupedShape(T, N, K, E, topk, routing), DEFAULTS.seed))
+    S = T * topk
+    counts = torch.full((E,), S // E, dtype=torch.int64)
+    counts[: S % E] += 1
+    return counts
 
 
 def ranges(offs: torch.Tensor) -> list[tuple[int, int]]:
@@ -76,14 +94,22 @@ def calls_of(x, w, offs, out, tiles: bool = False) -> dict:
 def main(argv=None) -> int:
     parser = probe_parser(__doc__)
     parser.add_argument("--tiles", action="store_true", help="also time each config of both kernels")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="T values, comma-separated")
+    parser.add_argument(
+        "--routing", default=None, help=f"comma-separated, of {', '.join(ROUTINGS)} (default: an even split)"
+    )
     args = parser.parse_args(argv)
+    routings = args.routing.split(",") if args.routing else [None]
+    if unknown := [r for r in routings if r not in ROUTINGS and r is not None]:
+        parser.error(f"unknown --routing {', '.join(unknown)}; use {', '.join(ROUTINGS)}")
     flush, sink = flush_buffers()
     rows: list[dict] = []
-    for label, E, topk, N, K, T in problems():
+    for (label, E, topk, N, K, T), routing in itertools.product(
+        problems(tuple(map(int, args.tokens.split(",")))), routings
+    ):
         S = T * topk
         g = torch.Generator(device="cuda").manual_seed(0)
-        counts = torch.full((E,), S // E, dtype=torch.int64)
-        counts[: S % E] += 1
+        counts = split(E, topk, N, K, T, routing)
         touched = int((counts > 0).sum())
         x = torch.randn(S, K, device="cuda", generator=g, dtype=torch.bfloat16)
         w = torch.randn(E, N, K, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
@@ -98,10 +124,14 @@ def main(argv=None) -> int:
                 check_close(f"{label} {mode}", fn(), ref, 0.02)
                 med, times = timed(fn, args.reps, flush, sink)
             except Exception as exc:  # a finding, not a crash
-                print(f"{label} T={T} {mode}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                print(
+                    f"{label} T={T} {routing or 'even'} {mode}: {type(exc).__name__}: {str(exc)[:200]}",
+                    flush=True,
+                )
                 continue
             row = {
                 "problem": label, "E": E, "topk": topk, "N": N, "K": K, "T": T, "S": S,
+                "routing": routing or "even",
                 "touched": touched, "mode": mode, **times, "tflops": round(flops / med / 1e6, 1),
                 **against_rung0(nbytes, med),
             }  # fmt: skip
