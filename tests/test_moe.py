@@ -187,6 +187,50 @@ def test_empty_products_give_zero_gradients():
     )
 
 
+@pytest.fixture
+def eager_on_cpu(monkeypatch):
+    """moe's eager path on CPU tensors: `api.untraced_cuda` says yes and grouped_matmul is
+    torch._grouped_mm (recorded)."""
+    from gluon_survey import api, grouped
+
+    calls = []
+    monkeypatch.setattr(api, "untraced_cuda", lambda x: True)
+    monkeypatch.setattr(
+        grouped,
+        "grouped_matmul",
+        lambda x, w, offs: calls.append(x.shape) or torch._grouped_mm(x, w, offs=offs),
+    )
+    return calls
+
+
+def test_in_eager_mode_grouped_mm_calls_grouped_matmul_without_the_operator(eager_on_cpu):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(24, 64, generator=g).to(BF16)
+    w = torch.randn(4, 48, 64, generator=g).to(BF16).transpose(1, 2)
+    offs = _offsets([5, 0, 16, 3])
+    with torch.no_grad():
+        y = moe.grouped_mm(x, w, offs)
+    assert eager_on_cpu == [(24, 64)] and y.grad_fn is None
+    torch.testing.assert_close(y, torch._grouped_mm(x, w, offs=offs))
+
+
+def test_in_eager_training_grouped_mm_has_the_operators_gradients(eager_on_cpu):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(26, 64, generator=g).to(BF16).requires_grad_()
+    w_nk = torch.randn(4, 48, 64, generator=g).to(BF16).requires_grad_()
+    offs = _offsets([5, 0, 16, 3])  # rows 24 and 25 belong to no expert
+    y = moe.grouped_mm(x, w_nk.transpose(1, 2), offs)
+    assert eager_on_cpu == [(26, 64)] and type(y.grad_fn).__name__ == "_EagerGroupedMMBackward"
+    grad = torch.randn(26, 48, generator=g).to(BF16)
+    y.backward(grad)
+    ctx = SimpleNamespace(needs_input_grad=(True, True, False), saved_tensors=(x, w_nk.transpose(1, 2), offs))
+    want_x, want_w, _ = moe._backward(ctx, grad)  # the operator's backward
+    torch.testing.assert_close(x.grad, want_x)
+    torch.testing.assert_close(w_nk.grad, want_w.transpose(1, 2))
+    with pytest.raises(TypeError, match="train in bfloat16"):  # the operator's check, before the GPU
+        moe.grouped_mm(x.detach().half().requires_grad_(), w_nk.detach().half().transpose(1, 2), offs)
+
+
 # --------------------------------------------------------------------------------------------------
 # route: the sort by expert and the offsets
 
