@@ -233,9 +233,16 @@ class Linear(nn.Linear):
         whose first call found that matmul runs cuBLAS itself (`api.runs_cublas`), so that such
         a call costs what nn.Linear's does, not matmul's plan lookup and a reshape on top. Kept per
         weight, bias, kernel, A-layout switch and plan cache (a new one of any starts it afresh)."""
-        owner = (weight, bias, self.kernel, api.TRANSPOSED_A_IN_PLACE, api.PLANS_CLEARED)
-        kept = self._routes_for
-        if len(kept) != len(owner) or not all(a is b for a, b in zip(kept, owner, strict=True)):
+        kept = self._routes_for  # compared field by field, the common case without a tuple built
+        if not (
+            kept
+            and kept[0] is weight
+            and kept[1] is bias
+            and kept[2] is self.kernel
+            and kept[3] is api.TRANSPOSED_A_IN_PLACE
+            and kept[4] is api.PLANS_CLEARED
+        ):
+            owner = (weight, bias, self.kernel, api.TRANSPOSED_A_IN_PLACE, api.PLANS_CLEARED)
             self._routes, self._routes_for = {}, owner
         return self._routes
 
