@@ -348,11 +348,11 @@ def grouped_on_cpu(monkeypatch):
 
     def grouped(x, w, offs):
         calls.append((tuple(x.shape), tuple(w.shape), w.stride()))
-        out = torch._grouped_mm(x, w, offs=offs)
-        # as the operator: the rows past offs[-1] (no expert's) are not written (NaN here) and get
-        # no gradient
-        owned = torch.arange(x.shape[0]) < offs[-1]
-        return torch.where(owned.unsqueeze(-1), out, float("nan"))
+        # as the operator: the rows past offs[-1] (no expert's) are not written (NaN here), and
+        # their gradient is zero (torch._grouped_mm's own backward leaves those rows unwritten)
+        owned = (torch.arange(x.shape[0]) < offs[-1]).unsqueeze(-1)
+        out = torch._grouped_mm(torch.where(owned, x, 0.0), w, offs=offs)
+        return torch.where(owned, out, float("nan"))
 
     monkeypatch.setattr(experts, "_grouped", grouped)
     return calls
