@@ -2,12 +2,14 @@
 
 Every block between `<!-- report results/.../results.jsonl -->` and `<!-- end report -->` becomes
 `gluon-survey report results/.../results.jsonl --format markdown`, and a block opened by
-`<!-- report results/.../results.jsonl summary -->` its one-table summary (report.format_summary);
-tests/test_readme.py fails when either file differs from what this writes. Run from anywhere:
+`<!-- report results/.../results.jsonl summary -->` its one-table summary (report.format_summary),
+and a block between `<!-- model FILE,... -->` and `<!-- end model -->` the summary of those
+`gluon-survey model` runs (driver/model.py, `format_summary`); tests/test_readme.py fails when either file differs from what this writes. Run from anywhere:
 `python scripts/update_readme.py` (or `make readme`)."""
 
 from pathlib import Path
 
+from gluon_survey.driver.model import embed_summaries
 from gluon_survey.driver.report import embed_reports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,4 +18,4 @@ DOCUMENTS = ("README.md", "docs/results.md")  # paths in their blocks are relati
 if __name__ == "__main__":
     for name in DOCUMENTS:
         path = ROOT / name
-        path.write_text(embed_reports(path.read_text(), ROOT))
+        path.write_text(embed_summaries(embed_reports(path.read_text(), ROOT), ROOT))

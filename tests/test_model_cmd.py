@@ -576,3 +576,47 @@ def test_a_tiny_moe_model_end_to_end_on_the_cpu(experts_on_cpu, name, tmp_path):
             assert r.ours_err == pytest.approx(r.stock_err, rel=1e-3), r
         else:
             assert r.ours_err <= 2 * r.stock_err + 1e-3, r
+
+
+def test_the_summary_has_a_line_per_run_and_baseline_and_a_column_per_step(tmp_path):
+    def run(name, config, rows):
+        header = {"record": "header", "env": {"name": "NVIDIA H100 80GB HBM3", "git": {"commit": "abc1234"}},
+                  "settings": {"config": config, "layers": 4}}  # fmt: skip
+        path = tmp_path / name
+        path.write_text("\n".join(json.dumps(r) for r in [header, *rows]) + "\n")
+        return path
+
+    def row(what, batch, tokens, x, spread=0.05, baseline="stock", mode="eager", status="OK"):
+        return {"record": "row", "what": what, "batch": batch, "tokens": tokens, "mode": mode,
+                "baseline": baseline, "x_stock": x, "spread": spread, "status": status}  # fmt: skip
+
+    dense = run("a.jsonl", "llama3-8b", [row("prefill", 1, 512, 1.02), row("decode", 16, 32, 0.98, 0.4)])
+    moe = run(
+        "b.jsonl",
+        "qwen3-30b-a3b",
+        [
+            row("prefill", 1, 512, 1.1, baseline="grouped_mm"),
+            row("prefill", 1, 512, 3.0, baseline="eager"),
+            row("train", 4, 512, None, baseline="grouped_mm", status="ERROR"),
+            row("decode", 1, 16, 1.01, baseline="grouped_mm", mode="static"),
+        ],
+    )
+    doc = f"x\n<!-- model {dense.name},{moe.name} -->\nstale\n<!-- end model -->\ny\n"
+    out = model.embed_summaries(doc, tmp_path)
+    table = out.split("\n")[2:-3]
+    assert table[0] == (
+        "| model | GPU | commit | prefill 512 | decode b16 | train 4x512 | decode b1 static |"
+    )
+    assert (
+        table[2]
+        == "| llama3-8b, 4 layers, vs stock | H100 80GB HBM3 | abc1234 | 1.020 (5 %) | 0.980 (40 %) |  |  |"
+    )
+    assert table[3] == (
+        "| qwen3-30b-a3b, 4 layers, vs grouped_mm | H100 80GB HBM3 | abc1234 "
+        "| 1.100 (5 %) |  | ERROR | 1.010 (5 %) |"
+    )
+    assert table[4].startswith(
+        "| qwen3-30b-a3b, 4 layers, vs eager | H100 80GB HBM3 | abc1234 | 3.000 (5 %) |"
+    )
+    assert "stale" not in out and out.startswith("x\n") and out.endswith("y\n")
+    assert model.embed_summaries(out, tmp_path) == out

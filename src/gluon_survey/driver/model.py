@@ -51,6 +51,7 @@ import csv
 import gc
 import json
 import math
+import re
 import shlex
 import statistics
 import sys
@@ -887,6 +888,63 @@ def render(doc: dict[str, Any], fmt: str, out: Any = None) -> None:
 
 def document(header: dict[str, Any], rows: Sequence[Row], swapped: int | None = None) -> dict[str, Any]:
     return {**header, "swapped": swapped, "rows": [r.to_json() for r in rows]}
+
+
+def read_results(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A results file of this command: its header and its rows."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    header = next((r for r in records if r.get("record") == "header"), {})
+    return header, [r for r in records if r.get("record") == "row"]
+
+
+def _step(row: dict[str, Any]) -> str:
+    """A summary column: the step and its size (and the decode mode where it is not eager)."""
+    if row["what"] == "prefill":
+        return f"prefill {row['tokens']}"
+    if row["what"] == "decode":
+        return f"decode b{row['batch']}" + ("" if row["mode"] == "eager" else f" {row['mode']}")
+    return f"train {row['batch']}x{row['tokens']}"
+
+
+def format_summary(runs: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]]) -> str:
+    """Runs of this command as one markdown table: a line per run and baseline (model, layers,
+    baseline, GPU, commit), a column per step, each cell x_stock with the spread of its paired
+    ratios (ERROR where the row failed, empty where the run has no such row)."""
+    lines, columns = [], []
+    for _, rows in runs:
+        columns += [c for c in map(_step, rows) if c not in columns]
+    for header, rows in runs:
+        s, env = header.get("settings", {}), header.get("env", {})
+        commit = (env.get("git") or {}).get("commit") or "?"
+        for baseline in dict.fromkeys(r.get("baseline", DENSE_BASELINE) for r in rows):
+            cells = {}
+            for r in rows:
+                if r.get("baseline", DENSE_BASELINE) == baseline:
+                    ok = r.get("status") == "OK" and r.get("x_stock") is not None
+                    cells[_step(r)] = f"{r['x_stock']:.3f} ({100 * r['spread']:.0f} %)" if ok else "ERROR"
+            name = f"{s.get('config', '?')}, {s.get('layers', '?')} layers, vs {baseline}"
+            gpu = (env.get("name") or "?").replace("NVIDIA ", "")
+            lines.append([name, gpu, commit, *(cells.get(c, "") for c in columns)])
+    head = ["model", "GPU", "commit", *columns]
+    table = [head, ["---"] * 3 + ["---:"] * len(columns), *lines]
+    return "\n".join("| " + " | ".join(row) + " |" for row in table) + "\n"
+
+
+# `<!-- model PATH[,PATH...] -->` ... `<!-- end model -->` in a markdown document: the runs' summary.
+MODEL_BLOCK = re.compile(
+    r"(?P<open><!-- model (?P<paths>\S+) -->\n)(?P<body>.*?)(?P<close><!-- end model -->)", re.DOTALL
+)
+
+
+def embed_summaries(text: str, root: Path) -> str:
+    """`text` with every model block replaced by `format_summary` of its results files (paths
+    relative to `root`, comma-separated): how the README's model table is made (make readme)."""
+
+    def render_block(match: re.Match[str]) -> str:
+        runs = [read_results(root / path) for path in match["paths"].split(",")]
+        return f"{match['open']}{format_summary(runs)}{match['close']}"
+
+    return MODEL_BLOCK.sub(render_block, text)
 
 
 # ------------------------------------------------------------------------------------------------
