@@ -915,7 +915,7 @@ def format_summary(runs: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]]) 
         columns += [c for c in map(_step, rows) if c not in columns]
     for header, rows in runs:
         s, env = header.get("settings", {}), header.get("env", {})
-        commit = (env.get("git") or {}).get("commit") or "?"
+        commit = ((env.get("git") or {}).get("commit") or "?")[:7]
         for baseline in dict.fromkeys(r.get("baseline", DENSE_BASELINE) for r in rows):
             cells = {}
             for r in rows:
