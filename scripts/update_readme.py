@@ -4,8 +4,9 @@ Every block between `<!-- report results/.../results.jsonl -->` and `<!-- end re
 `gluon-survey report results/.../results.jsonl --format markdown`, and a block opened by
 `<!-- report results/.../results.jsonl summary -->` its one-table summary (report.format_summary),
 and a block between `<!-- model FILE,... -->` and `<!-- end model -->` the summary of those
-`gluon-survey model` runs (driver/model.py, `format_summary`); tests/test_readme.py fails when either file differs from what this writes. Run from anywhere:
-`python scripts/update_readme.py` (or `make readme`)."""
+`gluon-survey model` runs (driver/model.py, `format_summary`); tests/test_readme.py fails when
+either file differs from what this writes. Run from anywhere: `python scripts/update_readme.py`
+(or `make readme`)."""
 
 from pathlib import Path
 
