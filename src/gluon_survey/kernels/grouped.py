@@ -666,15 +666,20 @@ def compile_specs(
     ]
 
 
-def spec_of(kernel, cfg: GroupedConfig, values: dict[str, object], dtype: str) -> CompileSpec:
-    """The compile spec of a grouped kernel (this module's arguments, `compile_specs`) with the
-    constexprs `values` (SCALING 2 for fp8 operands, 0 otherwise) and MAX_EXPERTS' table."""
+def spec_of(
+    kernel, cfg: GroupedConfig, values: dict[str, object], dtype: str, mode: str = "grouped"
+) -> CompileSpec:
+    """The compile spec of a grouped kernel (this module's arguments, `compile_specs`; the
+    tcgen05 and swap-AB kernels' too, whose descriptors have names of their own) with the
+    constexprs `values` (SCALING 2 for fp8 operands, 0 otherwise) and MAX_EXPERTS' table, for the
+    registry's `mode`."""
     fp8 = dtype == FP8
     scales = dict.fromkeys(("scale_x", "scale_w"), "*fp32" if fp8 else "constexpr")
+    x_desc, w_desc = kernel.arg_names[:2]
     signature = (
         {
-            "a_desc": desc_signature([cfg.BLOCK_M, cfg.BLOCK_K], dtype),
-            "b_desc": desc_signature([cfg.out_n, cfg.BLOCK_K], dtype),
+            x_desc: desc_signature([cfg.BLOCK_M, cfg.BLOCK_K], dtype),
+            w_desc: desc_signature([cfg.out_n, cfg.BLOCK_K], dtype),
             "out": _POINTER_TYPES[FP8_OUT if fp8 else dtype],
             "offs": "*i32",
         }
@@ -685,7 +690,7 @@ def spec_of(kernel, cfg: GroupedConfig, values: dict[str, object], dtype: str) -
     if not fp8:  # no scales: None constexprs, as the 16-bit launch passes them
         values = dict.fromkeys(scales) | values
     return CompileSpec(
-        "grouped",
+        mode,
         f"{kernel.__name__} {cfg.label} E<={values['EXPERTS_PAD']} B=t" + (" scales=row" if fp8 else ""),
         kernel,
         signature,

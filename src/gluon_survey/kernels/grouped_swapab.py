@@ -91,6 +91,7 @@ from ..launch import CompileSpec, Launch, Scales, Target
 from .arch import select_mma
 from .common import Ring, init_barriers, invalidate_barriers, mbarrier
 from .grouped import (
+    _POINTER_TYPES,
     MAX_EXPERTS,
     GroupedConfig,
     _load_coords,
@@ -103,9 +104,10 @@ from .grouped import (
     check_operand_kind,
     experts_pad,
     plan_of,
+    spec_of,
     unsupported_reason,
 )
-from .plan import FP8, FP8_OUT, GroupedPlan, desc_signature
+from .plan import FP8, GroupedPlan
 
 __all__ = [
     "CONFIGS",
@@ -123,7 +125,6 @@ __all__ = [
     "unsupported_reason",
 ]
 
-_POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16"}  # of the output
 WGMMA_M = 64  # rows of the weight one warpgroup's wgmma takes
 
 
@@ -330,35 +331,9 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
     with row-wise scales and a bf16 output, as the 128-row kernel's fp8 specs do."""
     if unsupported_reason(capability) or dtype not in (*_POINTER_TYPES, FP8):
         return []
-    fp8 = dtype == FP8
-    specs = []
-    for cfg in (FP8_CONFIGS if fp8 else CONFIGS)[capability[0]].values():
-        values = constexprs(cfg, capability, MAX_EXPERTS, 2 if fp8 else 0)
-        scales = dict.fromkeys(("scale_x", "scale_w"), "*fp32" if fp8 else "constexpr")
-        signature = (
-            {
-                "x_desc": desc_signature([cfg.BLOCK_T, cfg.BLOCK_K], dtype),
-                "w_desc": desc_signature([cfg.BLOCK_W, cfg.BLOCK_K], dtype),
-                "out": _POINTER_TYPES[FP8_OUT if fp8 else dtype],
-                "offs": "*i32",
-            }
-            | scales
-            | {"S": "i32", "N": "i32", "E": "i32"}
-            | dict.fromkeys(values, "constexpr")
-        )
-        if not fp8:  # no scales: None constexprs, as the 16-bit launch passes them
-            values = dict.fromkeys(scales) | values
-        specs.append(
-            CompileSpec(
-                "grouped-swapab",
-                f"grouped_swapab_kernel {cfg.label} E<={values['EXPERTS_PAD']} B=t"
-                + (" scales=row" if fp8 else ""),
-                grouped_swapab_kernel,
-                signature,
-                values,
-                {"num_warps": cfg.num_warps},
-                config=cfg,
-                divisible=("out", "offs", *(scales if fp8 else ())),
-            )
-        )
-    return specs
+    fp8, mode = dtype == FP8, "grouped-swapab"
+    scaling = 2 if fp8 else 0
+    return [
+        spec_of(grouped_swapab_kernel, cfg, constexprs(cfg, capability, MAX_EXPERTS, scaling), dtype, mode)
+        for cfg in (FP8_CONFIGS if fp8 else CONFIGS)[capability[0]].values()
+    ]
