@@ -194,7 +194,7 @@ def eager_on_cpu(monkeypatch):
     from gluon_survey import api, grouped
 
     calls = []
-    monkeypatch.setattr(api, "untraced_cuda", lambda x: True)
+    monkeypatch.setattr(api, "untraced_cuda", lambda x, weight: True)
     monkeypatch.setattr(
         grouped,
         "grouped_matmul",

@@ -139,15 +139,16 @@ def target_of(device: torch.device) -> Target:
     return _target(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def untraced_cuda(x: torch.Tensor) -> bool:
-    """Whether a call on x may run its launch itself rather than through its PyTorch operator, whose
-    dispatch costs more host time in eager mode (`gluon-survey overhead`): nothing traces the call
-    (no torch.compile, no dispatch mode such as FakeTensorMode or a FLOP counter), and x is a plain
-    CUDA tensor on the current device (an operator makes its device current; a launch uses the
-    current one)."""
+def untraced_cuda(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a call on x and a weight may run its launch itself rather than through its PyTorch
+    operator, whose dispatch costs more host time in eager mode (`gluon-survey overhead`): nothing
+    traces the call (no torch.compile, no dispatch mode such as FakeTensorMode or a FLOP counter),
+    the weight is a plain tensor or Parameter, and x is a plain CUDA tensor on the current device
+    (an operator makes its device current; a launch uses the current one)."""
     return (
         not torch.compiler.is_compiling()
         and type(x) is torch.Tensor
+        and type(weight) in (torch.Tensor, torch.nn.Parameter)
         and x.is_cuda
         and not is_in_torch_dispatch_mode()
         and x.get_device() == torch.cuda.current_device()

@@ -149,7 +149,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Te
     time than its kernels (docs/perf-notes.md, entry 63)."""
     for name, t in (("x", x), ("w", w), ("offs", offs)):
         api.require_tensor(name, t)
-    if type(w) in (torch.Tensor, torch.nn.Parameter) and api.untraced_cuda(x):
+    if api.untraced_cuda(x, w):
         # eager: `grouped_matmul` itself, at its host cost rather than torch.library's dispatch
         # (`_EagerGroupedMM` where autograd records the call)
         if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
@@ -189,7 +189,7 @@ def grouped_swiglu(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torc
             "gluon_survey::grouped_swiglu has no gradients: run it under torch.no_grad() (inference), "
             "or use grouped_mm and the gate apart for training"
         )
-    if type(w) in (torch.Tensor, torch.nn.Parameter) and api.untraced_cuda(x):
+    if api.untraced_cuda(x, w):
         return grouped.grouped_swiglu(x, w, offs)  # eager: without the operator's dispatch
     return _SWIGLU_OP(x, w, offs)
 

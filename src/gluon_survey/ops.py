@@ -141,10 +141,9 @@ def fuses_bias(kernel: str | None) -> bool:
 
 def _eager(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Linear.forward` may call `gluon_survey.matmul` itself instead of the operator
-    (`api.untraced_cuda`: nothing traces the call, x a plain CUDA tensor on the current device),
-    for a weight that is a plain tensor or Parameter. Where autograd records the product, it is
-    `_EagerMatmul`'s."""
-    return type(weight) in (torch.Tensor, nn.Parameter) and api.untraced_cuda(x)
+    (`api.untraced_cuda`: nothing traces the call, x a plain CUDA tensor on the current device, a
+    plain weight). Where autograd records the product, it is `_EagerMatmul`'s."""
+    return api.untraced_cuda(x, weight)
 
 
 def _records(*tensors: torch.Tensor | None) -> bool:
