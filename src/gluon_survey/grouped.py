@@ -179,11 +179,7 @@ def _plan(x, w, offs, out, scales: Scales | None, glu: bool = False) -> GroupedP
         if glu:
             plan = kernel_128.plan(x, w, target, glu=True)
         else:
-            mode = registry.get(MODE)
-            if reason := mode.unsupported_reason(target.capability):
-                name = f" ({target.name})" if target.name else ""
-                raise RuntimeError(f"grouped_matmul cannot run on this GPU{name}: {reason}")
-            plan = mode.provider(target.capability).plan(x, w, target, scales)
+            plan = _provider(registry.get(MODE), target, "grouped_matmul").plan(x, w, target, scales)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
@@ -231,13 +227,18 @@ def _launch(mode: registry.Mode, x, w, offs, out, who: str, scales: Scales | Non
     every base is 16-byte aligned (TMA's, and torch._grouped_mm's, requirement). fp8 `scales` go to
     the provider as its `scales` keyword (registry docstring); 16-bit launches pass none."""
     target = api.target_of(x.device)
-    reason = mode.unsupported_reason(target.capability)
-    if reason:
-        name = f" ({target.name})" if target.name else ""
-        raise RuntimeError(f"{who} cannot run on this GPU{name}: {reason}")
+    provider = _provider(mode, target, who)
     _check_aligned(x, w, out)
     extra = {} if scales is None else {"scales": scales}
-    return mode.provider(target.capability).prepare(x, w, offs, out, target, **extra)
+    return provider.prepare(x, w, offs, out, target, **extra)
+
+
+def _provider(mode: registry.Mode, target, who: str):
+    """The mode's provider for this GPU; RuntimeError naming `who` and why where it cannot run."""
+    if reason := mode.unsupported_reason(target.capability):
+        name = f" ({target.name})" if target.name else ""
+        raise RuntimeError(f"{who} cannot run on this GPU{name}: {reason}")
+    return mode.provider(target.capability)
 
 
 def _check_aligned(x, w, out) -> None:
