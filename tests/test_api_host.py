@@ -953,7 +953,50 @@ def test_linear_in_eager_inference_calls_f_linear_where_matmul_runs_cublas(monke
     cublas[0] = True
     lin(x)
     lin(x)
-    assert len(seen) == 8  # training: never F.linear (the operator's backward)
+    assert len(seen) == 8  # training: no F.linear before a backward has shown its products
+
+
+def test_linear_in_eager_training_calls_f_linear_once_every_product_ran_cublas(monkeypatch):
+    """A training step's forward and backward go through matmul; where matmul ran cuBLAS itself
+    for the forward and both backward products, the layout's next steps are F.linear, with
+    F.linear's gradients. One product off cuBLAS keeps the layout on matmul, and so does a step
+    in which another input needs a gradient (another key)."""
+    seen, off_cublas = [], []
+
+    def recording(a, b, *, kernel=None, out=None, bias=None):
+        seen.append((a_layout(a), tuple(a.shape)))
+        return _cpu_matmul(a, b, bias=bias)
+
+    monkeypatch.setattr(api, "matmul", recording)
+    monkeypatch.setattr(api, "runs_cublas", lambda a, b, kernel, bias: a_layout(a) not in off_cublas)
+    monkeypatch.setattr(ops, "_eager", lambda x, weight: True)
+    torch.manual_seed(5)
+    ref = torch.nn.Linear(40, 24)
+    lin = ops.Linear.from_linear(torch.nn.Linear(40, 24))
+    with torch.no_grad():
+        lin.weight.copy_(ref.weight)
+        lin.bias.copy_(ref.bias)
+    x, grad = torch.randn(2, 3, 40), torch.randn(2, 3, 24)
+
+    def step(module, needs_x=True):
+        module.zero_grad()
+        xi = x.clone().requires_grad_(needs_x)
+        module(xi).backward(grad)
+        return xi.grad, module.weight.grad, module.bias.grad
+
+    expected = step(ref)
+    for i in range(3):
+        for ours, theirs in zip(step(lin), expected, strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5, msg=f"step {i}")
+    assert seen == [("row", (6, 40)), ("row", (6, 24)), ("t", (24, 6))]  # the first step only
+    step(lin, needs_x=False)  # another key: the weight's gradient alone
+    step(lin, needs_x=False)
+    assert seen[3:] == [("row", (6, 40)), ("t", (24, 6))]
+    lin.weight = torch.nn.Parameter(lin.weight.detach().clone())  # a new weight starts afresh
+    off_cublas.append("t")  # the weight's gradient runs a Gluon kernel: matmul every step
+    for _ in range(2):
+        step(lin)
+    assert seen[5:] == [("row", (6, 40)), ("row", (6, 24)), ("t", (24, 6))] * 2
 
 
 def test_linear_trains_through_matmul_without_the_operator(monkeypatch):

@@ -588,6 +588,41 @@ def test_linear_in_eager_inference_calls_f_linear_where_matmul_runs_cublas(monke
             _assert_close(y, ref, linear(x, w, b), torch.bfloat16, f"Linear {kernel} M={M}")
 
 
+def test_linear_in_eager_training_calls_f_linear_once_every_product_ran_cublas(monkeypatch):
+    """A training layout's first step is three `matmul` calls; where matmul ran cuBLAS itself for
+    all three (65 tokens: auto's rule for the forward, no table entry for the backward's layouts),
+    the later steps are `F.linear` with autograd's own backward; with kernel="warpspec" every step
+    stays on matmul. Outputs and gradients match fp32 in every step."""
+    calls = []
+    matmul, linear = api.matmul, F.linear
+    monkeypatch.setattr(api, "matmul", lambda *a, **k: calls.append("matmul") or matmul(*a, **k))
+    monkeypatch.setattr(F, "linear", lambda *a, **k: calls.append("F.linear") or linear(*a, **k))
+    torch.manual_seed(18)
+    for kernel, stock in ((None, True), ("warpspec", False)):
+        lin = gluon_survey.Linear(264, 520, device="cuda", dtype=torch.bfloat16, kernel=kernel)
+        with torch.no_grad():
+            lin.weight.normal_()
+            lin.bias.normal_()
+        per_step = []
+        for step in range(3):
+            lin.zero_grad(set_to_none=True)
+            x = torch.randn(65, 264, device="cuda").to(torch.bfloat16).requires_grad_(True)
+            grad = torch.randn(65, 520, device="cuda").to(torch.bfloat16)
+            calls.clear()
+            y = lin(x)
+            y.backward(grad)
+            per_step.append(list(calls))
+            xd, w, b = x.detach(), lin.weight.detach(), lin.bias.detach()
+            what = f"{kernel} step {step}"
+            _assert_close(y.detach(), reference(xd, w.t(), bias=b), linear(xd, w, b), torch.bfloat16, what)
+            _assert_close(x.grad, reference(grad, w), grad @ w, torch.bfloat16, f"{what}: grad x")
+            grad_w = lin.weight.grad
+            _assert_close(grad_w, reference(grad.t(), xd), grad.t() @ xd, torch.bfloat16, f"{what}: grad w")
+            torch.testing.assert_close(lin.bias.grad.float(), grad.float().sum(0), rtol=1e-2, atol=1e-2)
+        later = [["F.linear"]] * 2 if stock else [["matmul"] * 3] * 2
+        assert per_step == [["matmul"] * 3, *later], (kernel, per_step)
+
+
 @pytest.mark.parametrize("kernel", [None, "warpspec", "splitk"], ids=str)
 def test_eager_training_of_linear_replays_in_a_cuda_graph(monkeypatch, kernel):
     """A training step of `Linear` in eager mode (`_EagerMatmul`: the forward and both backward

@@ -113,18 +113,42 @@ class _EagerMatmul(torch.autograd.Function):
     eager training (`_eager`) runs the forward and both backward products as `gluon_survey.matmul`
     calls, the same kernels as the operator's, at `matmul`'s host cost instead of torch.library's
     (module docstring). Autograd runs the backward on a thread of its own, so it makes the
-    gradient's device current first, as the operator does."""
+    gradient's device current first, as the operator does.
+
+    `route`, where given, is `Linear`'s (routes, key) for this input layout: after the backward,
+    routes[key] says whether matmul ran cuBLAS itself for the forward and for each backward product
+    (`api.runs_cublas`), so that `Linear` runs such a layout's later steps as `F.linear`."""
 
     @staticmethod
-    def forward(ctx, a, b, kernel: str, bias):
+    def forward(ctx, a, b, kernel: str, bias, route=None):
         _setup_context(ctx, (a, b, kernel, bias), None)
-        return _direct(a, b, kernel, bias)
+        y = _direct(a, b, kernel, bias)
+        ctx.route = route if route is not None and api.runs_cublas(a, b, kernel or None, bias) else None
+        if route is not None and ctx.route is None:
+            route[0][route[1]] = False
+        return y
 
     @staticmethod
     def backward(ctx, grad):
         if grad.is_cuda:
             torch.cuda.set_device(grad.device)
-        return _gradients(ctx, grad, _direct)
+        grads = _gradients(ctx, grad, _direct)
+        if ctx.route is not None:
+            routes, key = ctx.route
+            routes[key] = _backward_runs_cublas(ctx, grad)
+        return (*grads, None)
+
+
+def _backward_runs_cublas(ctx, grad: torch.Tensor) -> bool:
+    """Whether matmul ran cuBLAS itself for each backward product `_gradients` just ran."""
+    a, b = ctx.saved_tensors
+    kernel = ctx.kernel or None
+    products = []
+    if ctx.needs_input_grad[0]:
+        products.append((grad, b.t()))
+    if ctx.needs_input_grad[1]:
+        products.append((grad.t(), a) if b_layout(b) == "t" else (a.t(), grad))
+    return all(api.runs_cublas(x, y, kernel, None) for x, y in products)
 
 
 def fuses_bias(kernel: str | None) -> bool:
@@ -165,7 +189,9 @@ class Linear(nn.Linear):
     (`_eager`), and where autograd records it, `_EagerMatmul` with the operator's backward. In
     eager inference, an input layout for which matmul runs cuBLAS itself is from its second call
     on `F.linear`, nn.Linear's own call (`_stock_route`): cuBLAS either way, at nn.Linear's host
-    cost.
+    cost. In eager training the same holds once a step's forward and backward found matmul running
+    cuBLAS itself for all three products: the later steps of that layout are `F.linear`, whose
+    backward is autograd's own (the same cuBLAS products, without a Python backward).
     """
 
     def __init__(
@@ -179,8 +205,9 @@ class Linear(nn.Linear):
     ) -> None:
         super().__init__(in_features, out_features, bias, device, dtype)
         self.kernel = kernel
-        # Eager inference: per input layout, whether matmul runs cuBLAS itself for it (then the
-        # forward is F.linear, nn.Linear's own call), for this weight and bias (`_stock_route`).
+        # Eager calls: per input layout (and in training, which inputs need gradients), whether
+        # matmul runs cuBLAS itself for every product (then the call is F.linear, nn.Linear's
+        # own), for this weight and bias (`_stock_route`).
         self._routes: dict[tuple, bool] = {}
         self._routes_for: tuple = ()
 
@@ -205,11 +232,14 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight, self.bias
         eager = _eager(x, weight)
-        inference = eager and not _records(x, weight, bias)
-        if inference:
+        records = _records(x, weight, bias)
+        if eager:
             routes = self._stock_route(weight, bias)
             key = (x.shape, x.stride(), x.dtype, weight.dtype)
-            if routes.get(key):  # matmul would run cuBLAS itself: nn.Linear's own call
+            if records:  # training: the backward's products count too, and which of them run
+                key = (*key, x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
+            stock = routes.get(key)
+            if stock:  # matmul would run cuBLAS itself for every product: nn.Linear's own call
                 return F.linear(x, weight, bias)
         flat = x.dim() != 2  # [..., in_features] -> [M, in_features], and back
         x2 = x.reshape(math.prod(x.shape[:-1]), self.in_features) if flat else x
@@ -217,8 +247,9 @@ class Linear(nn.Linear):
         fused = None if separate else bias
         if not eager:
             y = _OP(x2, weight.t(), self.kernel or "", fused)
-        elif not inference:
-            y = _EagerMatmul.apply(x2, weight.t(), self.kernel or "", fused)
+        elif records:
+            route = (routes, key) if stock is None and not separate else None
+            y = _EagerMatmul.apply(x2, weight.t(), self.kernel or "", fused, route)
         else:
             y = api.matmul(x2, weight.t(), kernel=self.kernel or None, bias=fused)
             if key not in routes:
@@ -228,9 +259,11 @@ class Linear(nn.Linear):
         return y.view(*x.shape[:-1], self.out_features) if flat else y
 
     def _stock_route(self, weight: torch.Tensor, bias: torch.Tensor | None) -> dict[tuple, bool]:
-        """The input layouts (shape, strides, dtype) for which eager inference calls F.linear: those
-        whose first call found that matmul runs cuBLAS itself (`api.runs_cublas`), so that such
-        a call costs what nn.Linear's does, not matmul's plan lookup and a reshape on top. Kept per
+        """The input layouts (shape, strides, dtype; in training also which inputs need gradients)
+        for which an eager call is F.linear: those whose first call found that matmul runs cuBLAS
+        itself (`api.runs_cublas`) for the forward and, in training, for the backward's products
+        (`_EagerMatmul`), so that such a call costs what nn.Linear's does, not matmul's plan
+        lookup and a reshape on top, nor a Python backward. Kept per
         weight, bias, kernel, A-layout switch and plan cache (a new one of any starts it afresh)."""
         kept = self._routes_for  # compared field by field, the common case without a tuple built
         if not (
