@@ -39,6 +39,7 @@ def _fake_model(config):
     """A Linear, and an experts module when the config has experts; built on the meta device only."""
     assert torch.empty(1).device.type == "meta", "the check before the GPU built a model in memory"
     built = nn.Module()
+    built.config = config
     built.proj = nn.Linear(4, 4)
     if getattr(config, "num_local_experts", 0):
         built.experts = _FakeExperts(config)
@@ -133,6 +134,8 @@ def test_a_config_file_drops_the_checkpoint_keys(tmp_path):
         ),
         ([*BASE, "--dtype", "fp32"], "invalid choice: 'fp32'"),
         ([*BASE, "--kernel", "nosuchmode"], "--kernel: "),
+        ([*BASE, "--control", "--kernel", "warpspec"], "--control times the stock model against its twin"),
+        ([*MOE, "--control", "--patch-linear"], "leave --kernel and --patch-linear out"),
         (["--layers", "2"], "the following arguments are required: --config"),
     ],
 )
@@ -204,8 +207,8 @@ def test_stock_and_ours_alternate_after_the_warmup():
         return float(len(calls))
 
     stock, ours = model.alternate(lambda: "s", lambda: "o", repeats=3, warmup=2, timer=timer)
-    assert calls == ["s", "o"] * 5
-    assert (stock, ours) == ([5.0, 7.0, 9.0], [6.0, 8.0, 10.0])
+    assert calls == ["s", "o"] * 2 + ["s", "o", "o", "s", "s", "o"]  # the pairs take turns going first
+    assert (stock, ours) == ([5.0, 8.0, 9.0], [6.0, 7.0, 10.0])  # each time with its own call
 
 
 def test_no_garbage_collection_runs_inside_a_timed_pair(monkeypatch):
@@ -218,7 +221,8 @@ def test_no_garbage_collection_runs_inside_a_timed_pair(monkeypatch):
 
     assert model.gc.isenabled()
     model.alternate(lambda: "s", lambda: "o", repeats=2, warmup=1, timer=timer)
-    assert events == [("s", False), ("o", False)] + ["collect", ("s", False), ("o", False)] * 2
+    pairs = ["collect", ("s", False), ("o", False), "collect", ("o", False), ("s", False)]
+    assert events == [("s", False), ("o", False), *pairs]
     assert model.gc.isenabled()  # on again after, as it was before
     with pytest.raises(RuntimeError):  # and after a timed call raised
         model.alternate(lambda: "s", lambda: "o", repeats=1, warmup=0, timer=lambda fn: _raise())
@@ -227,6 +231,28 @@ def test_no_garbage_collection_runs_inside_a_timed_pair(monkeypatch):
 
 def _raise():
     raise RuntimeError("a timed call failed")
+
+
+@pytest.mark.parametrize("argv", [BASE, MOE], ids=["dense", "moe"])
+def test_a_control_run_times_the_stock_model_against_its_unpatched_twin(fake_transformers, argv):
+    """--control: ours is a twin on the same Parameters with nothing swapped (no gluon_survey.Linear,
+    the experts on the first baseline's implementation), and the rows are against that baseline
+    alone."""
+    from gluon_survey import ops
+
+    extra = ["--moe-baseline", "eager,grouped_mm"] if argv is MOE else []
+    args = model.parse_args([*argv, "--control", *extra])
+    models = model.build_models(sys.modules["transformers"], args, device="meta")
+    assert models.ours is not models.stock and (models.swapped, models.skipped) == (0, {})
+    assert models.names() == (("eager",) if argv is MOE else ("stock",))
+    assert all(a is b for a, b in zip(models.stock.parameters(), models.ours.parameters(), strict=True))
+    assert not any(isinstance(m, ops.Linear) for m in models.ours.modules())
+    assert type(models.ours.proj) is nn.Linear
+    if argv is MOE:
+        implementations = {m.config._experts_implementation for m in (models.stock, models.ours)}
+        assert implementations == {"eager"}
+    assert model.settings_of(args)["control"] is True
+    assert {r.baseline for r in model.plan(args, models.names())} == set(models.names())
 
 
 def test_the_plan_follows_the_steps():

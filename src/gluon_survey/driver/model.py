@@ -7,6 +7,7 @@ decoder layers, on the GPU in --dtype.
     gluon-survey model --config qwen2.5-7b --layers 4 --steps decode --compile eager,static
     gluon-survey model --config mixtral-8x7b --layers 2 --moe-baseline grouped_mm,eager
     gluon-survey model --config my-config.json --layers 2 --results out/model.jsonl --format json
+    gluon-survey model --config llama3-8b --layers 4 --control
 
 Ours is a twin of the stock model: the same Parameters and buffers (no copy of the weights). A
 dense model's twin has its nn.Linear modules swapped for gluon_survey.Linear running --kernel
@@ -22,8 +23,11 @@ row's `baseline` naming it. By default only the experts differ, so the rows comp
 implementations alone; --patch-linear also swaps ours' nn.Linear modules (attention, lm_head, dense
 MLP layers) as for a dense model, --kernel picking their mode.
 
-What is measured, each step as stock (the row's baseline), ours, stock, ours, ... after a warm-up of
-each, timed with CUDA events, medians over --repeats:
+--control makes ours the stock model's twin with nothing swapped: an A/A run whose rows measure
+the benchmark's own bias between two identical models (1.00 ideally; the spread is its noise).
+
+What is measured, each step as stock (the row's baseline) and ours in pairs that take turns at
+going first, after a warm-up of each, timed with CUDA events, medians over --repeats:
 
     prefill   forward of [1, T] tokens without a KV cache, at each --prefill-tokens T
     decode    greedy generate: --decode-tokens new tokens (min = max) after an 8-token prompt, at
@@ -78,8 +82,8 @@ DEFAULT_MOE_BASELINES = ["grouped_mm", "eager"]
 DENSE_BASELINE = "stock"  # a dense model's only baseline: the model as transformers builds it
 REFERENCE_EXPERTS = "eager"  # the fp32 copy's experts implementation (torch._grouped_mm is bf16 only)
 TIMER = (
-    "CUDA events around each call; stock and ours alternate, each warmed up first; "
-    "no garbage collection in a timed pair"
+    "CUDA events around each call; stock and ours alternate, each warmed up first, the pairs "
+    "taking turns at going first; no garbage collection in a timed pair"
 )
 
 # The published architectures, as in the config.json of the model cards meta-llama/Meta-Llama-3-8B,
@@ -308,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: only the experts differ)",
     )
     parser.add_argument(
+        "--control",
+        action="store_true",
+        help="an A/A run: ours is the stock model's twin with nothing swapped, so that each row's "
+        "x stock measures the benchmark's own bias between two identical models (ideal 1.00)",
+    )
+    parser.add_argument(
         "--results", type=Path, metavar="FILE.jsonl", help="(default: out/model-<run id>.jsonl)"
     )
     parser.add_argument("--format", choices=FORMATS, default="table", help="(default: %(default)s)")
@@ -356,6 +366,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             args.kernel = registry.get(args.kernel).name
         except KeyError as exc:
             parser.error(f"--kernel: {exc.args[0]}")
+    if args.control and (args.kernel is not None or args.patch_linear):
+        parser.error(
+            "--control times the stock model against its twin with nothing swapped: "
+            "leave --kernel and --patch-linear out"
+        )
     if args.results is not None:
         from gluon_survey.driver.cli import _output_path_error
 
@@ -430,6 +445,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "compile": args.compile,
         "moe_baseline": args.moe_baseline,
         "patch_linear": args.patch_linear,
+        "control": args.control,
         "repeats": args.repeats,
         "warmup": args.warmup,
         "seed": args.seed,
@@ -503,7 +519,10 @@ def alternate(
     """`timer(fn)` (ms of one call) of stock and ours taking turns, after `warmup` untimed turns.
     Python's garbage collector is off throughout and runs, untimed, before each timed pair (as
     timeit keeps it out of its loops): a collection that one call's allocations trigger would
-    otherwise land in whichever call comes next, tens of ms in a host-bound generate."""
+    otherwise land in whichever call comes next, tens of ms in a host-bound generate. The pairs
+    take turns at going first (stock first in even repeats, ours in odd ones): the first call after
+    a collection finds the host's caches cold, and a host-bound step pays for it, so a fixed order
+    would favour the second model (`--control` measures what is left of such a bias)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -511,10 +530,15 @@ def alternate(
             timer(stock)
             timer(ours)
         times: tuple[list[float], list[float]] = ([], [])
-        for _ in range(repeats):
+        for i in range(repeats):
             gc.collect()
-            times[0].append(timer(stock))
-            times[1].append(timer(ours))
+            if i % 2:
+                o = timer(ours)
+                times[0].append(timer(stock))
+                times[1].append(o)
+            else:
+                times[0].append(timer(stock))
+                times[1].append(timer(ours))
         return times
     finally:
         if enabled:
@@ -585,6 +609,10 @@ def build_models(transformers: Any, args: argparse.Namespace, device: str = "cud
     stock.eval()
     moe = any(True for _ in experts_modules(stock))
     names = baselines_of(args, moe)
+    if getattr(args, "control", False):  # A/A: the twin as built, on the first baseline's experts
+        if moe:
+            stock.config._experts_implementation = names[0]
+        return Models(stock, _twin(stock), 0, {}, {names[0]: stock})
     if not moe:
         ours = _twin(stock)
         report = patch(ours, kernel=args.kernel)
@@ -839,6 +867,8 @@ def _cell(key: str, value: Any) -> str:
 def _ours(doc: dict[str, Any]) -> str:
     """What ours is, for the table's title."""
     s = doc["settings"]
+    if s.get("control"):
+        return "the stock model's twin, nothing swapped (--control: an A/A run)"
     linear = f"kernel {s['kernel'] or 'default'} ({doc.get('swapped', '?')} Linear swapped)"
     if not s.get("experts"):
         return linear
@@ -923,6 +953,7 @@ def format_summary(runs: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]]) 
                     ok = r.get("status") == "OK" and r.get("x_stock") is not None
                     cells[_step(r)] = f"{r['x_stock']:.3f} ({100 * r['spread']:.0f} %)" if ok else "ERROR"
             name = f"{s.get('config', '?')}, {s.get('layers', '?')} layers, vs {baseline}"
+            name += " (A/A control: ours is its twin)" if s.get("control") else ""
             gpu = (env.get("name") or "?").replace("NVIDIA ", "")
             lines.append([name, gpu, commit, *(cells.get(c, "") for c in columns)])
     head = ["model", "GPU", "commit", *columns]
