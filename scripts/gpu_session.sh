@@ -26,12 +26,14 @@
 #     bias      a product with a bias, fused against matmul + a separate add, ours and cuBLAS,
 #               kernel-only (scripts/bias_probe.py BIAS_ARGS, default fp16, bf16, fp8, fp8-row)
 #                                                               -> bias-probe.csv/.log
-#     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t)
-#                                                               -> tune-table.json, tune.log
+#     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t);
+#               with --update or --confirm it starts from src/gluon_survey/tables/$TUNE_TABLE.json
+#               (default h100)                                  -> tune-table.json, tune.log
 #     moe       `--shapes moe` for grouped_matmul (MOE_MODES, default grouped-auto) in bf16 and
 #               fp8-row, MOE_ARGS (default short windows)     -> moe-<dtype>/results.jsonl, table.*
 #     model     `gluon-survey model` per MODEL_CONFIGS (config:layers, default llama3-8b:4,
-#               qwen2.5-7b:4, qwen3-30b-a3b:4, mixtral-8x7b:2), MODEL_ARGS   -> model-<config>.jsonl/.txt
+#               qwen2.5-7b:4, qwen3-30b-a3b:4, mixtral-8x7b:2), MODEL_ARGS; MODEL_CONTROL=1 also
+#               runs each with --control (the A/A band)   -> model-<config>.jsonl/.txt, control-<config>.*
 #     linearhost  host and GPU µs a call, Linear against nn.Linear (scripts/linear_host_probe.py)
 #                                                               -> linear-host.csv/.log
 #     profile   where a model step's time goes (scripts/model_profile.py PROFILE_ARGS) -> profile/
@@ -109,6 +111,10 @@ if step bias; then
     | tee "$OUT/bias-probe.log" | tail -5
 fi
 if step tune; then
+  # --update and --confirm work on a table at --output: start from the committed one (TUNE_TABLE)
+  if [[ " ${TUNE_ARGS:-} " == *" --update "* || " ${TUNE_ARGS:-} " == *" --confirm "* ]] && [[ ! -f "$OUT/tune-table.json" ]]; then
+    cp "src/gluon_survey/tables/${TUNE_TABLE:-h100}.json" "$OUT/tune-table.json"
+  fi
   python3 -m gluon_survey tune ${TUNE_ARGS:---shapes llm --dtype fp16,bf16 --b-layout t --name h100 --match H100} \
     --output "$OUT/tune-table.json" 2>&1 | tee "$OUT/tune.log" | tail -12
 fi
@@ -124,6 +130,10 @@ if step model; then
   for spec in ${MODEL_CONFIGS:-llama3-8b:4 qwen2.5-7b:4 qwen3-30b-a3b:4 mixtral-8x7b:2}; do
     python3 -m gluon_survey model --config "${spec%%:*}" --layers "${spec##*:}" ${MODEL_ARGS:-} \
       --results "$OUT/model-${spec%%:*}.jsonl" 2>&1 | tee "$OUT/model-${spec%%:*}.txt" | tail -14
+    if [[ ${MODEL_CONTROL:-0} == 1 ]]; then  # the A/A band of the same rows, same lease
+      python3 -m gluon_survey model --config "${spec%%:*}" --layers "${spec##*:}" ${MODEL_ARGS:-} --control \
+        --results "$OUT/control-${spec%%:*}.jsonl" 2>&1 | tee "$OUT/control-${spec%%:*}.txt" | tail -14
+    fi
   done
 fi
 if step linearhost; then

@@ -85,7 +85,9 @@ def test_the_synthetic_entries_are_what_their_comments_say():
 def test_a_measured_m_gets_its_entry(table):
     c = _choose(16)
     assert (c.mode, c.config) == ("swapab", table[1]["config"])
-    assert c.why == (f"table h100: measured at M=16: {SWAPAB} 41.0 us, 1.12x cuBLAS (46.0 us)")
+    assert c.why == (
+        f"table h100: measured at M=16: {SWAPAB} 41.0 us, 1.12x cuBLAS (46.0 us), GPU time not compared"
+    )
     c = _choose(8192)
     assert (c.mode, c.config) == ("torch", None)
     assert c.why == (
@@ -412,7 +414,12 @@ def _beat(entry: dict) -> set[str]:
     """The candidates that beat cuBLAS by the margin at an entry: by their paired ratios where the
     entry was confirmed, else by their times."""
     if "paired" in entry:
-        return {k for k, r in entry["paired"].items() if r >= 1 + choice.MARGIN}
+        gpu = entry.get("paired_gpu")
+        return {
+            k
+            for k, r in entry["paired"].items()
+            if r >= 1 + choice.MARGIN and (gpu is None or gpu.get(k, 0.0) >= choice.GPU_TIME_FLOOR)
+        }
     return {
         key
         for key, t in entry["candidates"].items()
@@ -438,6 +445,32 @@ def test_a_confirmed_entry_counts_only_its_paired_wins(tmp_path, monkeypatch):
     unpaired = [{k: v for k, v in e.items() if k != "paired"} for e in (lo, hi)]
     _install(tmp_path, monkeypatch, unpaired)
     assert _key(choice.choose(96, 4096, 14336, "bf16", "t", (9, 0), H100)) == PERSISTENT
+
+
+def test_a_per_call_win_that_loses_in_gpu_time_does_not_hold(tmp_path, monkeypatch):
+    """`tune --confirm` also times the per-call winners in GPU time (`paired_gpu`): at M = 64 slab
+    held per call (1.08x paired) but took longer than cuBLAS kernel-only (0.90x), so the entry runs
+    cuBLAS and `explain` says why; at M = 128 it held both ways (1.10x, 1.02x) and runs; between
+    them it held at one neighbour only: cuBLAS. A candidate that held per call but has no GPU-time
+    ratio in a confirmed entry does not hold either."""
+    lo = _entry(64, {SLAB: 0.060, CUBLAS: 0.070})
+    lo |= {"paired": {SLAB: 1.08}, "paired_gpu": {SLAB: 0.90}, "mode": "torch", "config": None, "ms": 0.070}
+    hi = _entry(128, {SLAB: 0.050, CUBLAS: 0.060})
+    hi |= {
+        "paired": {SLAB: 1.10},
+        "paired_gpu": {SLAB: 1.02},
+        "mode": "slab",
+        "config": SLAB.split(" ", 1)[1],
+    }
+    assert choice._held(lo) == set() and choice._held(hi) == {SLAB}
+    assert choice._held(hi | {"paired_gpu": {}}) == set()
+    _install(tmp_path, monkeypatch, [lo, hi])
+    at_lo = _choose(64)
+    assert at_lo.mode == "torch" and f"{SLAB}, 1.08x per call but 0.90x in GPU time" in at_lo.why
+    at_hi = _choose(128)
+    assert _key(at_hi) == SLAB and "1.10x paired, 1.02x in GPU time" in at_hi.why
+    between = _choose(96)
+    assert between.mode == "torch" and "no candidate beat cuBLAS" in between.why
 
 
 def test_split_for_fills_one_wave_without_empty_slices():

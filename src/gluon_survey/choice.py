@@ -23,6 +23,11 @@ same inputs (the driver's paired method); then only those with a paired ratio of
 1 + MARGIN count as having beaten it, at that M and as neighbours. (cuBLAS's per-call time on the
 4096- and 6144-wide weights moved by up to 45 % between two separate timings of the same cell,
 which made unpaired wins there up to 0.85x in the paired sweep: docs/perf-notes.md, entry 55.)
+A confirmation also times each candidate that held per call in GPU time, the host kept ahead
+(`paired_gpu`), and it holds only where it is not slower than cuBLAS there either
+(GPU_TIME_FLOOR): a kernel that wins a lone call by its cheaper launch but loses kernel-only would
+be slower in a CUDA graph or any step whose stream runs ahead of the GPU. Entries confirmed before
+that have no `paired_gpu` and count as before; `explain` says "GPU time not compared" for them.
 So where a Gluon kernel runs comes from measured crossovers, and a denser M grid
 (`gluon-survey tune --shapes llm-dense`) narrows the gaps. `explain` prints the neighbours and
 their numbers.
@@ -65,6 +70,14 @@ CUBLAS = "torch cuBLAS"  # cuBLAS's key in an entry's `candidates`
 # M = 1024 (1.08x) and 8192 (1.03x) on the 4096 x 14336 bf16 weight and ran 0.76x cuBLAS at
 # M = 1536 (results/h100-offgrid-auto). The dense grid (`--shapes llm-dense`) steps by 2x or less.
 MAX_GAP = 4
+# A Gluon candidate that wins per call must not lose in GPU time: where the stream runs ahead of
+# the GPU (CUDA graphs, torch.compile, a GPU-bound step) only the kernel's time counts. At M = 128
+# on the 4096- and 6144-wide weights the table's per-call winners (1.05-1.58x, paired) took
+# 0.62-0.83x cuBLAS's kernel time (results/h100-bias-probe; docs/perf-notes.md, entry 65): cuBLAS's
+# per-call time there is mostly torch.mm's launch latency. `tune --confirm` times each candidate
+# that held per call against cuBLAS in GPU time too (`paired_gpu`), and it holds only at or above
+# this ratio.
+GPU_TIME_FLOOR = 1.0
 # fp8: warpspec measured 1.01-1.03x cuBLAS fp8 at M = 8192 and 0.87-0.88x at M = 1024 over the
 # llm shapes (results/h100-fp8-llm). So the rule keeps cuBLAS fp8 up to this M and runs warpspec
 # above it.
@@ -206,9 +219,14 @@ def _measured(entry: dict) -> dict[str, float]:
 def _held(entry: dict) -> set[str]:
     """The Gluon candidates of an entry that beat cuBLAS by MARGIN, as tune picks a winner: for a
     confirmed entry (`paired`), those whose paired ratio is at least 1 + MARGIN (the others did not
-    hold when timed against cuBLAS in alternating windows); else t * (1 + MARGIN) <= cuBLAS."""
+    hold when timed against cuBLAS in alternating windows), and where the confirmation also timed
+    GPU time (`paired_gpu`), whose GPU-time ratio is at least GPU_TIME_FLOOR; else
+    t * (1 + MARGIN) <= cuBLAS."""
     if "paired" in entry:
-        return {key for key, r in entry["paired"].items() if r >= 1 + MARGIN}
+        held = {key for key, r in entry["paired"].items() if r >= 1 + MARGIN}
+        if "paired_gpu" in entry:
+            held = {key for key in held if entry["paired_gpu"].get(key, 0.0) >= GPU_TIME_FLOOR}
+        return held
     return {key for key, t in _times(entry).items() if t * (1 + MARGIN) <= entry["cublas_ms"]}
 
 
@@ -259,6 +277,12 @@ def _at(entry: dict) -> str:
         if not ratios:
             return f"{where}: cuBLAS {entry['cublas_ms'] * 1e3:.1f} us, no Gluon candidate ran"
         key = max(ratios, key=lambda k: (ratios[k], k))
+        gpu = entry.get("paired_gpu", {}).get(key)
+        if ratios[key] >= 1 + MARGIN and gpu is not None and gpu < GPU_TIME_FLOOR:
+            return (
+                f"{where}: cuBLAS {entry['cublas_ms'] * 1e3:.1f} us; the fastest Gluon candidate, {key}, "
+                f"{ratios[key]:.2f}x per call but {gpu:.2f}x in GPU time: slower where the GPU runs behind"
+            )
         return (
             f"{where}: cuBLAS {entry['cublas_ms'] * 1e3:.1f} us; the fastest Gluon candidate, {key}, "
             f"{ratios[key]:.2f}x: not {MARGIN * 100:g} % faster"
@@ -269,7 +293,9 @@ def _at(entry: dict) -> str:
         f"({entry['cublas_ms'] * 1e3:.1f} us)"
     )
     key = f"{entry['mode']} {entry['config']}"
-    return text + (f", {entry['paired'][key]:.2f}x paired" if key in entry.get("paired", {}) else "")
+    text += f", {entry['paired'][key]:.2f}x paired" if key in entry.get("paired", {}) else ""
+    gpu = entry.get("paired_gpu", {}).get(key)
+    return text + (f", {gpu:.2f}x in GPU time" if gpu is not None else ", GPU time not compared")
 
 
 def choose(
