@@ -210,6 +210,37 @@ def test_a_problem_is_planned_once_and_each_call_launches_on_its_own_tensors(fak
     assert planned == [1000, 999, 1000, 1000]
 
 
+def test_a_call_like_an_earlier_one_launches_without_the_checks(fake_h100, monkeypatch):
+    """The checks run on a call's first arguments of each kind; a later call whose tensors match
+    them in shape, strides, dtype, device and alignment launches at once, on its own tensors (a
+    fresh output each), and any other argument is checked again, with the check's own error."""
+    checked = []
+    original = gg._check
+    monkeypatch.setattr(gg, "_check", lambda *a, **k: checked.append(a[0].shape[0]) or original(*a, **k))
+    x1, w, offs1 = _operands(S=1000, K=256, N=300, E=8, device="cuda")
+    x2, _, offs2 = _operands(S=1000, K=256, N=300, E=8, device="cuda")
+    out1, out2 = gg.grouped_matmul(x1, w, offs1), gg.grouped_matmul(x2, w, offs2)
+    assert checked == [1000] and out1 is not out2 and out2.shape == (1000, 300)
+    assert fake_h100[1].args[0].base is x2 and fake_h100[1].args[2:4] == (out2, offs2)
+    given = torch.empty(1000, 300, dtype=BF16, device="cuda")
+    assert gg.grouped_matmul(x2, w, offs2, out=given) is given  # an output given: another kind
+    assert gg.grouped_matmul(x1, w, offs1, out=given) is given
+    assert checked == [1000, 1000]
+    with pytest.raises(ValueError, match="w is a contiguous"):  # other strides: checked again
+        gg.grouped_matmul(x1, torch.empty(8, 256, 300, dtype=BF16, device="cuda"), offs1)
+    with pytest.raises(TypeError, match=r"offs is torch\.int64"):
+        gg.grouped_matmul(x1, w, torch.empty(8, dtype=torch.int64, device="cuda"))
+    with pytest.raises(TypeError, match=r"offs must be a torch\.Tensor"):
+        gg.grouped_matmul(x1, w, [1000] * 8)
+    assert checked == [1000, 1000, 1000, 1000, 1000]
+    gg.clear_plans()
+    gg.grouped_matmul(x1, w, offs1)
+    assert checked[-1] == 1000 and len(checked) == 6
+    h1, h2 = gg.grouped_swiglu(x1, w, offs1), gg.grouped_swiglu(x2, w, offs2)  # the fused gate: the same
+    assert len(checked) == 7 and h1.shape == h2.shape == (1000, 150) and h1 is not h2
+    assert fake_h100[-1].kernel == "grouped_kernel" and fake_h100[-1].kwargs["GLU"] == 1
+
+
 def test_wide_outputs_take_the_wide_tile_and_the_grid_never_exceeds_the_sms(fake_h100):
     x, w, offs = _operands(S=4096, K=128, N=gk.WIDE_N, E=200, device="cuda")
     gg.grouped_matmul(x, w, offs)

@@ -412,6 +412,25 @@ def test_experts_forward_gradients_flow_to_the_parameters(grouped_on_cpu, elsewh
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-3, atol=1e-3)
 
 
+def test_a_module_flagged_not_expert_parallel_skips_the_mask(grouped_on_cpu, monkeypatch):
+    """transformers' `_is_expert_parallel` False: no id at or past num_experts can come, and the
+    experts layer runs no mask (no comparison, no masked_fill_), with the same output; True (or no
+    flag) keeps it, and pairs held elsewhere contribute zero."""
+    masked = []
+    original = torch.Tensor.masked_fill_
+    monkeypatch.setattr(torch.Tensor, "masked_fill_", lambda t, *a: masked.append(1) or original(t, *a))
+    hidden = torch.randn(11, 16, generator=torch.Generator().manual_seed(1))
+    for flag, elsewhere, masks in ((False, False, 0), (True, True, 1), (None, True, 1)):
+        mod = _Experts()
+        if flag is not None:
+            mod._is_expert_parallel = flag
+        index, weights = _routing(elsewhere=elsewhere)
+        masked.clear()
+        got = experts.experts_forward(mod, hidden, index, weights)
+        assert len(masked) == masks, (flag, masked)
+        torch.testing.assert_close(got, mod.reference(hidden, index, weights), rtol=1e-4, atol=1e-4)
+
+
 def test_experts_forward_wants_one_weight_per_choice(grouped_on_cpu):
     index, _ = _routing()
     with pytest.raises(ValueError, match=r"one routing weight per chosen expert, \[T, k\] = \[11, 2\]"):

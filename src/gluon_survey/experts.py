@@ -23,7 +23,8 @@ the survey's grouped kernel forward, torch._grouped_mm for the gradients) instea
 torch._grouped_mm, and the offsets come from a sort and a searchsorted instead of histc and
 cumsum (the same integers). Nothing reads routing to the host, so a forward can be captured in a
 CUDA graph. Pairs routed to an expert id at or above the number of experts (expert parallelism's
-marker for experts held elsewhere) contribute zero, as in transformers.
+marker for experts held elsewhere) contribute zero, as in transformers, which flags such modules
+`_is_expert_parallel`: a module flagged False gets no mask for them.
 
 What it takes (`experts_reason` says why a module cannot run on it): the weights stored as
 transformers stores them by default ([E, N, K], `is_transposed` False: the kernel reads the
@@ -169,8 +170,11 @@ def experts_forward(
     weights = top_k_weights.reshape(-1)[perm]
     x = hidden_states[perm // k]  # the pairs' tokens, grouped by expert
     # Pairs of experts held elsewhere sort last, at or past offs[-1]: no expert owns their rows, so
-    # the kernels neither read nor write them, and only their outputs are zeroed (below).
-    elsewhere = (expert_ids >= num_experts).unsqueeze(-1)
+    # the kernels neither read nor write them, and only their outputs are zeroed (below). Only
+    # expert parallelism routes to such ids: transformers flags its modules `_is_expert_parallel`
+    # (a module without the flag is taken to be one), and the others skip the mask's two kernels.
+    parallel = getattr(self, "_is_expert_parallel", True)
+    elsewhere = (expert_ids >= num_experts).unsqueeze(-1) if parallel else None
 
     has_gate = getattr(self, "has_gate", True)
     w, bias = _projection(self, "gate_up_proj" if has_gate else "up_proj")
@@ -193,7 +197,8 @@ def experts_forward(
     y = _grouped(h.to(w.dtype), w, offs)  # [S, H]
     if bias is not None:
         y.add_(bias[expert_ids.clamp(max=num_experts - 1)])
-    y.masked_fill_(elsewhere, 0.0)  # before the weights, so that their gradient there is 0, not NaN
+    if elsewhere is not None:
+        y.masked_fill_(elsewhere, 0.0)  # before the weights, so that their gradient there is 0, not NaN
     y = y * weights.unsqueeze(-1)
 
     out = torch.empty_like(y)  # back to (token, k) order: sorted pair i is pair perm[i]

@@ -45,10 +45,12 @@ operands need both.
 A call's launch is planned once per problem: the kernel, grid, constexprs and TMA descriptors of
 x's [S, K], w's [E, K, N] and the dtypes (`kernels.plan.GroupedPlan`, kept in a cache keyed on
 those, with the choice's switches; `clear_plans` empties it). Later calls of the same problem,
-every layer of a model and every routing, run the checks and the plan's launch: the compiled
-kernel's C launcher with each descriptor encoded once per base address. (Before the cache, each
-call built its launch anew, about 0.4 ms of host time under a profiler: results/experiments/
-h100-moe-model-host.)
+every layer of a model and every routing, run the plan's launch: the compiled kernel's C launcher
+with each descriptor encoded once per base address. The checks run on a call's first arguments of
+each kind (shapes, strides, dtypes, devices, 16-byte alignment of the bases: `_call_key`); a later
+call whose arguments match them in all of that passes the same checks, and launches at once.
+(Before the cache, each call built its launch anew, about 0.4 ms of host time under a profiler:
+results/experiments/h100-moe-model-host.)
 
 `prepare(mode, x, w, offs, out, scale_x=, scale_w=, out_dtype=)` is what the benchmark driver
 times: the same checks, then the launch of any grouped mode of the registry (`grouped-auto`, what
@@ -97,6 +99,10 @@ def grouped_matmul(
     fp8, bf16 (the default) or fp16; out: optional [S, N] row-major, x's dtype (fp8: out_dtype).
     K must be a multiple of 8 (fp8: 16). All on one CUDA device, a Hopper GPU (or
     Blackwell, sm_100: compile-checked only)."""
+    key = _call_key(x, w, offs, out, scale_x, scale_w, out_dtype)
+    call = _CALLS.get(key) if key is not None else None
+    if call is not None:  # this call's arguments passed every check before: launch
+        return _launch_call(call, x, w, offs, out, _scales(x, scale_x, scale_w))
     S, N = _check(x, w, offs, out, scale_x, scale_w, out_dtype)
     if out is None:
         out = torch.empty(S, N, dtype=_result_dtype(x, out_dtype), device=x.device)
@@ -106,7 +112,9 @@ def grouped_matmul(
         return out.zero_()
     scales = _scales(x, scale_x, scale_w)
     _check_aligned(x, w, out)
-    _plan(x, w, offs, out, scales).launch(x, w, offs, out, scales)
+    plan = _plan(x, w, offs, out, scales)
+    _remember(key, plan, S, N, out.dtype)
+    plan.launch(x, w, offs, out, scales)
     return out
 
 
@@ -130,6 +138,10 @@ def grouped_swiglu(
     `experts.FUSED_SWIGLU`). Passes tests/test_grouped_swiglu_gpu.py on an H100; kernel-only,
     1.01-1.44x the unfused path from 512 tokens up, 0.81-0.95x at 1 and 16 (docs/perf-notes.md,
     entry 63)."""
+    key = _call_key(x, w, offs, out, glu=True)
+    call = _CALLS.get(key) if key is not None else None
+    if call is not None:  # as grouped_matmul's
+        return _launch_call(call, x, w, offs, out, None)
     S, I = _check(x, w, offs, out, glu=True)
     if out is None:
         out = torch.empty(S, I, dtype=x.dtype, device=x.device)
@@ -146,7 +158,9 @@ def grouped_swiglu(
             f"GPU is {gpu}; run grouped_matmul(x, w, offs) and the gate apart"
         )
     _check_aligned(x, w, out)
-    _plan(x, w, offs, out, None, glu=True).launch(x, w, offs, out)
+    plan = _plan(x, w, offs, out, None, glu=True)
+    _remember(key, plan, S, I, out.dtype)
+    plan.launch(x, w, offs, out)
     return out
 
 
@@ -186,9 +200,52 @@ def _plan(x, w, offs, out, scales: Scales | None, glu: bool = False) -> GroupedP
     return plan
 
 
+# A call whose arguments passed every check goes here under `_call_key`, with its plan and its
+# output's shape and dtype: a later call with the same key passes the same checks (they read
+# nothing the key leaves out), so it launches at once, without them. The dense `matmul`'s plan
+# cache does the same (gluon_survey.api).
+_CALLS: dict[tuple, tuple[GroupedPlan, int, int, torch.dtype]] = {}
+
+
+def _call_key(x, w, offs, out, scale_x=None, scale_w=None, out_dtype=None, glu: bool = False) -> tuple | None:
+    """Everything grouped_matmul's (`glu`: grouped_swiglu's) checks and plan read of its arguments
+    but the base addresses: each tensor's shape, strides, dtype and device and whether its base is
+    16-byte aligned, the output dtype, the GPU's description (`api.target_of`, the function: tests
+    replace it) and the choice's switches. None where an argument is not a tensor (the checks say
+    so)."""
+    parts: list = [glu, out_dtype, api.target_of, grouped_auto.DECODE_ROWS, grouped_auto.FP8_SWAPAB]
+    for i, t in enumerate((x, w, offs, out, scale_x, scale_w)):
+        if t is None and i > 2:
+            parts.append(None)
+        elif isinstance(t, torch.Tensor):
+            parts.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _remember(key: tuple | None, plan: GroupedPlan, rows: int, cols: int, dtype: torch.dtype) -> None:
+    if key is None:
+        return
+    if len(_CALLS) >= _MAX_PLANS:
+        _CALLS.clear()
+    _CALLS[key] = (plan, rows, cols, dtype)
+
+
+def _launch_call(call, x, w, offs, out, scales: Scales | None) -> torch.Tensor:
+    """A remembered call's launch on these tensors (`_CALLS`): out allocated where None."""
+    plan, rows, cols, dtype = call
+    if out is None:
+        out = torch.empty(rows, cols, dtype=dtype, device=x.device)
+    plan.launch(x, w, offs, out, scales)
+    return out
+
+
 def clear_plans() -> None:
-    """Forget every plan (the next call of each problem plans it again)."""
+    """Forget every plan and every remembered call (the next call of each problem is checked and
+    planned again)."""
     _PLANS.clear()
+    _CALLS.clear()
 
 
 def prepare(
