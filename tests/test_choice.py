@@ -473,6 +473,19 @@ def test_a_per_call_win_that_loses_in_gpu_time_does_not_hold(tmp_path, monkeypat
     assert between.mode == "torch" and "no candidate beat cuBLAS" in between.why
 
 
+def test_a_confirmation_repicks_from_what_held_per_call_and_in_gpu_time():
+    """tune's re-pick after `--confirm`: the best per-call ratio among the candidates that held both
+    ways; a faster per-call winner that lost in GPU time is passed over, and with none left the
+    entry is cuBLAS again, its time cuBLAS's."""
+    entry = _entry(128, {SLAB: 0.040, SPLITK: 0.045, CUBLAS: 0.060})
+    assert (entry["mode"], entry["ms"]) == ("slab", 0.040)
+    picked = tune.repicked(entry, {SLAB: 1.40, SPLITK: 1.20}, {SLAB: 0.70, SPLITK: 1.05})
+    assert _key(choice.Choice(picked["mode"], picked["config"], "")) == SPLITK and picked["ms"] == 0.045
+    assert picked["paired_gpu"] == {SLAB: 0.70, SPLITK: 1.05}
+    none = tune.repicked(entry, {SLAB: 1.40, SPLITK: 1.01}, {SLAB: 0.70})
+    assert (none["mode"], none["config"], none["ms"]) == ("torch", None, 0.060)
+
+
 def test_split_for_fills_one_wave_without_empty_slices():
     assert splitk.split_for(tiles=32, k_steps=224, slots=132, min_steps=4) == 4  # 128 programs
     assert splitk.split_for(tiles=32, k_steps=224, slots=396, min_steps=4) == 12  # 3 per SM: 384

@@ -231,8 +231,17 @@ def confirm_entry(entry: dict, target, settings, top: int) -> dict:
                 queued=queued,
             )
             ratios_of[key] = round(timing.ratio, 4)
+    return repicked(entry, paired, paired_gpu)
+
+
+def repicked(entry: dict, paired: dict[str, float], paired_gpu: dict[str, float]) -> dict:
+    """`entry` with a confirmation's ratios (`paired` per call, `paired_gpu` in GPU time) and its
+    choice picked again from them: of the candidates that hold (`choice._held`: 1 + MARGIN per
+    call, GPU_TIME_FLOOR in GPU time), the best per-call ratio; else cuBLAS."""
+    from gluon_survey.choice import _held, _mode_config
+
     confirmed = entry | {"paired": paired, "paired_gpu": paired_gpu}
-    best = max((k for k in _held(confirmed)), key=lambda k: (paired[k], k), default=CUBLAS)
+    best = max(_held(confirmed), key=lambda k: (paired[k], k), default=CUBLAS)
     mode, label = _mode_config(best)
     ms = entry["cublas_ms"] if best == CUBLAS else entry["candidates"][best]
     return confirmed | {"mode": mode, "config": label, "ms": ms}
