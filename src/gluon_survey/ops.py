@@ -263,8 +263,8 @@ class Linear(nn.Linear):
         for which an eager call is F.linear: those whose first call found that matmul runs cuBLAS
         itself (`api.runs_cublas`) for the forward and, in training, for the backward's products
         (`_EagerMatmul`), so that such a call costs what nn.Linear's does, not matmul's plan
-        lookup and a reshape on top, nor a Python backward. Kept per
-        weight, bias, kernel, A-layout switch and plan cache (a new one of any starts it afresh)."""
+        lookup and a reshape on top, nor a Python backward. Kept per weight, bias, kernel, A-layout
+        switch and plan cache (a new one of any starts it afresh)."""
         kept = self._routes_for  # compared field by field, the common case without a tuple built
         if not (
             kept
