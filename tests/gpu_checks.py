@@ -1,5 +1,5 @@
-"""Checks the GPU tests share: the dense ones' reference check, and cuBLAS fp8 on any shape (the
-yardstick of the fp8 tests, dense and grouped)."""
+"""Checks the GPU tests share: the dense ones' reference check, the grouped ones' check of each
+expert's rows, and cuBLAS fp8 on any shape (the yardstick of the fp8 tests, dense and grouped)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,28 @@ def assert_close_to_reference(out, a, b):
     err = rel_error(out, ref)
     assert not torch.isnan(out).any(), "output has NaN: some tile was never written"
     assert err <= tolerance(cublas_err, a.dtype), f"rel error {err:.3e} vs cuBLAS {cublas_err:.3e}"
+
+
+def assert_each_expert(out, counts, precision, expected, what=""):
+    """A grouped output, expert by expert: `expected(e, start, end)` gives expert e's fp32 reference
+    for its rows out[start:end] and the yardstick's result on them (cuBLAS's, or the unfused path's);
+    each expert with rows has no NaN and is within the driver's tolerance (`precision`: a dtype, or
+    "fp8-row") of its reference, the yardstick's error the bound's base; the rows past the last
+    expert's end are still NaN (the output was poisoned with NaN, and no expert owns them)."""
+    torch.cuda.synchronize()
+    start = 0
+    for e, count in enumerate(counts):
+        end = start + count
+        if count:
+            rows = out[start:end]
+            ref, yardstick = expected(e, start, end)
+            cublas_err = rel_error(yardstick, ref)
+            assert not torch.isnan(rows).any(), f"{what} expert {e}: NaN, rows left unwritten"
+            err = rel_error(rows, ref)
+            bound = tolerance(cublas_err, precision)
+            assert err <= bound, f"{what} expert {e}: {err:.3e} vs {cublas_err:.3e}"
+        start = end
+    assert torch.isnan(out[start:]).all(), f"{what}: rows past offs[-1] were written"
 
 
 def _pad16(x: torch.Tensor, dim: int, fill: float = 0.0) -> torch.Tensor:

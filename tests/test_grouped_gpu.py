@@ -41,7 +41,7 @@ from gluon_survey import grouped as gg
 from gluon_survey.driver.check import quantize, rel_error, tolerance
 from gluon_survey.kernels import grouped_swapab as gs
 from gluon_survey.launch import Scales
-from gpu_checks import cublas_fp8
+from gpu_checks import assert_each_expert, cublas_fp8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 
@@ -74,22 +74,14 @@ def _nan(S, N, dtype):
 
 
 def _assert_grouped(out, x, w, counts, what=""):
-    """Each expert's rows within tolerance of its fp32 product; the rows past the last expert's
-    end still NaN."""
-    torch.cuda.synchronize()
-    start = 0
-    for e, count in enumerate(counts):
-        end = start + count
-        if count:
-            rows = out[start:end]
-            a, b = x[start:end], w[e]
-            ref = a.float() @ b.float()
-            cublas_err = rel_error(a @ b, ref)
-            assert not torch.isnan(rows).any(), f"{what} expert {e}: NaN, rows left unwritten"
-            err = rel_error(rows, ref)
-            assert err <= tolerance(cublas_err, x.dtype), f"{what} expert {e}: {err:.3e} vs {cublas_err:.3e}"
-        start = end
-    assert torch.isnan(out[start:]).all(), f"{what}: rows past offs[-1] were written"
+    """Each expert's rows within tolerance of its fp32 product, cuBLAS on the same rows the
+    yardstick; the rows past the last expert's end still NaN."""
+
+    def expected(e, start, end):
+        a, b = x[start:end], w[e]
+        return a.float() @ b.float(), a @ b
+
+    assert_each_expert(out, counts, x.dtype, expected, what)
 
 
 def _random_counts(E, S, seed):
@@ -397,22 +389,13 @@ def _assert_fp8_grouped(out, x, w, scale_x, scale_w, counts, what=""):
     """Each expert's rows within the driver's tolerance of its dequantized fp32 product, cuBLAS fp8
     on the same expert (scales copied into buffers of their own) the yardstick; the rows past the
     last expert's end still NaN."""
-    torch.cuda.synchronize()
-    start = 0
-    for e, count in enumerate(counts):
-        end = start + count
-        if count:
-            rows = out[start:end]
-            ref = _dequantized(x, w, scale_x, scale_w, e, start, end)
-            sa = scale_x[start:end].clone().view(-1, 1)
-            cublas_err = rel_error(cublas_fp8(x[start:end], w[e], sa, scale_w[e].clone().view(1, -1)), ref)
-            assert not torch.isnan(rows).any(), f"{what} expert {e}: NaN, rows left unwritten"
-            err = rel_error(rows, ref)
-            assert err <= tolerance(cublas_err, "fp8-row"), (
-                f"{what} expert {e}: {err:.3e} vs {cublas_err:.3e}"
-            )
-        start = end
-    assert torch.isnan(out[start:]).all(), f"{what}: rows past offs[-1] were written"
+
+    def expected(e, start, end):
+        sa = scale_x[start:end].clone().view(-1, 1)
+        cublas = cublas_fp8(x[start:end], w[e], sa, scale_w[e].clone().view(1, -1))
+        return _dequantized(x, w, scale_x, scale_w, e, start, end), cublas
+
+    assert_each_expert(out, counts, "fp8-row", expected, what)
 
 
 def _run_fp8(mode, x, w, offs, out, scale_x, scale_w):
