@@ -33,18 +33,24 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 BF16 = torch.bfloat16
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    """Counts grouped_matmul's calls (the operator's forward calls it through the module)."""
+def _counted(monkeypatch, name: str) -> list[tuple]:
+    """The shapes of x in each call of `gluon_survey.grouped.<name>` from now on (the operators'
+    forwards call it through the module)."""
     calls = []
-    real = grouped.grouped_matmul
+    real = getattr(grouped, name)
 
     def counted(*args, **kwargs):
         calls.append(tuple(args[0].shape))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(grouped, "grouped_matmul", counted)
+    monkeypatch.setattr(grouped, name, counted)
     return calls
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts grouped_matmul's calls."""
+    return _counted(monkeypatch, "grouped_matmul")
 
 
 def _problem(counts, K, N, S=None, dtype=BF16, seed=0):
@@ -270,15 +276,7 @@ def fused(monkeypatch):
 
     monkeypatch.setattr(experts, "FUSED_SWIGLU", True)
     monkeypatch.setattr(experts, "FUSED_SWIGLU_ABOVE", 0)  # at these few tokens too
-    calls = []
-    real = grouped.grouped_swiglu
-
-    def counted(*args, **kwargs):
-        calls.append(tuple(args[0].shape))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(grouped, "grouped_swiglu", counted)
-    return calls
+    return _counted(monkeypatch, "grouped_swiglu")
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled-fullgraph"])
