@@ -64,21 +64,30 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def _gradients(ctx, grad: torch.Tensor, mm):
-    """The backward of a @ b (+ bias) for the inputs that need one, its two products through `mm`
-    (the operator, or in eager autograd `gluon_survey.matmul` itself: `_EagerMatmul`)."""
+def _backward_products(ctx, grad: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor, bool]]:
+    """The backward's products of a @ b for the inputs that need a gradient, as (input index, left,
+    right, whether the gradient is the product's transpose): grad_a = grad @ b^T, and grad_b =
+    a^T @ grad, or for b = w.t() (the [N, K] weight's gradient, row-major) (grad^T @ a)^T."""
     a, b = ctx.saved_tensors
-    grad_a = grad_b = grad_bias = None
+    products = []
     if ctx.needs_input_grad[0]:
-        grad_a = mm(grad, b.t(), ctx.kernel)
+        products.append((0, grad, b.t(), False))
     if ctx.needs_input_grad[1]:
-        if b_layout(b) == "t":  # b = w.t(): the [N, K] weight's gradient, row-major
-            grad_b = mm(grad.t(), a, ctx.kernel).t()
-        else:
-            grad_b = mm(a.t(), grad, ctx.kernel)
+        products.append((1, grad.t(), a, True) if b_layout(b) == "t" else (1, a.t(), grad, False))
+    return products
+
+
+def _gradients(ctx, grad: torch.Tensor, mm):
+    """The backward of a @ b (+ bias) for the inputs that need one, its products
+    (`_backward_products`) through `mm` (the operator, or in eager autograd `gluon_survey.matmul`
+    itself: `_EagerMatmul`)."""
+    grads = [None, None, None, None]
+    for i, left, right, transposed in _backward_products(ctx, grad):
+        product = mm(left, right, ctx.kernel)
+        grads[i] = product.t() if transposed else product
     if ctx.bias_dtype is not None and ctx.needs_input_grad[3]:
-        grad_bias = grad.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-    return grad_a, grad_b, None, grad_bias
+        grads[3] = grad.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+    return tuple(grads)
 
 
 def _backward(ctx, grad: torch.Tensor):
@@ -141,14 +150,9 @@ class _EagerMatmul(torch.autograd.Function):
 
 def _backward_runs_cublas(ctx, grad: torch.Tensor) -> bool:
     """Whether matmul ran cuBLAS itself for each backward product `_gradients` just ran."""
-    a, b = ctx.saved_tensors
     kernel = ctx.kernel or None
-    products = []
-    if ctx.needs_input_grad[0]:
-        products.append((grad, b.t()))
-    if ctx.needs_input_grad[1]:
-        products.append((grad.t(), a) if b_layout(b) == "t" else (a.t(), grad))
-    return all(api.runs_cublas(x, y, kernel, None) for x, y in products)
+    products = _backward_products(ctx, grad)
+    return all(api.runs_cublas(left, right, kernel, None) for _, left, right, _ in products)
 
 
 def fuses_bias(kernel: str | None) -> bool:
