@@ -585,6 +585,75 @@ def test_by_default_the_fused_gate_runs_above_the_swap_ab_kernels_rows(
     assert (len(fused_on_cpu), len(grouped_on_cpu)) == ((1, 1) if fused else (0, 2))
 
 
+@pytest.fixture
+def routed_on_cpu(monkeypatch, grouped_on_cpu):
+    """The routed seam a CPU stand-in (the module's per-token reference) and every CPU call taken
+    for an eager CUDA one, so that only the choice decides: the calls it got."""
+    calls = []
+
+    def routed(hidden, w_gate_up, w_down, top_k_index, top_k_weights):
+        calls.append((tuple(hidden.shape), tuple(top_k_index.shape)))
+        return torch.full_like(hidden, 7.0)  # a value no other path gives
+
+    monkeypatch.setattr(experts.api, "untraced_cuda", lambda x, weight: True)
+    monkeypatch.setattr(experts, "_routed", routed)
+    return calls
+
+
+def _bf16(module=_Experts, **kw):
+    return module(dtype=torch.bfloat16, **kw) if module is _Experts else module().to(torch.bfloat16)
+
+
+def test_the_routed_path_takes_a_decode_call_in_inference(routed_on_cpu, grouped_on_cpu):
+    """3 tokens x top-2 = 6 pairs over 6 experts: one pair per expert, the default line."""
+    hidden = torch.randn(3, 16).to(torch.bfloat16)
+    index, weights = _routing(T=3)
+    with torch.no_grad():
+        got = experts.experts_forward(_bf16(), hidden, index, weights.to(torch.bfloat16))
+    assert routed_on_cpu == [((3, 16), (3, 2))] and grouped_on_cpu == []
+    assert bool((got == 7.0).all())
+
+
+@pytest.mark.parametrize(
+    ("case", "module"),
+    [
+        pytest.param("more pairs than experts", _bf16, id="pairs"),
+        pytest.param("training", _bf16, id="training"),
+        pytest.param("switched off", _bf16, id="off"),
+        pytest.param("fp32", lambda: _Experts(), id="fp32"),
+        pytest.param("rows deeper than a chunk", _bf16, id="deep"),
+        pytest.param("traced", _bf16, id="traced"),
+        pytest.param("strided tokens", _bf16, id="strided"),
+        pytest.param("bias", lambda: _Experts(has_bias=True, dtype=torch.bfloat16), id="bias"),
+        pytest.param("no gate", lambda: _Experts(has_gate=False, dtype=torch.bfloat16), id="no-gate"),
+        pytest.param("interleaved gate", lambda: _bf16(_InterleavedExperts), id="interleaved"),
+        pytest.param("clamped gate", lambda: _bf16(_ClampedExperts), id="clamped"),
+    ],
+)
+def test_the_routed_path_stays_off_where_it_does_not_apply(
+    routed_on_cpu, grouped_on_cpu, monkeypatch, case, module
+):
+    mod = module()
+    T = 4 if case == "more pairs than experts" else 3  # 8 pairs over 6 experts, or 6
+    hidden = torch.randn(T, 32 if case == "strided tokens" else 16).to(mod.down_proj.dtype)
+    if case == "strided tokens":
+        hidden = hidden[:, ::2]
+    index, weights = _routing(T=T)
+    if case == "switched off":
+        monkeypatch.setattr(experts, "ROUTED", False)
+    if case == "rows deeper than a chunk":
+        monkeypatch.setattr(moe, "routed_max_k", lambda elem_bytes=2: 8)
+    if case == "traced":
+        monkeypatch.setattr(experts.api, "untraced_cuda", lambda x, weight: False)
+    with torch.set_grad_enabled(case == "training"):
+        experts.experts_forward(mod, hidden, index, weights.to(hidden.dtype))
+    assert routed_on_cpu == [] and len(grouped_on_cpu) >= 1
+
+
+def test_the_routed_path_is_on_by_default_up_to_one_pair_per_expert():
+    assert experts.ROUTED is True and experts.ROUTED_PAIRS_PER_EXPERT == 1
+
+
 # --------------------------------------------------------------------------------------------------
 # register / patch_experts, against a stand-in for transformers
 

@@ -49,6 +49,17 @@ entry 63; results/experiments/h100-glu-probe): 1.01-1.15x the unfused path at 51
 path's GEMM is the swap-AB kernel, which has no fused gate. Hence the line at DECODE_ROWS, where
 grouped_matmul itself leaves the swap-AB kernel (`FUSED_SWIGLU_ABOVE` moves it; `FUSED_SWIGLU =
 False` turns the fused gate off).
+
+The routed path. In decode the layer's kernels are small and its launches are the host's time
+(a 4-layer Qwen3-MoE-shaped model's generate makes ~300 launches a token on an H100, and the
+sorted path above takes ~16 a layer: docs/perf-notes.md, entry 67). Where a call has at most
+`ROUTED_PAIRS_PER_EXPERT` (token, expert) pairs per expert on average (decode: Qwen3-30B-A3B up
+to 16 tokens, Mixtral-8x7B at 1 to 4), in inference, in eager mode, with the fused gate's
+conditions (a SwiGLU gate on transformers' split, no bias) and H and I within one chunk of
+`moe.routed_max_k`, the whole layer runs as `moe.routed_experts`: two kernels that read each
+pair's expert id from top_k_index themselves (kernels/routed.py), with no sort, no offsets, no
+gather and no scatter. It reads each pair's expert rows once per pair (L2 serves a row that two
+pairs share), which is why it stops at one pair per expert. `ROUTED = False` turns it off.
 """
 
 from __future__ import annotations
@@ -60,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import grouped_auto, moe
+from . import api, grouped_auto, moe
 from .grouped import DTYPES, TMA_K
 
 NAME = "gluon_survey"
@@ -73,6 +84,8 @@ __all__ = [
     "FUSED_SWIGLU",
     "FUSED_SWIGLU_ABOVE",
     "NAME",
+    "ROUTED",
+    "ROUTED_PAIRS_PER_EXPERT",
     "experts_forward",
     "experts_modules",
     "experts_reason",
@@ -85,6 +98,10 @@ __all__ = [
 # for calls of more than FUSED_SWIGLU_ABOVE token-slots (None: grouped_auto.DECODE_ROWS).
 FUSED_SWIGLU = True
 FUSED_SWIGLU_ABOVE: int | None = None
+# The routed kernels (module docstring, "The routed path") for calls of at most
+# ROUTED_PAIRS_PER_EXPERT (token, expert) pairs per expert on average; ROUTED = False turns them off.
+ROUTED = True
+ROUTED_PAIRS_PER_EXPERT = 1
 _SWIGLU_SEEN = "_gluon_survey_swiglu_gate"  # where `swiglu_gate` keeps its answer on a module
 
 
@@ -96,6 +113,11 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tens
 def _grouped_swiglu(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """The gate-and-up projection with its SwiGLU in one kernel (a seam, as `_grouped`)."""
     return moe.grouped_swiglu(x, w, offs)
+
+
+def _routed(hidden, w_gate_up, w_down, top_k_index, top_k_weights) -> torch.Tensor:
+    """The whole layer on the routed kernels (a seam, as `_grouped`)."""
+    return moe.routed_experts(hidden, w_gate_up, w_down, top_k_index, top_k_weights)
 
 
 def swiglu_gate(module: nn.Module) -> bool:
@@ -145,6 +167,32 @@ def _fuse_gate(module: nn.Module, x: torch.Tensor, w: torch.Tensor, bias) -> boo
     return swiglu_gate(module)
 
 
+def _routes_in_kernels(module: nn.Module, hidden, top_k_index, top_k_weights, num_experts: int) -> bool:
+    """Whether this call runs the routed kernels (module docstring, "The routed path"): the switch,
+    at most ROUTED_PAIRS_PER_EXPERT (token, expert) pairs per expert, inference in eager mode on a
+    CUDA tensor, a SwiGLU gate with no bias, no post-expert norm, weights stored [E, N, K] and
+    contiguous in the tokens' fp16/bf16, contiguous routing, and H and I within one chunk."""
+    if not ROUTED or hidden.shape[0] * top_k_index.shape[-1] > ROUTED_PAIRS_PER_EXPERT * num_experts:
+        return False
+    if getattr(module, "has_bias", False) or not getattr(module, "has_gate", True):
+        return False
+    if getattr(module, "has_post_expert_norm", False) or getattr(module, "is_transposed", False):
+        return False
+    w, down = module.gate_up_proj, module.down_proj
+    wanted = (hidden, w, down, top_k_weights)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in wanted):
+        return False
+    if not api.untraced_cuda(hidden, w) or hidden.dtype not in moe.ROUTED_DTYPES:
+        return False
+    if w.dtype != hidden.dtype or down.dtype != hidden.dtype or w.dim() != 3 or down.dim() != 3:
+        return False
+    if not all(t.is_contiguous() for t in (*wanted, top_k_index)):
+        return False
+    if max(hidden.shape[1], down.shape[2]) > moe.routed_max_k(hidden.element_size()):
+        return False
+    return swiglu_gate(module)
+
+
 def _projection(module: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The [E, K, N] transpose view of the projection's [E, N, K] Parameter, and its bias or None."""
     weight = getattr(module, name)
@@ -166,6 +214,8 @@ def experts_forward(
             f"top_k_weights has shape {tuple(top_k_weights.shape)}; the gluon_survey experts take one "
             f"routing weight per chosen expert, [T, k] = [{tokens}, {k}]"
         )
+    if _routes_in_kernels(self, hidden_states, top_k_index, top_k_weights, num_experts):
+        return _routed(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights)
     expert_ids, perm, offs = moe.route(top_k_index, num_experts)
     weights = top_k_weights.reshape(-1)[perm]
     x = hidden_states[perm // k]  # the pairs' tokens, grouped by expert

@@ -50,11 +50,12 @@ from __future__ import annotations
 import torch
 
 from . import api, grouped
+from .kernels import routed
 
 GRAD_DTYPE = torch.bfloat16  # torch._grouped_mm's dtype when traced (its fake implementation's check)
 GRAD_N = 8  # N a multiple of 8: grad [S, N] in rows of 16-byte multiples, as torch._grouped_mm needs
 
-__all__ = ["grouped_mm", "grouped_swiglu", "route"]
+__all__ = ["grouped_mm", "grouped_swiglu", "route", "routed_experts"]
 
 
 @torch.library.custom_op("gluon_survey::grouped_mm", mutates_args=())
@@ -218,3 +219,106 @@ def route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, to
     ends = torch.arange(1, num_experts + 1, device=expert_ids.device, dtype=expert_ids.dtype)
     offs = torch.searchsorted(expert_ids, ends, out_int32=True)
     return expert_ids, perm, offs
+
+
+# ------------------------------------------------------------------------------------------------
+# The routed decode path: both projections with the routing in the kernels (kernels/routed.py)
+
+ROUTED_DTYPES = (torch.float16, torch.bfloat16)
+_ROUTED_PLANS: dict[tuple, object] = {}
+_MAX_ROUTED_PLANS = 256  # past this many keys the cache starts again from empty (as grouped's)
+
+
+def routed_max_k(elem_bytes: int = 2) -> int:
+    """The deepest H or I the routed kernels take (one chunk of a row a program)."""
+    return routed.max_k(elem_bytes)
+
+
+def _routed_key(*tensors: torch.Tensor) -> tuple:
+    """Everything the routed plan reads of its arguments but their addresses: shapes, strides,
+    dtypes, devices and whether each base is 16-byte aligned (what Triton specializes on)."""
+    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
+
+
+def routed_experts(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """A SwiGLU mixture-of-experts layer's experts in two launches, the routing read in the kernels
+    (kernels/routed.py): out[t] = sum_j top_k_weights[t, j] * down_e(silu(gate_e(x[t])) *
+    up_e(x[t])), e = top_k_index[t, j], with transformers' weights as they are stored: w_gate_up
+    [E, 2I, H] (the gate rows first, then the up rows) and w_down [E, H, I], both contiguous.
+    x [T, H] row-major fp16/bf16 (the weights' dtype); top_k_index [T, k] integer, top_k_weights
+    [T, k] floating, both contiguous. Ids at or past E add zero. Returns [T, H] in x's dtype.
+    Inference only (no gradients), for decode: it reads each pair's expert rows once per pair
+    (`gluon_survey.experts` says where it runs). ValueError or TypeError naming the problem and
+    the fix for anything else."""
+    key = _routed_key(x, w_gate_up, w_down, top_k_index, top_k_weights)
+    plan = _ROUTED_PLANS.get(key)
+    if plan is None:
+        _check_routed(x, w_gate_up, w_down, top_k_index, top_k_weights)
+        if x.shape[0] == 0:
+            return x.new_empty(x.shape)
+        plan = routed.plan(x, w_gate_up, w_down, top_k_index)
+        if len(_ROUTED_PLANS) >= _MAX_ROUTED_PLANS:
+            _ROUTED_PLANS.clear()
+        _ROUTED_PLANS[key] = plan
+    return plan.launch(x, w_gate_up, w_down, top_k_index, top_k_weights)
+
+
+def _check_routed(x, w_gate_up, w_down, top_k_index, top_k_weights) -> None:
+    """routed_experts' argument checks, before the GPU: each error names the argument and the fix."""
+    named = (("x", x), ("w_gate_up", w_gate_up), ("w_down", w_down))
+    named += (("top_k_index", top_k_index), ("top_k_weights", top_k_weights))
+    for name, t in named:
+        api.require_tensor(name, t)
+        api.require_cuda(name, t)
+    for name, t in named[1:]:
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}: put them on one GPU")
+    if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
+        raise ValueError(
+            f"shapes x {tuple(x.shape)}, w_gate_up {tuple(w_gate_up.shape)}, w_down {tuple(w_down.shape)}: "
+            "routed_experts takes x [T, H], w_gate_up [E, 2I, H] and w_down [E, H, I]"
+        )
+    (T, H), (E, two_i, h_in), I = x.shape, w_gate_up.shape, w_down.shape[2]
+    if two_i % 2 or h_in != H or tuple(w_down.shape) != (E, H, two_i // 2):
+        raise ValueError(
+            f"w_gate_up {tuple(w_gate_up.shape)} and w_down {tuple(w_down.shape)} do not fit x "
+            f"{tuple(x.shape)}: routed_experts takes w_gate_up [E, 2I, H = {H}] and w_down [E, H, I]"
+        )
+    if x.dtype not in ROUTED_DTYPES or w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
+        raise TypeError(
+            f"x {x.dtype}, w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}: routed_experts takes "
+            "fp16 or bf16, one dtype for all three (cast x to the weights' dtype)"
+        )
+    if (
+        top_k_index.dim() != 2
+        or top_k_index.shape[0] != T
+        or tuple(top_k_weights.shape) != tuple(top_k_index.shape)
+    ):
+        raise ValueError(
+            f"top_k_index {tuple(top_k_index.shape)} and top_k_weights {tuple(top_k_weights.shape)}: both "
+            f"must be [T, k] with T = {T}, x's rows"
+        )
+    if top_k_index.dtype.is_floating_point or top_k_index.dtype.is_complex or top_k_index.dtype == torch.bool:
+        raise TypeError(
+            f"top_k_index is {top_k_index.dtype}; expert ids are integers (torch.int64 from topk)"
+        )
+    if not top_k_weights.dtype.is_floating_point:
+        raise TypeError(f"top_k_weights is {top_k_weights.dtype}; routing weights are floating point")
+    for name, t in named:
+        if not t.is_contiguous():
+            raise ValueError(f"{name} (strides {t.stride()}) must be contiguous: pass {name}.contiguous()")
+    deepest = routed.max_k(x.element_size())
+    if max(H, I) > deepest:
+        raise ValueError(
+            f"H = {H} and I = {I}: the routed kernels take each row in one chunk of at most {deepest} "
+            "elements; use the sorted path (gluon_survey.experts runs it there)"
+        )
+    capability = api.target_of(x.device).capability
+    if reason := routed.unsupported_reason(capability):
+        raise RuntimeError(f"routed_experts cannot run on this GPU: {reason}")

@@ -1,0 +1,68 @@
+"""The routed decode kernels (kernels/routed.py) without a GPU: both compile for sm_90a and sm_100a
+in fp16 and bf16 at the surveyed models' H and I, and their SASS is what the docstring claims:
+16-byte loads straight into registers, CUDA-core FMAs, no MMA, no TMA, no shared-memory ring, no
+spills. The triton-3.9 pass compiles the first spec of each kernel and architecture."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from gluon_survey.driver import inspect as gs_inspect
+from gluon_survey.kernels import routed
+
+pytestmark = pytest.mark.compile
+
+MMAS = ("HMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA")
+
+
+def _specs(arch: str, dtype: str):
+    return routed.compile_specs(gs_inspect.parse_arch(arch)[1], dtype)
+
+
+def _marks(arch: str, dtype: str, index: int) -> tuple:
+    """`exhaustive` for all but the first spec of each kernel (one design each: only sizes differ)."""
+    spec = _specs(arch, dtype)[index]
+    first = next(s for s in _specs(arch, "float16") if s.fn is spec.fn)
+    return (
+        ()
+        if spec is first or (dtype == "float16" and spec.kernel == first.kernel)
+        else (pytest.mark.exhaustive,)
+    )
+
+
+CASES = [
+    pytest.param(
+        arch, dtype, i, id=f"{arch}-{dtype}-{spec.kernel.replace(' ', '-')}", marks=_marks(arch, dtype, i)
+    )
+    for arch in ("sm_90a", "sm_100a")
+    for dtype in ("float16", "bfloat16")
+    for i, spec in enumerate(_specs(arch, dtype))
+]
+
+
+@functools.cache
+def _report(arch: str, dtype: str, index: int):
+    spec = _specs(arch, dtype)[index]
+    return spec, gs_inspect.inspect_spec(spec, arch)
+
+
+@pytest.mark.parametrize(("arch", "dtype", "index"), CASES)
+def test_routed_machine_code(arch, dtype, index):
+    spec, r = _report(arch, dtype, index)
+    assert r.error is None, r.error
+    wide = sum(n for op, n in r.sass.items() if op.startswith("LDG.") and op.endswith(".128"))
+    assert wide > 0, f"no 16-byte loads in {spec.kernel}: {r.sass}"
+    assert r.count("FFMA") + r.count("FFMA2") > 0, f"no FMAs in {spec.kernel}: {r.sass}"
+    assert all(r.count(m) == 0 for m in MMAS), f"an MMA in {spec.kernel}: {r.sass}"
+    assert r.count("UTMALDG") == 0 and r.count("LDSM") == 0
+    assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
+    assert r.spill_bytes == 0 and r.stack_bytes == 0
+
+
+def test_both_kernels_are_compiled_at_every_surveyed_width():
+    labels = {s.kernel.split(" ")[0] + " " + s.kernel.split(" ")[1] for s in _specs("sm_90a", "bfloat16")}
+    for kernel in ("routed_gate_up_kernel", "routed_down_kernel"):
+        for K in (768, 2048, 4096, 7168, 14336, routed.max_k()):
+            assert f"{kernel} K={K}" in labels
