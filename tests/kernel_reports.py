@@ -74,3 +74,20 @@ def config_marks(mode: str, arch: str, dtype: str, index: int) -> tuple:
     """The marks of a compile test's parameter: `exhaustive` unless the spec is the first of its
     design (the one the triton-3.9 pass compiles)."""
     return () if (mode, arch, dtype, index) in _representatives() else (pytest.mark.exhaustive,)
+
+
+MMAS = ("HMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA")
+
+
+def assert_streams_into_registers(spec: CompileSpec, r: gs_inspect.KernelReport) -> None:
+    """What a CUDA-core streaming kernel's SASS must show (gemv, the routed kernels): it compiled,
+    16-byte loads straight into registers, FMAs, no MMA of any kind, no TMA, no shared-memory
+    ring, no spills."""
+    assert r.error is None, r.error
+    wide = sum(n for op, n in r.sass.items() if op.startswith("LDG.") and op.endswith(".128"))
+    assert wide > 0, f"no 16-byte loads in {spec.kernel}: {r.sass}"
+    assert r.count("FFMA") + r.count("FFMA2") > 0, f"no FMAs in {spec.kernel}: {r.sass}"
+    assert all(r.count(m) == 0 for m in MMAS), f"an MMA in {spec.kernel}: {r.sass}"
+    assert r.count("UTMALDG") == 0 and r.count("LDSM") == 0
+    assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
+    assert r.spill_bytes == 0 and r.stack_bytes == 0

@@ -11,7 +11,7 @@ import torch
 
 from gluon_survey.kernels import gemv
 from gluon_survey.launch import Scales, Target
-from kernel_reports import compiled_report, config_marks, specs
+from kernel_reports import assert_streams_into_registers, compiled_report, config_marks, specs
 
 pytestmark = pytest.mark.compile
 
@@ -27,20 +27,12 @@ CASES = [
     for dtype in ("float16", "bfloat16", "float8_e4m3fn")
     for i, spec in enumerate(specs("gemv", arch, dtype))
 ]
-MMAS = ("HMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA")
 
 
 @pytest.mark.parametrize(("arch", "dtype", "index"), CASES)
 def test_gemv_machine_code(arch, dtype, index):
     spec, r = compiled_report("gemv", arch, dtype, index)
-    assert r.error is None, r.error
-    wide = sum(n for op, n in r.sass.items() if op.startswith("LDG.") and op.endswith(".128"))
-    assert wide > 0, f"no 16-byte loads in {spec.kernel}: {r.sass}"
-    assert r.count("FFMA") + r.count("FFMA2") > 0, f"no FMAs in {spec.kernel}: {r.sass}"
-    assert all(r.count(m) == 0 for m in MMAS), f"an MMA in {spec.kernel}: {r.sass}"
-    assert r.count("UTMALDG") == 0 and r.count("LDSM") == 0
-    assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
-    assert r.spill_bytes == 0 and r.stack_bytes == 0
+    assert_streams_into_registers(spec, r)
 
 
 def test_every_candidate_is_compiled_for_both_layouts():

@@ -11,10 +11,9 @@ import pytest
 
 from gluon_survey.driver import inspect as gs_inspect
 from gluon_survey.kernels import routed
+from kernel_reports import assert_streams_into_registers
 
 pytestmark = pytest.mark.compile
-
-MMAS = ("HMMA", "HGMMA", "QGMMA", "UTCHMMA", "UTCQMMA")
 
 
 def _specs(arch: str, dtype: str):
@@ -51,14 +50,7 @@ def _report(arch: str, dtype: str, index: int):
 @pytest.mark.parametrize(("arch", "dtype", "index"), CASES)
 def test_routed_machine_code(arch, dtype, index):
     spec, r = _report(arch, dtype, index)
-    assert r.error is None, r.error
-    wide = sum(n for op, n in r.sass.items() if op.startswith("LDG.") and op.endswith(".128"))
-    assert wide > 0, f"no 16-byte loads in {spec.kernel}: {r.sass}"
-    assert r.count("FFMA") + r.count("FFMA2") > 0, f"no FMAs in {spec.kernel}: {r.sass}"
-    assert all(r.count(m) == 0 for m in MMAS), f"an MMA in {spec.kernel}: {r.sass}"
-    assert r.count("UTMALDG") == 0 and r.count("LDSM") == 0
-    assert r.count("LDL") == 0 and r.count("STL") == 0, "local-memory traffic (spills)"
-    assert r.spill_bytes == 0 and r.stack_bytes == 0
+    assert_streams_into_registers(spec, r)
 
 
 def test_both_kernels_are_compiled_at_every_surveyed_width():
