@@ -668,14 +668,21 @@ def _plan_key(
     if scale_a is not None or scale_b is not None or out_dtype is not None:
         key = (*key, "fp8", out_dtype, *_scale_key(scale_a), *_scale_key(scale_b))
     if bias is not None:
-        key = (*key, "bias", bias.shape, bias.stride(), bias.dtype, bias.device, bias.data_ptr() % ALIGN == 0)
+        key = (*key, "bias", *tensor_key(bias))
     if out is None:
         return key
     return (*key, out.shape, out.stride(), out.dtype, out.device)
 
 
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What a plan cache keys a tensor argument on: its shape, strides, dtype and device and whether
+    its base is ALIGN-byte aligned (Triton compiles a kernel for its pointers' alignment), never its
+    address, which each launch passes."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % ALIGN == 0)
+
+
 def _scale_key(t: torch.Tensor | None) -> tuple:
-    return (None,) if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % ALIGN == 0)
+    return (None,) if t is None else tensor_key(t)
 
 
 def _build_plan(

@@ -218,7 +218,7 @@ def _call_key(x, w, offs, out, scale_x=None, scale_w=None, out_dtype=None, glu: 
         if t is None and i > 2:
             parts.append(None)
         elif isinstance(t, torch.Tensor):
-            parts.append((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0))
+            parts.append(api.tensor_key(t))
         else:
             return None
     return tuple(parts)

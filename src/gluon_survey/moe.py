@@ -237,7 +237,7 @@ def routed_max_k(elem_bytes: int = 2) -> int:
 def _routed_key(*tensors: torch.Tensor) -> tuple:
     """Everything the routed plan reads of its arguments but their addresses: shapes, strides,
     dtypes, devices and whether each base is 16-byte aligned (what Triton specializes on)."""
-    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
+    return tuple(map(api.tensor_key, tensors))
 
 
 def routed_experts(
