@@ -1,5 +1,6 @@
 """Checks the GPU tests share: the dense ones' reference check, the grouped ones' check of each
-expert's rows, and cuBLAS fp8 on any shape (the yardstick of the fp8 tests, dense and grouped)."""
+expert's rows, cuBLAS fp8 on any shape (the yardstick of the fp8 tests, dense and grouped), and a
+call captured in a CUDA graph after a warm-up outside the capture."""
 
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ def cublas_fp8(a, b, sa, sb) -> torch.Tensor:
     sb16 = sb if sb.numel() == 1 else _pad16(sb, 1, 1.0)
     out = torch._scaled_mm(a16, w16.t(), scale_a=sa, scale_b=sb16, out_dtype=torch.bfloat16)
     return out[:M, :N]
+
+
+def captured(fn):
+    """(graph, out): fn() captured in a CUDA graph, after one untimed call on a side stream (the
+    kernels' compile and plan, which a capture must not do), under torch.no_grad()."""
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+    return graph, out

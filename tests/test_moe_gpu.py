@@ -27,6 +27,7 @@ import torch
 from gluon_survey import grouped, moe
 from gluon_survey.driver.check import rel_error, tolerance
 from gluon_survey.driver.model import _grads, _grads_error, _train_step
+from gpu_checks import captured
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 
@@ -309,15 +310,8 @@ def test_an_experts_forward_replays_in_a_cuda_graph_for_any_routing(name):
     hidden = torch.randn(T, stock.config.hidden_size, device="cuda", generator=g).to(BF16)
     index = torch.randint(0, E, (T, 2), device="cuda", generator=g)
     weights = torch.rand(T, 2, device="cuda", generator=g).to(BF16)
+    graph, out = captured(lambda: experts(hidden, index, weights))
     with torch.no_grad():
-        side = torch.cuda.Stream()  # warm-up (the kernel's compile) outside the capture
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            experts(hidden, index, weights)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = experts(hidden, index, weights)
         for seed in range(3):
             routing = torch.randint(0, E, (T, 2), device="cuda", generator=g.manual_seed(10 + seed))
             routing[: T // 2] = 0  # one expert crowded, others empty-ish

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from gluon_survey import experts, grouped, moe
 from gluon_survey.driver.check import rel_error
+from gpu_checks import captured
 from test_moe_gpu import _models
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
@@ -142,15 +143,8 @@ def test_a_routed_call_replays_in_a_cuda_graph_for_any_routing():
     ours_experts, stock_experts = ours.model.layers[0].mlp.experts, stock.model.layers[0].mlp.experts
     hidden, index, weights = _decode_call(stock)
     E = ours_experts.gate_up_proj.shape[0]
+    graph, out = captured(lambda: ours_experts(hidden, index, weights))
     with torch.no_grad():
-        side = torch.cuda.Stream()  # warm-up (the kernels' compile and plan) outside the capture
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            ours_experts(hidden, index, weights)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = ours_experts(hidden, index, weights)
         g = torch.Generator(device="cuda").manual_seed(11)
         for seed in range(3):
             routing = torch.stack([torch.randperm(E, device="cuda", generator=g)[:2] for _ in range(4)])
