@@ -10,10 +10,14 @@ experts module of a `gluon-survey model` model (same --config), alternating the 
     launches   kernel launches a forward makes
 
 and, for ours, the same wall times of `moe.route` alone and of the two grouped products alone.
-With --cprofile, the top of a cProfile of ours at the first token count.
+With --cprofile, the top of a cProfile of ours at the first token count. With --routed-rows R,..
+(the routed kernels' rows a program, kernels/routed.py), also ours with the routed path off
+("ours: sorted", the grouped kernels) and the routed plan alone at each R ("routed R<r>", its two
+launches without `moe.routed_experts`' cache lookup): where the routed path should stop, and how
+many rows its programs should take.
 
     PYTHONPATH=src python3 scripts/experts_probe.py --config qwen3-30b-a3b --tokens 1,16,64,512 \
-        --output out/experts-probe.csv [--cprofile]
+        --output out/experts-probe.csv [--cprofile] [--routed-rows 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import csv
+import functools
 import io
 import pstats
 import statistics
@@ -29,9 +34,11 @@ from pathlib import Path
 
 import torch
 
+from gluon_survey import experts as experts_impl
 from gluon_survey import moe
 from gluon_survey.driver import model as cmd
 from gluon_survey.experts import experts_modules
+from gluon_survey.kernels import routed
 
 
 def _async_us(fn, calls: int) -> float:
@@ -74,20 +81,37 @@ def _counts(fn, calls: int = 5) -> tuple[float, float, float]:
     return gpu / calls, syncs / calls, launches / calls
 
 
-def _calls(stock, ours, x, index, weights, experts: int) -> dict:
-    """The calls timed at one token count: the two layers, and ours' route and two products."""
+def _sorted(ours, x, index, weights):
+    """Ours with the routed path switched off: the sorted path's grouped kernels at any size."""
+    experts_impl.ROUTED = False
+    try:
+        return ours(x, index, weights)
+    finally:
+        experts_impl.ROUTED = True
+
+
+def _calls(stock, ours, x, index, weights, experts: int, routed_rows: list[int]) -> dict:
+    """The calls timed at one token count: the two layers, and ours' route and two products; with
+    routed_rows, ours sorted and the routed plan at each rows a program."""
     k = index.shape[-1]
     gate_up, down = ours.gate_up_proj.transpose(1, 2), ours.down_proj.transpose(1, 2)
     _, perm, offs = moe.route(index, experts)
     xs = x[perm // k]
     h = moe.grouped_mm(xs, gate_up, offs)[:, : down.shape[1]].contiguous()
-    return {
+    calls = {
         "grouped_mm": lambda: stock(x, index, weights),
         "gluon_survey": lambda: ours(x, index, weights),
         "ours: route": lambda: moe.route(index, experts),
         "ours: gate_up": lambda: moe.grouped_mm(xs, gate_up, offs),
         "ours: down": lambda: moe.grouped_mm(h, down, offs),
     }
+    if routed_rows:
+        calls["ours: sorted"] = lambda: _sorted(ours, x, index, weights)
+        w_gate_up, w_down = ours.gate_up_proj, ours.down_proj
+        for rows in routed_rows:
+            plan = routed.plan(x, w_gate_up, w_down, index, routed.RoutedConfig(rows, rows))
+            calls[f"routed R{rows}"] = functools.partial(plan.launch, x, w_gate_up, w_down, index, weights)
+    return calls
 
 
 def main() -> None:
@@ -97,6 +121,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--routed-rows", type=cmd.int_list, default=[])
     parser.add_argument("--output", type=Path, required=True)
     opts = parser.parse_args()
     transformers = cmd.import_transformers()
@@ -114,7 +139,7 @@ def main() -> None:
             logits = torch.randn(tokens, experts, device="cuda", generator=gen)
             weights, index = torch.topk(logits.softmax(-1), k, dim=-1)
             weights = weights.to(torch.bfloat16)
-            calls = _calls(stock, ours, x, index, weights, experts)
+            calls = _calls(stock, ours, x, index, weights, experts, opts.routed_rows)
             for fn in calls.values():
                 fn()
             samples: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}

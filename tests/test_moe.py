@@ -31,6 +31,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import gluon_survey
 from gluon_survey import experts, grouped_auto, moe
+from gluon_survey.kernels import routed
 from test_grouped import BAD
 
 BF16 = torch.bfloat16
@@ -652,6 +653,27 @@ def test_the_routed_path_stays_off_where_it_does_not_apply(
 
 def test_the_routed_path_is_on_by_default_up_to_one_pair_per_expert():
     assert experts.ROUTED is True and experts.ROUTED_PAIRS_PER_EXPERT == 1
+
+
+@pytest.mark.parametrize(
+    ("kernel", "most", "rows", "warps", "want"),
+    [
+        ("gate_up", 8, 768, 4, 8),  # Qwen3-30B-A3B's I on H = 2048's four warps
+        ("gate_up", 8, 100, 8, 4),  # the largest power of two dividing the rows
+        ("gate_up", 8, 14336, 32, 4),  # 32 warps hold four rows of gate and up
+        ("down", 8, 4096, 32, 2),  # the fp32 sum across pairs: two rows on 32 warps
+        ("down", 8, 7168, 16, 4),
+        ("down", 2, 2048, 2, 2),  # never more than asked
+        ("down", 8, 2881, 4, 1),  # odd rows: one a program
+    ],
+)
+def test_routed_programs_take_the_rows_that_divide_and_fit(kernel, most, rows, warps, want):
+    assert routed.rows_for(kernel, most, rows, warps) == want
+
+
+def test_a_routed_config_takes_powers_of_two():
+    with pytest.raises(ValueError, match=r"DOWN_ROWS \(3\) must be a power of two"):
+        routed.RoutedConfig(GATE_UP_ROWS=4, DOWN_ROWS=3)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The routed decode kernels (kernels/routed.py) without a GPU: both compile for sm_90a and sm_100a
-in fp16 and bf16 at the surveyed models' H and I, and their SASS is what the docstring claims:
+in fp16 and bf16 at the surveyed models' H and I, with one row a program and with the most rows
+each program's warps hold, and their SASS is what the docstring claims:
 16-byte loads straight into registers, CUDA-core FMAs, no MMA, no TMA, no shared-memory ring, no
 spills. The triton-3.9 pass compiles the first spec of each kernel and architecture."""
 
@@ -16,8 +17,18 @@ from kernel_reports import assert_streams_into_registers
 pytestmark = pytest.mark.compile
 
 
+# The default rows a program, then the most each program's warps hold (`routed.MOST_ROWS`).
+CONFIGS = (routed.CONFIG, routed.RoutedConfig(GATE_UP_ROWS=8, DOWN_ROWS=8))
+
+
+@functools.cache
 def _specs(arch: str, dtype: str):
-    return routed.compile_specs(gs_inspect.parse_arch(arch)[1], dtype)
+    capability = gs_inspect.parse_arch(arch)[1]
+    specs = {}
+    for config in CONFIGS:
+        for spec in routed.compile_specs(capability, dtype, config):
+            specs.setdefault(spec.kernel, spec)
+    return list(specs.values())
 
 
 def _marks(arch: str, dtype: str, index: int) -> tuple:

@@ -5,6 +5,8 @@
   ragged sizes (H and I not multiples of a chunk, one token to 16, top-2 to top-8, experts held
   elsewhere): the error against fp32 no worse than twice that of the same layer computed in the
   tokens' dtype by torch (transformers' way), plus a little.
+* The routed plan with several weight rows a program (`RoutedConfig`), each rows count the plan
+  takes where the rows divide, against the same fp32 products.
 * A tiny Qwen3-MoE model's experts module on "gluon_survey" at a decode call: the routed kernels
   run (and the sorted path does not), and the result agrees with transformers' "grouped_mm" and
   with the sorted path; a CUDA-graph capture of that call replayed with other routings.
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 
 from gluon_survey import experts, grouped, moe
 from gluon_survey.driver.check import rel_error
+from gluon_survey.kernels import routed
 from gpu_checks import captured
 from test_moe_gpu import _models
 
@@ -81,6 +84,29 @@ def test_routed_experts_match_each_pairs_fp32_products(T, k, E, H, I, dtype, els
     assert err <= 2 * yardstick + 1e-3, (err, yardstick)
     if elsewhere:  # a token whose every pair is elsewhere would be 0; here each has others
         assert got[0].abs().sum() > 0
+
+
+ROWS_CASES = [
+    pytest.param(3, 4, 16, 200, 72, torch.bfloat16, id="T3-top4-H200-I72"),
+    pytest.param(2, 2, 8, 4096, 100, torch.float16, id="T2-top2-I100-fp16"),
+    pytest.param(4, 8, 32, 2048, 768, torch.bfloat16, id="T4-top8-qwen3-rows"),
+    pytest.param(2, 2, 4, 1024, 14336, torch.bfloat16, id="T2-top2-I14336-32-warps"),
+]
+
+
+@pytest.mark.parametrize("rows", [2, 4, 8])
+@pytest.mark.parametrize(("T", "k", "E", "H", "I", "dtype"), ROWS_CASES)
+def test_several_rows_a_program_match_each_pairs_fp32_products(T, k, E, H, I, dtype, rows):
+    x, w_gate_up, w_down, index, weights = _layer(T, k, E, H, I, dtype, seed=rows, elsewhere=True)
+    want = _reference(x, w_gate_up, w_down, index, weights)
+    yardstick = rel_error(_reference(x, w_gate_up, w_down, index, weights, dtype), want)
+    plan = routed.plan(x, w_gate_up, w_down, index, routed.RoutedConfig(rows, rows))
+    assert plan.gate_up.constexprs["ROWS"] > 1 and plan.down.constexprs["ROWS"] > 1
+    _poison()
+    got = plan.launch(x, w_gate_up, w_down, index, weights)
+    assert not got.isnan().any(), "an output the kernels left unwritten"
+    err = rel_error(got, want)
+    assert err <= 2 * yardstick + 1e-3, (err, yardstick)
 
 
 def test_a_second_call_reuses_the_plan_and_reads_the_new_routing():

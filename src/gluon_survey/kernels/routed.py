@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -46,12 +47,16 @@ from . import gemv
 from .plan import Launcher
 
 __all__ = [
+    "CONFIG",
+    "MOST_ROWS",
+    "RoutedConfig",
     "RoutedPlan",
     "compile_specs",
     "max_k",
     "plan",
     "routed_down_kernel",
     "routed_gate_up_kernel",
+    "rows_for",
     "unsupported_reason",
 ]
 
@@ -69,13 +74,19 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
 
 
 @gluon.jit
-def _row_dot(v_ptr, w_ptr, cols, K, valid):
-    """[BLOCK_K] fp32 partial products of the vector at v_ptr and the weight row at w_ptr, zero
-    past K and where not `valid` (then nothing is read)."""
-    mask = (cols < K) & valid
-    v = gl.load(v_ptr + cols, mask=mask, other=0.0).to(gl.float32)
-    w = gl.load(w_ptr + cols, mask=mask, other=0.0).to(gl.float32)
-    return v * w
+def _rows(w_rows, rows, cols, K, valid):
+    """The [ROWS, BLOCK_K] fp32 tile of weight rows `rows` (row stride K) from w_rows: zero past K
+    and where not `valid` (then nothing is read). The host picks ROWS to divide the row count."""
+    offsets = gl.expand_dims(rows.to(gl.int64) * K, 1) + gl.expand_dims(cols, 0)
+    mask = gl.expand_dims((cols < K) & valid, 0)
+    return gl.load(w_rows + offsets, mask=mask, other=0.0).to(gl.float32)
+
+
+@gluon.jit
+def _vector(v_ptr, cols, K, valid):
+    """[1, BLOCK_K] fp32: the vector at v_ptr, zero past K and where not `valid`."""
+    v = gl.load(v_ptr + cols, mask=(cols < K) & valid, other=0.0).to(gl.float32)
+    return gl.expand_dims(v, 0)
 
 
 @gluon.jit
@@ -91,24 +102,27 @@ def routed_gate_up_kernel(
     stride_x,
     stride_we,
     stride_h,
+    ROWS: gl.constexpr,
     BLOCK_K: gl.constexpr,
 ):
-    """h[s, n] = silu(x[t] . w[e, n]) * (x[t] . w[e, I + n]), s = program_id(0), t = s // TOPK,
-    e = ids[s], n = program_id(1); w [E, 2I, K] with rows of K contiguous elements (row stride
-    K), expert stride stride_we; 0 where e >= E."""
+    """h[s, n] = silu(x[t] . w[e, n]) * (x[t] . w[e, I + n]) for the ROWS rows n of program_id(1),
+    s = program_id(0), t = s // TOPK, e = ids[s]; w [E, 2I, K] with rows of K contiguous elements
+    (row stride K), expert stride stride_we; 0 where e >= E."""
     VEC: gl.constexpr = _VECTOR_BITS // w_ptr.dtype.element_ty.primitive_bitwidth
-    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
+    # [ROWS, BLOCK_K]: a warp's 32 vectors and the warps side by side along K, each thread holding
+    # its columns of all ROWS rows, so the token's chunk in its registers serves every row.
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, gl.num_warps()], [1, 0])
     s = gl.program_id(0)
-    n = gl.program_id(1)
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
     e = gl.load(ids_ptr + s)
     valid = (e >= 0) & (e < E)
-    cols = gl.arange(0, BLOCK_K, layout=layout)
-    x_row = x_ptr + (s // TOPK).to(gl.int64) * stride_x
+    x = _vector(x_ptr + (s // TOPK).to(gl.int64) * stride_x, cols, K, valid)
     expert = w_ptr + e.to(gl.int64) * stride_we
-    gate = gl.sum(_row_dot(x_row, expert + n.to(gl.int64) * K, cols, K, valid), axis=0)
-    up = gl.sum(_row_dot(x_row, expert + (I + n).to(gl.int64) * K, cols, K, valid), axis=0)
+    gate = gl.sum(_rows(expert, rows, cols, K, valid) * x, axis=1)
+    up = gl.sum(_rows(expert + I.to(gl.int64) * K, rows, cols, K, valid) * x, axis=1)
     out = gate / (1.0 + gl.exp(-gate)) * up
-    gl.store(h_ptr + s.to(gl.int64) * stride_h + n, out.to(h_ptr.dtype.element_ty))
+    gl.store(h_ptr + s.to(gl.int64) * stride_h + rows, out.to(h_ptr.dtype.element_ty))
 
 
 @gluon.jit
@@ -124,26 +138,63 @@ def routed_down_kernel(
     stride_h,
     stride_we,
     stride_out,
+    ROWS: gl.constexpr,
     BLOCK_K: gl.constexpr,
 ):
-    """out[t, n] = sum_{j < TOPK} rw[t TOPK + j] * (h[t TOPK + j] . w[e_j, n]), t = program_id(0),
-    n = program_id(1), e_j = ids[t TOPK + j]; w [E, N, K] with rows of K contiguous elements,
-    expert stride stride_we; pairs with e_j >= E add 0."""
+    """out[t, n] = sum_{j < TOPK} rw[t TOPK + j] * (h[t TOPK + j] . w[e_j, n]) for the ROWS rows n
+    of program_id(1), t = program_id(0), e_j = ids[t TOPK + j]; w [E, N, K] with rows of K
+    contiguous elements, expert stride stride_we; pairs with e_j >= E add 0."""
     VEC: gl.constexpr = _VECTOR_BITS // w_ptr.dtype.element_ty.primitive_bitwidth
-    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [gl.num_warps()], [0])
+    # [ROWS, BLOCK_K]: a warp's 32 vectors and the warps side by side along K, each thread holding
+    # its columns of all ROWS rows, so the token's chunk in its registers serves every row.
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [1, gl.num_warps()], [1, 0])
     t = gl.program_id(0)
-    n = gl.program_id(1)
-    cols = gl.arange(0, BLOCK_K, layout=layout)
-    acc = gl.zeros([BLOCK_K], gl.float32, layout)
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
+    acc = gl.zeros([ROWS, BLOCK_K], gl.float32, layout)
     for j in range(TOPK):
         s = t * TOPK + j
         e = gl.load(ids_ptr + s)
         valid = (e >= 0) & (e < E)
-        weight = gl.load(rw_ptr + s).to(gl.float32)
-        row = w_ptr + e.to(gl.int64) * stride_we + n.to(gl.int64) * K
-        acc += _row_dot(h_ptr + s.to(gl.int64) * stride_h, row, cols, K, valid) * weight
-    out = gl.sum(acc, axis=0)
-    gl.store(out_ptr + t.to(gl.int64) * stride_out + n, out.to(out_ptr.dtype.element_ty))
+        h = _vector(h_ptr + s.to(gl.int64) * stride_h, cols, K, valid) * gl.load(rw_ptr + s).to(gl.float32)
+        acc += _rows(w_ptr + e.to(gl.int64) * stride_we, rows, cols, K, valid) * h
+    out = gl.sum(acc, axis=1)
+    gl.store(out_ptr + t.to(gl.int64) * stride_out + rows, out.to(out_ptr.dtype.element_ty))
+
+
+@dataclass(frozen=True)
+class RoutedConfig:
+    """The most weight rows a program takes, for each kernel: the token's (or the pair's h) row is
+    read once and multiplied into all of them. A plan takes fewer where the register file says so
+    (`MOST_ROWS`) or where fewer divide the rows (`rows_for`). BLOCK_K and the warps are gemv's
+    one-chunk row for K."""
+
+    GATE_UP_ROWS: int = 1
+    DOWN_ROWS: int = 1
+
+    def __post_init__(self):
+        for name in ("GATE_UP_ROWS", "DOWN_ROWS"):
+            rows = getattr(self, name)
+            if rows < 1 or rows & (rows - 1):
+                raise ValueError(f"{name} ({rows}) must be a power of two")
+
+
+# The most rows a program of this many warps holds without spilling on sm_90a (compiled, bf16:
+# down keeps a [ROWS, BLOCK_K] fp32 sum across the pairs, 64 registers a thread at 2 rows on 32
+# warps and 100 at 4 on 16; gate_up holds two tiles, 54 at 4 rows on 32 warps); 8 elsewhere.
+MOST_ROWS = {"gate_up": {32: 4}, "down": {32: 2, 16: 4}}
+
+
+def rows_for(kernel: str, most: int, rows: int, warps: int) -> int:
+    """The rows a program of `kernel` takes: at most `most`, at most what `warps` warps hold, and
+    a power of two dividing the `rows` it covers (so no program has a partial tile)."""
+    take = min(most, MOST_ROWS[kernel].get(warps, 8))
+    while rows % take:
+        take //= 2
+    return take
+
+
+CONFIG = RoutedConfig()
 
 
 @dataclass(frozen=True)
@@ -175,9 +226,11 @@ def _tile(K: int, elem_bytes: int) -> tuple[int, int]:
     return cfg.BLOCK_K, cfg.num_warps
 
 
-def plan(x, w_gate_up, w_down, ids) -> RoutedPlan:
+def plan(x, w_gate_up, w_down, ids, config: RoutedConfig | None = None) -> RoutedPlan:
     """The plan for x [T, H], w_gate_up [E, 2I, H] and w_down [E, H, I] (contiguous) and ids
-    [T, k] (contiguous), already checked by the caller (`gluon_survey.moe.routed_experts`)."""
+    [T, k] (contiguous), already checked by the caller (`gluon_survey.moe.routed_experts`);
+    `config` defaults to CONFIG."""
+    cfg = config or CONFIG
     T, H = x.shape
     E, two_i, _ = w_gate_up.shape
     I = two_i // 2
@@ -185,8 +238,14 @@ def plan(x, w_gate_up, w_down, ids) -> RoutedPlan:
     elem = x.element_size()
     block_h, warps_h = _tile(H, elem)
     block_i, warps_i = _tile(I, elem)
-    gate_up = Launcher(routed_gate_up_kernel, (S, I), {"BLOCK_K": block_h}, warps_h)
-    down = Launcher(routed_down_kernel, (T, H), {"BLOCK_K": block_i}, warps_i)
+    rows_gu = rows_for("gate_up", cfg.GATE_UP_ROWS, I, warps_h)
+    rows_d = rows_for("down", cfg.DOWN_ROWS, H, warps_i)
+    gate_up = Launcher(
+        routed_gate_up_kernel, (S, triton.cdiv(I, rows_gu)), {"ROWS": rows_gu, "BLOCK_K": block_h}, warps_h
+    )
+    down = Launcher(
+        routed_down_kernel, (T, triton.cdiv(H, rows_d)), {"ROWS": rows_d, "BLOCK_K": block_i}, warps_i
+    )
     return RoutedPlan(
         gate_up,
         down,
@@ -199,12 +258,15 @@ def plan(x, w_gate_up, w_down, ids) -> RoutedPlan:
     )
 
 
-def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
+def compile_specs(
+    capability: tuple[int, int], dtype: str = "float16", config: RoutedConfig | None = None
+) -> list[CompileSpec]:
     """Both kernels at the surveyed models' H and I (Qwen3-30B-A3B 2048 and 768, Mixtral-8x7B 4096
-    and 14336, DeepSeek-V3 7168 and 2048) and the deepest one chunk takes, with the integers a
-    launch specializes as multiples of 16 (`divisible`)."""
+    and 14336, DeepSeek-V3 7168 and 2048) and the deepest one chunk takes, with `config`'s rows
+    (CONFIG's by default) and the integers a launch specializes as multiples of 16 (`divisible`)."""
     if unsupported_reason(capability) or dtype not in ("float16", "bfloat16"):
         return []
+    cfg = config or CONFIG
     ty = {"float16": "*fp16", "bfloat16": "*bf16"}[dtype]
     specs = []
     for K in (768, 2048, 4096, 7168, 14336, max_k()):
@@ -213,17 +275,22 @@ def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[C
         gate_up |= dict.fromkeys(("E", "I", "K", "TOPK", "stride_x", "stride_we", "stride_h"), "i32")
         down = {"h_ptr": ty, "w_ptr": ty, "ids_ptr": "*i64", "rw_ptr": ty, "out_ptr": ty}
         down |= dict.fromkeys(("E", "K", "TOPK", "stride_h", "stride_we", "stride_out"), "i32")
-        for name, kernel, signature in (
-            ("routed_gate_up_kernel", routed_gate_up_kernel, gate_up),
-            ("routed_down_kernel", routed_down_kernel, down),
+        for name, kernel, signature, rows in (
+            (
+                "routed_gate_up_kernel",
+                routed_gate_up_kernel,
+                gate_up,
+                rows_for("gate_up", cfg.GATE_UP_ROWS, 1024, warps),
+            ),
+            ("routed_down_kernel", routed_down_kernel, down, rows_for("down", cfg.DOWN_ROWS, 1024, warps)),
         ):
             specs.append(
                 CompileSpec(
                     "routed",
-                    f"{name} K={K} BLOCK_K={block_k} w{warps}",
+                    f"{name} K={K} ROWS={rows} BLOCK_K={block_k} w{warps}",
                     kernel,
-                    signature | {"BLOCK_K": "constexpr"},
-                    {"BLOCK_K": block_k},
+                    signature | {"ROWS": "constexpr", "BLOCK_K": "constexpr"},
+                    {"ROWS": rows, "BLOCK_K": block_k},
                     {"num_warps": warps},
                     divisible=tuple(k for k in signature if k not in ("E", "I", "TOPK")),
                 )
