@@ -169,8 +169,8 @@ class RoutedConfig:
     (`MOST_ROWS`) or where fewer divide the rows (`rows_for`). BLOCK_K and the warps are gemv's
     one-chunk row for K."""
 
-    GATE_UP_ROWS: int = 1
-    DOWN_ROWS: int = 1
+    GATE_UP_ROWS: int = 4
+    DOWN_ROWS: int = 4
 
     def __post_init__(self):
         for name in ("GATE_UP_ROWS", "DOWN_ROWS"):
@@ -194,6 +194,11 @@ def rows_for(kernel: str, most: int, rows: int, warps: int) -> int:
     return take
 
 
+# Four rows a program (two in Mixtral-8x7B's down, on 32 warps). Both kernels' GPU time a layer call
+# on the H100 against one row: 0.91-0.97 at Qwen3-30B-A3B's 2 to 24 tokens (1.01 at one), 0.84-0.95
+# at Mixtral-8x7B's 1 to 8; the fastest of 1, 2, 4 and 8 rows at Qwen3's counts but one (within
+# 1 %); at Mixtral's, 2 or 8 rows ran 1-6 % faster than 4 (docs/perf-notes.md, entry 68;
+# results/experiments/h100-routed-rows).
 CONFIG = RoutedConfig()
 
 
