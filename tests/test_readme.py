@@ -35,9 +35,10 @@ def test_the_full_tables_are_in_docs_results_and_the_readme_has_the_headline():
     full = [m["path"] for m in REPORT_BLOCK.finditer((ROOT / "docs/results.md").read_text())]
     assert "results/h100-ladder/results.jsonl" in full and "results/h100-llm-auto/results.jsonl" in full
     assert "results/h100-dense-auto/bf16/results.jsonl" in full
+    assert "results/h100-dense-sweep/bf16/results.jsonl" in full
     readme = list(REPORT_BLOCK.finditer((ROOT / "README.md").read_text()))
     # The headline is the sweep over every token count, not over the points the table was tuned at only.
-    headline = ("results/h100-dense-auto/bf16/results.jsonl", "summary")
+    headline = ("results/h100-dense-sweep/bf16/results.jsonl", "summary")
     assert [(m["path"], m["form"]) for m in readme] == [headline]
 
 

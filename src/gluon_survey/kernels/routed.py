@@ -29,8 +29,13 @@ win, so `gluon_survey.experts` runs this one only for at most `experts.ROUTED_PA
 pairs per expert on average, and only where both projections' K fits one chunk (what the
 surveyed models' H and I do).
 
-Its layout and loads are gemv's one-chunk row (`gemv.one_chunk`): one weight row a program in a
-single chunk of K, two 16-byte loads a thread, as many warps side by side along K as that takes.
+Its loads are gemv's one-chunk row (`gemv.one_chunk`): a row in a single chunk of K, two 16-byte
+loads a thread, as many warps side by side along K as that takes. A program takes ROWS rows of one
+expert (`RoutedConfig`: four by default) and keeps its columns of the token's row (gate_up) or of
+the pair's h row (down) in registers for all of them: with one row a program the token's bytes
+came from L2 once per row, as many as the weight's, and Mixtral-8x7B's 4-token layer took
+1.26-1.30x the sorted path's kernel time (1.13x with four rows; docs/perf-notes.md, entries 67
+and 68).
 """
 
 from __future__ import annotations
