@@ -232,6 +232,20 @@ def test_the_rule(M, capability, mode):
 
 
 @pytest.mark.parametrize(
+    ("M", "N", "rows"),
+    [(4096, 4096, 128), (2048, 8192, 128), (3072, 4096, 192), (6144, 4096, 192),
+     (12288, 28672, 192), (16384, 4096, 192), (8192, 4096, 128), (2049, 4096, 192)],
+)  # fmt: skip
+def test_fp8_warpspec_takes_the_tile_whose_waves_finish_first(M, N, rows):
+    """fp8's ping-pong tile: 192 rows, or 128 where the 192-row tiles leave the last of their waves
+    on 132 SMs mostly empty (M = 4096 on a 4096-wide weight: 704 tiles, 5.33 waves; 128-row
+    tiles 1,024, 7.76 waves), each wave's rows counted at the 128-row tile's measured rate."""
+    cfg = warpspec.fp8_config(M, N, 132)
+    assert rows == cfg.BLOCK_M * cfg.BOXES and cfg.ELEM_BYTES == 1
+    assert cfg in warpspec.candidates((9, 0), fp8=True).values()
+
+
+@pytest.mark.parametrize(
     ("M", "N", "K", "dtype", "mode", "tokens"),
     [(1, 57344, 28672, "fp8-row", "swapab", 16), (16, 28672, 4096, "fp8-row", "swapab", 16),
      (17, 28672, 4096, "fp8-row", "swapab", 32), (64, 4096, 4096, "fp8-row", "swapab", 64),

@@ -93,6 +93,7 @@ def test_fp8_configs_keep_the_16_bit_stage_bytes():
         (persistent.CONFIGS[9], persistent.FP8_CONFIGS[9]),
         (warpspec.PINGPONG, warpspec.PINGPONG_FP8),
         (warpspec.COOPERATIVE, warpspec.COOPERATIVE_FP8),
+        (warpspec.PINGPONG_MID, warpspec.PINGPONG_FP8_MID),
         (warpspec_tcgen05.CONFIG, warpspec_tcgen05.FP8_CONFIG),
         *((splitk.CONFIGS[major], splitk.FP8_CONFIGS[major]) for major in (9, 10)),
         *(

@@ -135,15 +135,25 @@ COOPERATIVE_FROM_K = 8192  # the measured crossover (entry 17)
 # program for 132 programs, where 192x128 tiles leave some programs one tile and others two
 # (docs/perf-notes.md, entry 55).
 PINGPONG_MID = replace(PINGPONG, BOXES=2, STAGES=6)
+# The same tile for fp8 (6 stages of 32 KB). fp8's ping-pong tile is 192 rows; where M leaves its
+# last wave mostly empty (M = 2048 and 4096 on a 4096-wide weight: 2.67 and 5.33 waves on 132 SMs)
+# the 128-row tile fills more of it: `fp8_config` picks the one whose waves of tile rows finish
+# first, a 128-row tile counted at MID_FP8_RATE of the 192-row tile's rate per row (kernel-only
+# on the H100 over the llm weights at M = 2048 to 16384, the rate that best matched which tile
+# won: docs/perf-notes.md, entry 70).
+PINGPONG_FP8_MID = replace(PINGPONG_MID, BLOCK_K=128, ELEM_BYTES=1, CONSUMER_REGS=240, PRODUCER_REGS=24)
+MID_FP8_RATE = 0.97
 
 __all__ = [
     "COOPERATIVE",
     "COOPERATIVE_FP8",
     "PINGPONG",
     "PINGPONG_FP8",
+    "PINGPONG_FP8_MID",
     "PINGPONG_MID",
     "compile_specs",
     "config_for",
+    "fp8_config",
     "prepare",
     "reads_transposed_a",
     "unsupported_reason",
@@ -157,6 +167,19 @@ def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> WarpSp
     if fp8:
         return PINGPONG_FP8
     return COOPERATIVE if K >= COOPERATIVE_FROM_K else PINGPONG
+
+
+def fp8_config(M: int, N: int, sm_count: int) -> WarpSpecConfig:
+    """fp8's ping-pong tile for an M x N output on `sm_count` SMs: the 192-row tile, or the 128-row
+    one where its waves of tiles (each counted by its rows over its rate) finish sooner."""
+
+    def waves_of_rows(cfg: WarpSpecConfig, rate: float) -> float:
+        rows = cfg.BLOCK_M * cfg.BOXES
+        tiles = -(-M // rows) * -(-N // cfg.BLOCK_N)
+        return -(-tiles // max(1, sm_count)) * rows / rate
+
+    mid = waves_of_rows(PINGPONG_FP8_MID, MID_FP8_RATE)
+    return PINGPONG_FP8_MID if mid < waves_of_rows(PINGPONG_FP8, 1.0) else PINGPONG_FP8
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
@@ -483,17 +506,20 @@ def _designs(fp8: bool) -> tuple[WarpSpecConfig, WarpSpecConfig]:
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, WarpSpecConfig]:
-    """The configs `gluon-survey tune` may pick, by label: both designs at any K, and for 16-bit
-    operands the mid-M ping-pong tile."""
-    return {cfg.label: cfg for cfg in (*_designs(fp8), *(() if fp8 else (PINGPONG_MID,)))}
+    """The configs `gluon-survey tune` may pick, by label: both designs at any K, and the 128-row
+    ping-pong tile."""
+    return {cfg.label: cfg for cfg in (*_designs(fp8), PINGPONG_FP8_MID if fp8 else PINGPONG_MID)}
 
 
 def prepare(
     a, b, out, target: Target, cfg: WarpSpecConfig | None = None, scales: Scales | None = None, bias=None
 ) -> Launch:
-    """The design `config_for` picks, or `cfg`; but with row-wise fp8 scales and a bias, the
-    cooperative design: a ping-pong consumer holding its three accumulators, a slice's column
-    scales and its bias spills (136 B, `gluon-survey inspect`; tests/test_bias_compile.py)."""
+    """The design `config_for` picks (fp8: the tile `fp8_config` picks), or `cfg`; but with
+    row-wise fp8 scales and a bias, the cooperative design: a ping-pong consumer holding its three
+    accumulators, a slice's column scales and its bias spills (136 B, `gluon-survey inspect`;
+    tests/test_bias_compile.py)."""
+    if cfg is None and scales is not None:
+        cfg = fp8_config(a.shape[0], b.shape[1], target.sm_count)
     cfg = cfg or config_for(target.capability, a.shape[1], scales is not None)
     if bias is not None and scales is not None and scales.kind == "row" and cfg.CONSUMERS == 2:
         cfg = replace(COOPERATIVE_FP8, BLOCK_K=cfg.BLOCK_K)
