@@ -313,6 +313,39 @@ def test_the_committed_tables_name_real_candidates():
             )
 
 
+def test_tune_times_the_fp8_configs_for_fp8():
+    """fp8 tasks time each mode's fp8 candidates (e4m3, one byte an element), none of a mode without
+    an fp8 kernel, and cuBLAS (torch._scaled_mm) as the baseline."""
+    fp8 = tune.candidates_for("warpspec", 4096, (9, 0), fp8=True)
+    assert fp8 and set(fp8) == set(warpspec.candidates((9, 0), fp8=True))
+    assert all(cfg.ELEM_BYTES == 1 for cfg in fp8.values())
+    assert all(cfg.ELEM_BYTES == 1 for cfg in tune.candidates_for("swapab", 16, (9, 0), fp8=True).values())
+    assert tune.candidates_for("torch", 16, (9, 0), fp8=True) == {"cuBLAS": None}
+    no_fp8 = next(m.name for m in registry.MODES if m.kind == "gluon" and not m.fp8 and not m.grouped)
+    assert tune.candidates_for(no_fp8, 4096, (9, 0), fp8=True) == {}
+
+
+def test_fp8_entries_in_a_table_answer_fp8_calls_and_the_rule_the_rest(tmp_path, monkeypatch):
+    """A table with fp8 entries (tune --dtype fp8-row) answers fp8-row calls on that weight from
+    them, as it answers 16-bit ones: at a measured M, between two, and cuBLAS beyond; per-tensor
+    fp8 and other weights keep the rule."""
+    mid = f"warpspec {next(iter(warpspec.candidates((9, 0), fp8=True)))}"
+    entries = [
+        _entry(4096, {mid: 0.90, CUBLAS: 1.0}, N=4096, K=4096, dtype="fp8-row"),
+        _entry(6144, {mid: 1.30, CUBLAS: 1.5}, N=4096, K=4096, dtype="fp8-row"),
+    ]
+    _install(tmp_path, monkeypatch, entries)
+    at = choice.choose(4096, 4096, 4096, "fp8-row", "t", (9, 0), H100, 132)
+    assert (at.mode, at.config) == ("warpspec", mid.partition(" ")[2]) and "table h100" in at.why
+    between = choice.choose(5000, 4096, 4096, "fp8-row", "t", (9, 0), H100, 132)
+    assert (between.mode, between.config) == ("warpspec", mid.partition(" ")[2])
+    beyond = choice.choose(8192, 4096, 4096, "fp8-row", "t", (9, 0), H100, 132)
+    assert beyond.mode == "torch" and "no extrapolation" in beyond.why
+    rule = choice.rule(5000, (9, 0), "fp8", 4096, 132, 4096)
+    assert choice.choose(5000, 4096, 4096, "fp8", "t", (9, 0), H100, 132).mode == rule.mode == "warpspec"
+    choice._tables.cache_clear()
+
+
 def test_tune_narrows_candidates_by_m():
     tiles = {
         M: [
@@ -687,6 +720,8 @@ def test_tune_keys_entries_by_a_layout_where_it_is_t():
         (["--shapes", "llm-train", "--a-layout", "t"], "--a-layout: --shapes llm-train fixes each shape's"),
         (["--shapes", "llm-train", "--b-layout", "t"], "--b-layout: --shapes llm-train fixes each shape's"),
         (["--a-layout", "col"], "unknown dtype or layout: col"),
+        (["--dtype", "fp8", "--b-layout", "row"], "fp8: fp8 runs with A row-major and B the transpose view"),
+        (["--dtype", "bf16,fp8-row", "--a-layout", "t"], "fp8-row: fp8 runs with A row-major"),
     ],
 )
 def test_tune_refuses_layouts_it_cannot_measure_before_the_gpu(tmp_path, capsys, argv, message):

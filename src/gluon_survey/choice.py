@@ -40,7 +40,9 @@ FMAs); M <= 16: `slab` (mma.sync's 16-row slabs of the weight, no K split); abov
 across its weights, and the `holdout` preset on weights the table was not tuned on
 (results/h100-holdout): no Gluon kernel beat cuBLAS by MARGIN across weights at any M above 16.
 
-fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; the table has no fp8 entries): `warpspec`
+fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; a table's fp8 entries, which `tune --dtype
+fp8,fp8-row` measures, answer for their weights as 16-bit ones do; the H100 table has none yet):
+`warpspec`
 from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves each leaves on the GPU,
 `warpspec.fp8_config`); at M = 1 with K <= 16384, `gemv` (the weight streamed in one chunk a row,
 CUDA-core FMAs); swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise

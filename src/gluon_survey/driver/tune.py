@@ -13,6 +13,11 @@ entry of the same (M, N, K, dtype, B layout, A layout) is replaced, the others a
 run is recorded in the table's `updates` (its env and the keys it wrote; its entries carry
 `update`, the 1-based index), so each entry still names the run that measured it.
 
+`--dtype fp8,fp8-row` measures fp8 entries (e4m3 operands with per-tensor or row-wise scales,
+B the transpose view of an [N, K] weight, A row-major): each mode's fp8 candidates against
+torch._scaled_mm, checked against the dequantized fp32 reference; `matmul` then answers fp8 calls
+on those weights from them as it does 16-bit ones.
+
 `--shapes llm-train` measures a training step's backward products in their own layouts (grad_x
 A row, grad_W^T A t; shapes.llm_train_shapes), `--a-layout t` any shapes with A the transpose
 view of a [K, M] matrix: their entries carry `a_layout` "t", which `matmul` uses for such an A
@@ -49,6 +54,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from gluon_survey import registry
 from gluon_survey.choice import CUBLAS, MARGIN
@@ -69,22 +75,26 @@ def choose(times: dict[str, float | str], margin: float = MARGIN) -> str:
     return best if measured[best] * (1 + margin) <= measured[CUBLAS] else CUBLAS
 
 
-def candidates_for(mode: str, M: int, capability: tuple[int, int]) -> dict[str, object | None]:
-    """The configs of `mode` worth timing at M tokens, by label (cuBLAS: one, without a config)."""
+def candidates_for(
+    mode: str, M: int, capability: tuple[int, int], fp8: bool = False
+) -> dict[str, object | None]:
+    """The configs of `mode` worth timing at M tokens, by label (cuBLAS: one, without a config);
+    with `fp8`, the mode's fp8 configs (none for a mode without fp8)."""
     if mode == registry.BASELINE:
         return {"cuBLAS": None}
+    if fp8 and registry.no_fp8_reason(registry.get(mode)):
+        return {}
+    configs = _provider(mode, capability).candidates(capability, fp8)
     if mode == "swapab":
         if M > 128:
             return {}
         width = min(128, max(16, 1 << (M - 1).bit_length()))  # the narrowest tile that holds M
-        return {
-            k: c for k, c in _provider(mode, capability).candidates(capability).items() if width == c.BLOCK_N
-        }
+        return {k: c for k, c in configs.items() if width == c.BLOCK_N}
     if mode == "splitk" and M > 512:
         return {}
     if mode == "slab" and M > 64:  # beyond one 64-token tile every tile streams the weight again
         return {}
-    return dict(_provider(mode, capability).candidates(capability))
+    return dict(configs)
 
 
 def _provider(mode: str, capability: tuple[int, int]):
@@ -98,23 +108,59 @@ def reads_in_place(mode: str, a, b, target) -> bool:
     return reads is not None and reads(a, b, target)
 
 
-def input_sets(shape, dtype: str, layout: str, seed: int, a_layout: str = "row") -> list[tuple]:
-    """(a, b, out) sets from `seed` on, as many as span a cold L2 (`timing.copies_for_cold_l2`),
-    as the survey times; a in `a_layout` (`check.make_inputs`)."""
+class InputSet(NamedTuple):
+    """One set of a shape's inputs: a, b, the output buffer (in the dtype's output dtype) and, for
+    fp8, the scales as `make_inputs` gives them ({"scale_a": ..., "scale_b": ...}; {} otherwise)
+    and their kind (`check.dtype_spec(dtype).scaling`: "tensor", "row", or None)."""
+
+    a: Any
+    b: Any
+    out: Any
+    scales: dict
+    scaling: str | None
+
+    def prepare(self, provider, target, cfg=None, out=None):
+        """`provider.prepare` on this set (into `out`, else the set's own buffer), with the fp8
+        scales flat as the providers take them (`launch.Scales`) where there are any."""
+        from gluon_survey.api import _flat_scales
+
+        extra = {}
+        if self.scaling is not None:
+            extra["scales"] = _flat_scales(self.scales["scale_a"], self.scales["scale_b"], self.scaling)
+        args = (self.a, self.b, self.out if out is None else out, target)
+        return provider.prepare(*args, **extra) if cfg is None else provider.prepare(*args, cfg, **extra)
+
+
+def input_sets(shape, dtype: str, layout: str, seed: int, a_layout: str = "row") -> list[InputSet]:
+    """Input sets from `seed` on, as many as span a cold L2 (`timing.copies_for_cold_l2`), as the
+    survey times; a in `a_layout` (`check.make_inputs`); fp8 with its scales."""
     import torch
 
-    from gluon_survey.driver.check import make_inputs
+    from gluon_survey.driver.check import dtype_spec, make_inputs, output_dtype
     from gluon_survey.driver.timing import copies_for_cold_l2
 
-    sets = []
-    a, b = make_inputs(shape, dtype, layout, seed, "cuda", a_layout=a_layout)
-    per_set = (a.numel() + b.numel() + shape.M * shape.N) * a.element_size()
+    def one(i: int) -> InputSet:
+        inputs = make_inputs(shape, dtype, layout, seed + i, "cuda", a_layout=a_layout)
+        out = torch.empty(shape.M, shape.N, dtype=output_dtype(dtype), device="cuda")
+        return InputSet(inputs.a, inputs.b, out, inputs.scales, dtype_spec(dtype).scaling)
+
+    first = one(0)
+    per_set = sum(t.numel() * t.element_size() for t in (first.a, first.b, first.out))
     free = torch.cuda.mem_get_info()[0] // 2
-    l2 = torch.cuda.get_device_properties(a.device).L2_cache_size
-    for i in range(copies_for_cold_l2(per_set, l2, free)):
-        x, w = (a, b) if i == 0 else make_inputs(shape, dtype, layout, seed + i, "cuda", a_layout=a_layout)
-        sets.append((x, w, torch.empty(shape.M, shape.N, dtype=a.dtype, device="cuda")))
-    return sets
+    l2 = torch.cuda.get_device_properties(first.a.device).L2_cache_size
+    return [first, *(one(i) for i in range(1, copies_for_cold_l2(per_set, l2, free)))]
+
+
+def _reference_and_cublas_err(first: InputSet) -> tuple:
+    """The fp32 reference of the first set and cuBLAS's error against it (torch._scaled_mm for fp8:
+    the survey's yardstick, `worker.cublas_product`)."""
+    import torch
+
+    from gluon_survey.driver.check import reference, rel_error
+    from gluon_survey.driver.worker import cublas_product
+
+    ref = reference(first.a, first.b, **first.scales)
+    return ref, rel_error(cublas_product(first.a, first.b, torch.empty_like(first.out), **first.scales), ref)
 
 
 def tune_shape(
@@ -122,35 +168,26 @@ def tune_shape(
 ) -> dict:
     """One table entry: every candidate's time (or failure) on this shape, and the fastest. With A
     layout "t", the modes that read it in place only (`reads_in_place`); the entry says `a_layout`."""
-    import torch
-
-    from gluon_survey.driver.check import check, reference, rel_error
+    from gluon_survey.driver.check import check
     from gluon_survey.driver.timing import time_fn
 
     sets = input_sets(shape, dtype, layout, settings.seed, a_layout)
-    a, b = sets[0][:2]
-    ref = reference(a, b)
-    cublas_err = rel_error(torch.matmul(a, b), ref)
+    a, b = sets[0].a, sets[0].b
+    ref, cublas_err = _reference_and_cublas_err(sets[0])
+    fp8 = sets[0].scaling is not None
 
     times: dict[str, float | str] = {}
     for mode in modes:
         if a_layout == "t" and not reads_in_place(mode, a, b, target):
             continue
         provider = _provider(mode, target.capability)
-        for label, cfg in candidates_for(mode, shape.M, target.capability).items():
+        for label, cfg in candidates_for(mode, shape.M, target.capability, fp8).items():
             key = f"{mode} {label}"
             try:
-                launches = [
-                    (
-                        provider.prepare(x, w, o, target)
-                        if cfg is None
-                        else provider.prepare(x, w, o, target, cfg)
-                    ).fn
-                    for x, w, o in sets
-                ]
-                sets[0][2].fill_(math.nan)
+                launches = [one.prepare(provider, target, cfg).fn for one in sets]
+                sets[0].out.fill_(math.nan)
                 launches[0]()
-                verdict = check(sets[0][2], ref, cublas_err, dtype)
+                verdict = check(sets[0].out, ref, cublas_err, dtype)
                 if not verdict.ok:
                     times[key] = f"FAILED: {verdict.describe()}"
                     continue
@@ -190,7 +227,7 @@ def confirm_entry(entry: dict, target, settings, top: int) -> dict:
     import torch
 
     from gluon_survey.choice import _held, _measured, _mode_config
-    from gluon_survey.driver.check import check, reference, rel_error
+    from gluon_survey.driver.check import check
     from gluon_survey.driver.timing import time_paired
 
     unpaired = {k: v for k, v in entry.items() if k not in ("paired", "paired_gpu")}
@@ -200,21 +237,20 @@ def confirm_entry(entry: dict, target, settings, top: int) -> dict:
         return entry
     shape = shapes.Shape(entry["M"], entry["N"], entry["K"])
     sets = input_sets(shape, entry["dtype"], entry["b_layout"], settings.seed, entry.get("a_layout", "row"))
-    a, b = sets[0][:2]
-    ref = reference(a, b)
-    cublas_err = rel_error(torch.matmul(a, b), ref)
+    ref, cublas_err = _reference_and_cublas_err(sets[0])
+    fp8 = sets[0].scaling is not None
     cublas = _provider(registry.BASELINE, target.capability)
-    base = [cublas.prepare(x, w, torch.empty_like(o), target).fn for x, w, o in sets]
+    base = [one.prepare(cublas, target, out=torch.empty_like(one.out)).fn for one in sets]
     paired: dict[str, float] = {}
     paired_gpu: dict[str, float] = {}  # GPU time, the host kept ahead: for those that held per call
     for key in held[:top]:
         mode, label = _mode_config(key)
-        cfg = candidates_for(mode, shape.M, target.capability)[label]
+        cfg = candidates_for(mode, shape.M, target.capability, fp8)[label]
         provider = _provider(mode, target.capability)
-        launches = [provider.prepare(x, w, o, target, cfg).fn for x, w, o in sets]
-        sets[0][2].fill_(math.nan)
+        launches = [one.prepare(provider, target, cfg).fn for one in sets]
+        sets[0].out.fill_(math.nan)
         launches[0]()
-        if not check(sets[0][2], ref, cublas_err, entry["dtype"]).ok:
+        if not check(sets[0].out, ref, cublas_err, entry["dtype"]).ok:
             paired[key] = 0.0
             continue
         for queued, ratios_of in ((False, paired), (True, paired_gpu)):
@@ -288,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="shapes (default: llm); llm-train's fix their own A and B layouts",
     )
     parser.add_argument(
-        "--dtype", default="fp16,bf16", help="comma list of fp16, bf16 (default: %(default)s)"
+        "--dtype", default="fp16,bf16", help="comma list of fp16, bf16, fp8, fp8-row (default: %(default)s)"
     )
     parser.add_argument("--b-layout", help="comma list of row, t (default: t, the nn.Linear weight's)")
     parser.add_argument(
@@ -371,10 +407,10 @@ def main(argv: Sequence[str]) -> int:
                 f"leave {' and '.join(given)} out"
             )
         fp8 = [d for d in dtypes if d.startswith("fp8")]
-        if fp8:
+        if fp8 and (set(layouts) - {"t"} or set(a_layouts) - {"row"}):
             raise ValueError(
-                f"{', '.join(fp8)}: tune measures fp16 and bf16 only so far; fp8 shapes take the "
-                "documented rule (gluon_survey/choice.py)"
+                f"{', '.join(fp8)}: fp8 runs with A row-major and B the transpose view of an [N, K] "
+                "weight only (--b-layout t, --a-layout row); tune the 16-bit layouts separately"
             )
     except (KeyError, ValueError) as exc:
         print(f"{PROG}: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
