@@ -16,7 +16,7 @@ run is recorded in the table's `updates` (its env and the keys it wrote; its ent
 `--dtype fp8,fp8-row` measures fp8 entries (e4m3 operands with per-tensor or row-wise scales,
 B the transpose view of an [N, K] weight, A row-major): each mode's fp8 candidates against
 torch._scaled_mm, checked against the dequantized fp32 reference; `matmul` then answers fp8 calls
-on those weights from them as it does 16-bit ones.
+on those weights from them as it does 16-bit ones (first run: results/experiments/h100-fp8-tune-smoke).
 
 `--shapes llm-train` measures a training step's backward products in their own layouts (grad_x
 A row, grad_W^T A t; shapes.llm_train_shapes), `--a-layout t` any shapes with A the transpose
