@@ -201,8 +201,8 @@ def rows_for(kernel: str, most: int, rows: int, warps: int) -> int:
 
 # Four rows a program (two in Mixtral-8x7B's down, on 32 warps). Both kernels' GPU time a layer call
 # on the H100 against one row: 0.91-0.97 at Qwen3-30B-A3B's 2 to 24 tokens (1.01 at one), 0.84-0.95
-# at Mixtral-8x7B's 1 to 8; the fastest of 1, 2, 4 and 8 rows at Qwen3's counts but one (within
-# 1 %); at Mixtral's, 2 or 8 rows ran 1-6 % faster than 4 (docs/perf-notes.md, entry 68;
+# at Mixtral-8x7B's 1 to 8. Of 1, 2, 4 and 8 rows, four was the fastest at Qwen3's counts from 2 to
+# 32 tokens; at Mixtral's, 2 or 8 rows ran 1-6 % faster than 4 (docs/perf-notes.md, entry 68;
 # results/experiments/h100-routed-rows).
 CONFIG = RoutedConfig()
 
