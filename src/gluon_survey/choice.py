@@ -42,9 +42,8 @@ across its weights, and the `holdout` preset on weights the table was not tuned 
 
 fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; a table's fp8 entries, which `tune --dtype
 fp8,fp8-row` measures, answer for their weights as 16-bit ones do; the H100 table has none yet):
-`warpspec`
-from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves each leaves on the GPU,
-`warpspec.fp8_config`); at M = 1 with K <= 16384, `gemv` (the weight streamed in one chunk a row,
+`warpspec` from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves each leaves on the
+GPU, `warpspec.fp8_config`); at M = 1 with K <= 16384, `gemv` (the weight streamed in one chunk a row,
 CUDA-core FMAs); swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise
 scales at M <= 64 and with per-tensor scales at M <= 16, on its shared ring (two programs an SM)
 where the weight has more 64-row tiles than the GPU has SMs, but at most four times as many (at
