@@ -195,6 +195,14 @@ def grouped_swiglu(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torc
     return _SWIGLU_OP(x, w, offs)
 
 
+def _require_expert_ids(top_k_index: torch.Tensor) -> None:
+    """TypeError unless the router's expert ids are integers (`route`'s and `routed_experts`' check)."""
+    if top_k_index.dtype.is_floating_point or top_k_index.dtype.is_complex or top_k_index.dtype == torch.bool:
+        raise TypeError(
+            f"top_k_index is {top_k_index.dtype}; expert ids are integers (torch.int64 from topk)"
+        )
+
+
 def route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A router's choices grouped by expert, for `grouped_mm`: (expert_ids, perm, offs).
 
@@ -209,10 +217,7 @@ def route(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, to
     searchsorted: each expert's end is the number of ids below the next expert's), so a
     CUDA-graph capture replays it for any routing."""
     api.require_tensor("top_k_index", top_k_index)
-    if top_k_index.dtype.is_floating_point or top_k_index.dtype.is_complex or top_k_index.dtype == torch.bool:
-        raise TypeError(
-            f"top_k_index is {top_k_index.dtype}; expert ids are integers (torch.int64 from topk)"
-        )
+    _require_expert_ids(top_k_index)
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
         raise ValueError(f"num_experts must be a whole number >= 1, got {num_experts!r}")
     expert_ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
@@ -304,10 +309,7 @@ def _check_routed(x, w_gate_up, w_down, top_k_index, top_k_weights) -> None:
             f"top_k_index {tuple(top_k_index.shape)} and top_k_weights {tuple(top_k_weights.shape)}: both "
             f"must be [T, k] with T = {T}, x's rows"
         )
-    if top_k_index.dtype.is_floating_point or top_k_index.dtype.is_complex or top_k_index.dtype == torch.bool:
-        raise TypeError(
-            f"top_k_index is {top_k_index.dtype}; expert ids are integers (torch.int64 from topk)"
-        )
+    _require_expert_ids(top_k_index)
     if not top_k_weights.dtype.is_floating_point:
         raise TypeError(f"top_k_weights is {top_k_weights.dtype}; routing weights are floating point")
     for name, t in named:
