@@ -12,6 +12,7 @@ from factories import results, results_file, row
 from gluon_survey import api, registry
 from gluon_survey.driver.cli import main
 from gluon_survey.driver.results import ResultsWriter, load
+from gluon_survey.driver.settings import DEFAULTS
 
 
 @pytest.fixture
@@ -152,7 +153,10 @@ def test_a_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     assert saved.settings["seed"] == 3
     assert saved.settings["paired"] is True and saved.settings["timer"] == "host wall clock"
     assert saved.settings["queued"] is False and all(r.starved is None for r in saved.rows)
-    assert all(len(r.x_rounds) == saved.settings["rounds"] for r in saved.rows)  # paired by default
+    # paired by default: `rounds`, and more, up to `noisy_rounds`, where the wall clock spread
+    rounds = (saved.settings["rounds"], saved.settings["noisy_rounds"])
+    assert rounds == (DEFAULTS.rounds, DEFAULTS.noisy_rounds)
+    assert all(rounds[0] <= len(r.x_rounds) <= rounds[1] for r in saved.rows)
     assert saved.settings["peaks"]["bf16"] == {"tflops": 1000.0, "source": "--peak-tflops"}
     assert saved.env["command"] == shlex.join(["gluon-survey", *argv])
     assert saved.env["torch"] == torch.__version__
@@ -464,7 +468,9 @@ def test_fp8_peaks_come_from_the_fp8_column(sweeps, tmp_path, monkeypatch):
 def test_an_fp8_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     path = tmp_path / "r.jsonl"
     argv = shlex.split("_ok_cpu,_fp16_cpu --m 32 --n 48 --k 64 --dtype fp16,fp8,fp8-row --seed 2")
-    argv += shlex.split("--warmup-ms 2 --min-ms 5 --rounds 2 --format csv --peak-tflops 1000")
+    argv += shlex.split(
+        "--warmup-ms 2 --min-ms 5 --rounds 2 --noisy-rounds 2 --format csv --peak-tflops 1000"
+    )
     assert main([*argv, "--results", str(path)]) == 0  # SKIPPED is not a failure
     saved = load(path)
     got = {(r.mode, r.dtype, r.b_layout): r for r in saved.rows}
@@ -596,7 +602,8 @@ def test_a_grouped_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     shapes, path = tmp_path / "moe.csv", tmp_path / "r.jsonl"
     shapes.write_text("T,N,K,E,topk,routing\n16,48,64,4,2,half\n64,48,64,4,2,zipf\n")
     argv = shlex.split(
-        f"_grouped_cpu,_ok_cpu --shapes {shapes} --dtype bf16 --warmup-ms 2 --min-ms 5 --rounds 2"
+        f"_grouped_cpu,_ok_cpu --shapes {shapes} --dtype bf16 --warmup-ms 2 --min-ms 5 "
+        "--rounds 2 --noisy-rounds 2"
     )
     assert (
         main([*argv, "--format", "markdown", "--results", str(path), "--plot", str(tmp_path / "p.png")]) == 0
@@ -632,7 +639,8 @@ def test_a_grouped_fp8_row_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     shapes, path = tmp_path / "moe.csv", tmp_path / "r.jsonl"
     shapes.write_text("T,N,K,E,topk,routing\n16,48,64,4,2,half\n")
     argv = shlex.split(
-        f"_grouped_cpu --shapes {shapes} --dtype bf16,fp8-row --warmup-ms 2 --min-ms 5 --rounds 2"
+        f"_grouped_cpu --shapes {shapes} --dtype bf16,fp8-row --warmup-ms 2 --min-ms 5 "
+        "--rounds 2 --noisy-rounds 2"
     )
     assert main([*argv, "--format", "markdown", "--results", str(path)]) == 0
     out = capsys.readouterr().out
@@ -712,7 +720,7 @@ def test_an_a_layout_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
 
     path = tmp_path / "r.jsonl"
     argv = shlex.split("_ok_cpu --m 32 --n 48 --k 64 --dtype bf16,fp8 --a-layout row,t --seed 2")
-    argv += shlex.split("--warmup-ms 2 --min-ms 5 --rounds 2 --peak-tflops 1000")
+    argv += shlex.split("--warmup-ms 2 --min-ms 5 --rounds 2 --noisy-rounds 2 --peak-tflops 1000")
     assert main([*argv, "--results", str(path)]) == 0  # SKIPPED is not a failure
     got = {(r.dtype, r.a_layout, r.b_layout): r for r in load(path).rows}
     assert list(got) == [("bf16", "row", "row"), ("bf16", "t", "row"), ("fp8", "row", "t"), ("fp8", "t", "t")]

@@ -135,7 +135,7 @@ def test_cpu_rows_cover_dtypes_and_layouts(tmp_path):
 @pytest.mark.timeout(120)
 def test_paired_settings_reach_the_worker(tmp_path):
     tasks = runner.make_tasks(SHAPES[:1], ["fp16"], ["row"])
-    (paired,) = _sweep(tmp_path, ["_ok_cpu"], tasks, replace(FAST, paired=True, rounds=2))
+    (paired,) = _sweep(tmp_path, ["_ok_cpu"], tasks, replace(FAST, paired=True, rounds=2, noisy_rounds=2))
     assert paired.status == "OK", paired.error
     assert paired.cublas_ms > 0 and paired.cublas_drift is not None and len(paired.x_rounds) == 2
     (tmp_path / "plain").mkdir()

@@ -176,6 +176,58 @@ def test_paired_windows_alternate_and_the_ratio_cancels_a_drifting_clock():
     assert pair.ratio == pytest.approx(1.1, rel=0.02)
 
 
+def _calls(clock, pattern, log, name):
+    """A launch per set whose calls take the durations of `pattern` in turn (one cycle shared by
+    every set), each call logged under `name`."""
+    times = itertools.cycle(pattern)
+
+    def make_run(i):
+        def run():
+            log.append(name)
+            clock.now += next(times)
+
+        return run
+
+    return make_run
+
+
+@pytest.mark.parametrize(("noisy_side", "rounds"), [(None, 2), ("K", 5), ("B", 5)])
+def test_a_noisy_pair_takes_more_rounds_up_to_noisy_rounds(noisy_side, rounds):
+    """Steady calls on both sides keep `rounds` windows each; calls that alternate 1 and 2 ms (a
+    p20-p80 spread of 100 %) on either side keep adding a window of each, up to `noisy_rounds`, in
+    the same alternation, baseline first and last."""
+    clock, log = FakeClock(), []
+    noisy, steady = (1.0, 2.0), (1.5,)
+    pair = time_paired(
+        _calls(clock, noisy if noisy_side == "K" else steady, log, "K"),
+        _calls(clock, noisy if noisy_side == "B" else steady, log, "B"),
+        1,
+        warmup_ms=0,
+        rewarm_ms=0,
+        min_ms=10,
+        rounds=2,
+        noisy_rounds=5,
+        min_iters=2,
+        clock=clock,
+    )
+    assert len(pair.rounds) == rounds
+    windows = re.sub(
+        r"(.)\1*", r"\1", "".join(log[2 + 2 :])
+    )  # runs of one side, after first calls and warm-ups
+    assert windows == "B" + "KB" * rounds
+    assert (pair.timing.noisy, pair.baseline.noisy) == (noisy_side == "K", noisy_side == "B")
+
+
+def test_extra_rounds_never_shrink_below_rounds():
+    """noisy_rounds below rounds: the cell still gets its `rounds` (the CLI passes the larger)."""
+    clock = FakeClock()
+    steady = _calls(clock, (1.0,), [], "K")
+    pair = time_paired(
+        steady, steady, 1, warmup_ms=0, rewarm_ms=0, min_ms=5, rounds=3, noisy_rounds=1, clock=clock
+    )
+    assert len(pair.rounds) == 3
+
+
 # ------------------------------------------------------------------------------------------------
 # Queued timing (`queued`, the CLI's --gpu-time): GPU time for kernels shorter than their launch
 
@@ -308,7 +360,9 @@ def test_after_a_starved_window_the_holds_cover_the_hosts_whole_enqueue_time(gpu
     kernel = gpu.launcher(*DECODE, stall_at=52, stall_ms=5.0)
     base = gpu.launcher("B", 0.020, 0.015)
     bounds = {"min_ms": 1e-3, "min_iters": 200, "max_iters": 200}  # 100 calls per window
-    pair = time_paired(kernel, base, 1, warmup_ms=0, rewarm_ms=0, rounds=2, queued=True, clock=gpu, **bounds)
+    pair = time_paired(
+        kernel, base, 1, warmup_ms=0, rewarm_ms=0, rounds=2, noisy_rounds=2, queued=True, clock=gpu, **bounds
+    )
     assert (pair.timing.starved, pair.baseline.starved) == (50, 0)
     kernel_holds = _holds_before(gpu.events, "K")
     host_ms = (100 * 0.020 + 5.0) / 100  # the first window's first burst, with the stall in it

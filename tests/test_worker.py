@@ -14,7 +14,7 @@ from gluon_survey.launch import Launch
 
 TASK = {"M": 48, "N": 40, "K": 72, "dtype": "fp16", "b_layout": "t"}
 SETTINGS = Settings(warmup_ms=1.0, min_ms=2.0, min_iters=5, max_iters=50, paired=False)
-PAIRED = replace(SETTINGS, paired=True)
+PAIRED = replace(SETTINGS, paired=True, noisy_rounds=SETTINGS.rounds)  # no extra rounds: exact counts
 
 
 def cpu(prepare, unsupported=None, l2_bytes=0, **fields):
@@ -172,7 +172,7 @@ def test_paired_timing_gets_the_long_warm_up_once_and_the_rounds_asked_for(monke
 
     monkeypatch.setattr(timing, "time_paired", spy)
     provider = cpu(matmul, baseline=matmul)
-    settings = replace(PAIRED, warmup_ms=1000.0, rewarm_ms=200.0, rounds=3)
+    settings = replace(PAIRED, warmup_ms=1000.0, rewarm_ms=200.0, rounds=3, noisy_rounds=3)
     row = measure(provider, TASK, settings, lambda _: None)
     assert row["status"] == "OK"
     assert calls == [(1000.0, 200.0, 3)]  # cuBLAS's warm-up, then the mode's short one
@@ -192,7 +192,9 @@ def test_settings_may_come_as_json_with_the_defaults_for_what_is_missing(monkeyp
     monkeypatch.setattr(timing, "time_paired", spy)
     row = measure(cpu(matmul, baseline=matmul), TASK, {"seed": 1, "max_iters": 50}, lambda _: None)
     defaults = Settings()
-    assert row["status"] == "OK" and len(row["x_rounds"]) == defaults.rounds  # paired by default
+    assert row["status"] == "OK"  # paired by default, with the default rounds
+    assert (seen["rounds"], seen["noisy_rounds"]) == (defaults.rounds, defaults.noisy_rounds)
+    assert defaults.rounds <= len(row["x_rounds"]) <= defaults.noisy_rounds
     assert (seen["warmup_ms"], seen["rewarm_ms"]) == (defaults.warmup_ms, defaults.rewarm_ms)
     assert seen["max_iters"] == 50
 

@@ -166,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     how.add_argument(
+        "--noisy-rounds",
+        type=argtypes.positive_int,
+        default=DEFAULTS.noisy_rounds,
+        help="paired timing: a cell whose samples (or cuBLAS's) still spread over 5 %% after --rounds "
+        "takes more rounds, up to this many in all; the choice looks only at the spread, never at "
+        "the ratio (default: %(default)s)",
+    )
+    how.add_argument(
         "--gpu-time",
         action=argparse.BooleanOptionalAction,
         default=DEFAULTS.queued,
@@ -444,6 +452,7 @@ def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], comman
         timeout_s=args.timeout,
         paired=args.paired,
         rounds=args.rounds,
+        noisy_rounds=max(args.rounds, args.noisy_rounds),
         queued=args.gpu_time,
         bias=args.bias,
     )

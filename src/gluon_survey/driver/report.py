@@ -176,7 +176,12 @@ def _settings_lines(s: dict[str, Any]) -> list[str]:
         lines.insert(
             1,
             f"Paired: each cell in {s['rounds']} windows of that length, alternating with "
-            f"{s['rounds'] + 1} of cuBLAS's on the same inputs",
+            f"{s['rounds'] + 1} of cuBLAS's on the same inputs"
+            + (
+                f", up to {s['noisy_rounds']} of each while either side's samples spread over 5 %"
+                if s.get("noisy_rounds", 0) > s["rounds"]
+                else ""
+            ),
         )
     if s.get("bias"):
         lines.append(
@@ -334,7 +339,8 @@ def legend(rows: Iterable[Row], queued: bool = False) -> str:
     """The line under each table; it says which cuBLAS time the ratios divide and, for a run timed
     in GPU time (`queued`), what the GB/s are."""
     rows = list(rows)
-    rounds = max((len(r.x_rounds or ()) for r in rows), default=0)
+    counts = sorted({len(r.x_rounds) for r in rows if r.x_rounds})
+    rounds = "" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     kinds = list(dict.fromkeys(baseline_mode(r) for r in rows)) or [BASELINE]  # in order of appearance
     kinds.sort(key=list(REFERENCE_NAMES).index)  # cuBLAS first, then the grouped references
     names = [REFERENCE_NAMES[k] for k in kinds]

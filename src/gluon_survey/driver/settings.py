@@ -25,6 +25,9 @@ class Settings:
     timeout_s: float = 600.0  # per task, compilation and autotuning included (the runner's limit)
     paired: bool = True  # time cuBLAS alongside every task of the other modes (worker.measure)
     rounds: int = 3  # paired: the task's timed windows of min_ms, alternating with cuBLAS's
+    # paired: a cell whose samples (its own or cuBLAS's) spread more than timing.NOISY_SPREAD after
+    # `rounds` takes more rounds, up to this many in all (timing.time_paired)
+    noisy_rounds: int = 9
     queued: bool = False  # GPU time: sleep kernels keep the host ahead (timing.py); off: time per call
     bias: bool = False  # every product adds a bias [N] (matmul's bias=; cuBLAS: torch.addmm)
 

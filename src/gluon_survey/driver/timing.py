@@ -44,9 +44,15 @@ Method
   window median, which cancels the clock's slow drift; the reported ratio is the median over the
   rounds, and their range shows how much is left. (A ratio of medians pooled over all windows
   can fall outside the rounds' range: the samples sit at a few discrete clock levels, and a
-  pooled median jumps between them.)
+  pooled median jumps between them.) A cell whose samples, its own or the baseline's, are still
+  NOISY after `rounds` takes more rounds, one window of each at a time, up to `noisy_rounds` in
+  all: where a call is about as long as its launch, single rounds of the same cuBLAS call against
+  itself ranged 0.75-1.21 on an H200, and three of them put identical calls at 0.81x (nine: 0.99-
+  1.02x; results/h200-dense-sweep). The choice to go on looks only at the spread, never at the
+  ratio, so it cannot favour either side.
 
-The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `min_iters`, `max_iters` and `queued`
+The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `noisy_rounds`, `min_iters`, `max_iters`
+and `queued`
 are those of `gluon_survey.driver.settings.Settings`, the one place they are written.
 """
 
@@ -350,6 +356,7 @@ def time_paired(
     max_iters: int = DEFAULTS.max_iters,
     queued: bool = DEFAULTS.queued,
     clock: Clock | None = None,
+    noisy_rounds: int = DEFAULTS.noisy_rounds,
 ) -> PairedTiming:
     """Time a kernel against a baseline in alternating windows: baseline, kernel, baseline, ...,
     kernel, baseline (`rounds` kernel windows of about min_ms of GPU time each, between rounds + 1
@@ -362,8 +369,10 @@ def time_paired(
     steady clock (the pause at its synchronisation), and short windows scattered the rounds
     (docs/perf-notes.md, entry 16, has the measurements). The warm-up is the baseline's
     (`warmup_ms`), then a short one of the kernel's (`rewarm_ms`); min_iters and max_iters bound the
-    samples of all of the kernel's windows together. `queued`: both keep the host ahead (holds of
-    their own), as in `time_fn`.
+    samples of all of the kernel's windows together (of its first `rounds`: more rounds take windows
+    of the same size). While the kernel's samples or the baseline's are NOISY, another round (a
+    window of each) follows, up to `noisy_rounds` rounds in all (module docstring). `queued`: both
+    keep the host ahead (holds of their own), as in `time_fn`.
     """
     clock = clock or CudaEventClock()
     runs = [make_run(i) for i in range(n_copies)]
@@ -377,7 +386,9 @@ def time_paired(
     n_base = _iterations(min_ms, base_estimate, *bounds)
     base_windows = [_window(base, clock, n_base, base_queue)]
     run_windows = []
-    for _ in range(rounds):
+    while len(run_windows) < rounds or (
+        len(run_windows) < noisy_rounds and (_pooled(run_windows).noisy or _pooled(base_windows).noisy)
+    ):
         run_windows.append(_window(runs, clock, n_run, run_queue))
         base_windows.append(_window(base, clock, n_base, base_queue))
     base_medians = [float(np.median(w)) for w, _ in base_windows]

@@ -421,6 +421,7 @@ def measure(
                 warmup_ms=settings.warmup_ms,
                 rewarm_ms=settings.rewarm_ms,
                 rounds=settings.rounds,
+                noisy_rounds=settings.noisy_rounds,
                 queued=settings.queued,
                 clock=provider.clock,
                 **bounds,
