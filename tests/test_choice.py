@@ -251,8 +251,8 @@ def test_fp8_warpspec_takes_the_tile_whose_waves_finish_first(M, N, rows):
      (17, 28672, 4096, "fp8-row", "swapab", 32), (64, 4096, 4096, "fp8-row", "swapab", 64),
      (65, 4096, 4096, "fp8-row", "torch", None), (1, 57344, 28672, "fp8", "swapab", 16),
      (16, 4096, 4096, "fp8", "swapab", 16), (17, 4096, 4096, "fp8", "torch", None),
-     (2048, 8192, 4096, "fp8-row", "torch", None), (2049, 8192, 4096, "fp8", "warpspec", None),
-     (2049, 8192, 4096, "fp8-row", "warpspec", None), (1, 4096, 16384, "fp8", "gemv", None),
+     (2048, 8192, 4096, "fp8-row", "torch", None), (2049, 28672, 4096, "fp8", "warpspec", None),
+     (2049, 28672, 4096, "fp8-row", "warpspec", None), (1, 4096, 16384, "fp8", "gemv", None),
      (1, 57344, 8192, "fp8-row", "gemv", None), (2, 4096, 4096, "fp8-row", "swapab", 16),
      (64, 28672, 4096, "fp8-row", "swapab", 64), (33, 10240, 8192, "fp8-row", "swapab", 64),
      (64, 57344, 8192, "fp8-row", "swapab", 64)],
@@ -295,6 +295,28 @@ def test_the_fp8_rule_shares_sms_between_one_and_four_waves_of_tiles(N, sm_count
     # at 64 tokens the same weights take the 128-row tile instead of the shared ring
     cfg = swapab.candidates((9, 0), fp8=True)[choice.rule(64, (9, 0), "fp8-row", N, sm_count).config]
     assert cfg == swapab.whole_k((9, 0), 64, fp8=True, ring="tall" if shared else "one")
+
+
+@pytest.mark.parametrize(
+    ("M", "N", "used", "mode"),
+    [(3000, 3584, 448 / 528, "torch"),  # 16 x 28 192-row tiles: the fourth of four waves 39 % full
+     (2500, 6144, 960 / 1056, "warpspec"),  # 128-row tiles, 0.91 of the slots
+     (4096, 4096, 1024 / 1056, "warpspec"), (16384, 28672, 19264 / 19272, "warpspec")],
+)  # fmt: skip
+def test_the_fp8_rule_leaves_warpspec_where_its_tile_leaves_sm_slots_idle(M, N, used, mode):
+    """Above M = 2048 warpspec runs where its fp8 tile (`fp8_config`) fills at least FP8_MIN_SLOTS
+    of its waves' SM slots on the GPU, cuBLAS fp8 where the last wave leaves more of them idle;
+    `explain`'s line says which. Unknown N or SM count, or a GPU other than sm_90: warpspec."""
+    assert warpspec.fp8_slots_used(M, N, 132) == pytest.approx(used)
+    for dtype in ("fp8", "fp8-row"):
+        c = choice.rule(M, (9, 0), dtype, N, 132, 4096)
+        assert c.mode == mode and (f"fills {used:.0%}" in c.why) == (mode == "torch")
+        assert choice.choose(M, N, 4096, dtype, "t", (9, 0), "NVIDIA H200", 132).mode == mode
+        assert choice.rule(M, (9, 0), dtype, N, 0, 4096).mode == "warpspec"
+        assert choice.rule(M, (10, 0), dtype, N, 148, 4096).mode == "warpspec"
+    # more SMs fill the same tiles' waves differently: 448 tiles on 112 SMs are exactly 4 waves
+    assert warpspec.fp8_slots_used(3000, 3584, 112) == 1.0
+    assert choice.rule(3000, (9, 0), "fp8", 3584, 112, 4096).mode == "warpspec"
 
 
 def test_the_committed_tables_name_real_candidates():

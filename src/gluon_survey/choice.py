@@ -42,14 +42,15 @@ across its weights, and the `holdout` preset on weights the table was not tuned 
 
 fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; a table's fp8 entries, which `tune --dtype
 fp8,fp8-row` measures, answer for their weights as 16-bit ones do; the H100 table has none yet):
-`warpspec` from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves each leaves on the
-GPU, `warpspec.fp8_config`); at M = 1 with K <= 16384, `gemv` (the weight streamed in one chunk a row,
-CUDA-core FMAs); swapab's whole-K tile (one 64-row tile per program over all of K) with row-wise
-scales at M <= 64 and with per-tensor scales at M <= 16, on its shared ring (two programs an SM)
-where the weight has more 64-row tiles than the GPU has SMs, but at most four times as many (at
-33-64 tokens there a tile of 128 weight rows, one program an SM, instead); cuBLAS fp8 otherwise
-(warpspec lost to it at M = 1024 on the H100, and the whole-K tile at M = 64 with per-tensor
-scales).
+`warpspec` from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves each leaves on the GPU,
+`warpspec.fp8_config`), on sm_90 where that tile fills at least FP8_MIN_SLOTS of its waves' SM slots
+(cuBLAS fp8 where the last wave leaves more of them idle); at M = 1 with K <= 16384, `gemv` (the
+weight streamed in one chunk a row, CUDA-core FMAs); swapab's whole-K tile (one 64-row tile per
+program over all of K) with row-wise scales at M <= 64 and with per-tensor scales at M <= 16, on its
+shared ring (two programs an SM) where the weight has more 64-row tiles than the GPU has SMs, but at
+most four times as many (at 33-64 tokens there a tile of 128 weight rows, one program an SM,
+instead); cuBLAS fp8 otherwise (warpspec lost to it at M = 1024 on the H100, and the whole-K tile at
+M = 64 with per-tensor scales).
 
 Other GPUs: cuBLAS (`torch`).
 """
@@ -84,6 +85,12 @@ GPU_TIME_FLOOR = 1.0
 # llm shapes (results/h100-fp8-llm). So the rule keeps cuBLAS fp8 up to this M and runs warpspec
 # above it.
 FP8_GLUON_FROM_M = 2048
+# ... where warpspec's fp8 tile (`warpspec.fp8_config`) fills at least this share of the SM slots
+# of its waves. Off the dense grid (results/h100-fp8-offgrid) the two per-tensor cells whose tile
+# filled 0.85 of them (3000 x 3584 x 3584 and x 18944: 448 tiles, the fourth of four waves 39 %
+# full, with either tile) ran 0.913x and 0.846x cuBLAS fp8; every other warpspec cell there and in
+# both dense sweeps (results/h100-dense-sweep, results/h200-dense-sweep) filled 0.91 or more.
+FP8_MIN_SLOTS = 0.9
 # fp8 at M = 1, 16, 64 over the llm weights, kernel-only (results/h100-fp8-wholek): swapab's
 # whole-K tile ran 1.00-1.76x cuBLAS fp8's speed with row-wise scales at all 24 shapes (split
 # swapab, the rule before: 1.03-1.60x at M <= 16 only); with per-tensor scales 1.00-1.10x at M <= 16
@@ -156,6 +163,17 @@ def rule(
     takes a one-token product (0: unknown, it does not); the B layout whether a 16-bit one does."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M:
+            from .kernels.warpspec import fp8_slots_used
+
+            hopper = capability[0] == 9 and N > 0 and sm_count > 0  # the sm_90 tile's waves
+            used = fp8_slots_used(M, N, sm_count) if hopper else 1.0
+            if used < FP8_MIN_SLOTS:
+                return Choice(
+                    "torch",
+                    None,
+                    f"rule: fp8 with M > {FP8_GLUON_FROM_M}, but warpspec's tile fills {used:.0%} of its "
+                    f"waves' SM slots (< {FP8_MIN_SLOTS:.0%}): cuBLAS fp8",
+                )
             return Choice(
                 "warpspec", None, f"rule: fp8 with M > {FP8_GLUON_FROM_M}: the warp-specialized rung"
             )

@@ -182,6 +182,14 @@ def fp8_config(M: int, N: int, sm_count: int) -> WarpSpecConfig:
     return PINGPONG_FP8_MID if mid < waves_of_rows(PINGPONG_FP8, 1.0) else PINGPONG_FP8
 
 
+def fp8_slots_used(M: int, N: int, sm_count: int) -> float:
+    """The share of its waves' SM slots that `fp8_config`'s tile fills on an M x N output: its tiles
+    over (waves x SMs); 1.0 when every wave is full."""
+    cfg = fp8_config(M, N, sm_count)
+    tiles = -(-M // (cfg.BLOCK_M * cfg.BOXES)) * -(-N // cfg.BLOCK_N)
+    return tiles / (-(-tiles // sm_count) * sm_count)
+
+
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
     if capability[0] == 9:
         return None
