@@ -215,6 +215,20 @@ def test_paired_rounds_are_preferred_and_named_in_the_legend(sample):
     assert "the torch row of the same shape" in report.legend(sample.rows)
     unpaired = [replace(r, x_rounds=None) for r in paired.rows]  # cublas_ms alone does not pair a run
     assert "the torch row of the same shape" in report.legend(unpaired)
+    # cells that took extra rounds (the timer's `noisy_rounds`): the legend gives the range
+    (three,) = [r for r in paired.rows if r.x_rounds]
+    assert len(three.x_rounds) == 3
+    assert "median over 3-9 rounds" in report.legend([three, replace(three, K=4096, x_rounds=[1.1] * 9)])
+
+
+@pytest.mark.parametrize(("noisy_rounds", "extra"), [(9, True), (3, False), (None, False)])
+def test_the_settings_line_says_how_many_rounds_a_noisy_cell_may_take(noisy_rounds, extra):
+    settings = {"paired": True, "rounds": 3}
+    if noisy_rounds is not None:  # results files written before the timer's extra rounds lack it
+        settings["noisy_rounds"] = noisy_rounds
+    (paired,) = [line for line in report._settings_lines(settings) if line.startswith("Paired: ")]
+    assert paired.startswith("Paired: each cell in 3 windows of that length, alternating with 4 of cuBLAS's")
+    assert ("up to 9 of each while either side's samples spread over 5 %" in paired) == extra
 
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
