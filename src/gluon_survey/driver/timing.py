@@ -47,13 +47,13 @@ Method
   pooled median jumps between them.) A cell whose samples, its own or the baseline's, are still
   NOISY after `rounds` takes more rounds, one window of each at a time, up to `noisy_rounds` in
   all: where a call is about as long as its launch, single rounds of the same cuBLAS call against
-  itself ranged 0.75-1.21 on an H200, and three of them put identical calls at 0.81x (nine: 0.99-
-  1.02x; results/h200-dense-sweep). The choice to go on looks only at the spread, never at the
-  ratio, so it cannot favour either side.
+  itself ranged 0.75-1.21 on an H200, and three of them put identical calls at 0.81x (nine:
+  0.99-1.02x; results/experiments/h200-noisy-rounds). The choice to go on looks only at the
+  spread, never at the ratio, so it cannot favour either side.
 
-The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `noisy_rounds`, `min_iters`, `max_iters`
-and `queued`
-are those of `gluon_survey.driver.settings.Settings`, the one place they are written.
+The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `noisy_rounds`, `min_iters`,
+`max_iters` and `queued` are those of `gluon_survey.driver.settings.Settings`, the one place they
+are written.
 """
 
 from __future__ import annotations
