@@ -169,14 +169,17 @@ def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> WarpSp
     return COOPERATIVE if K >= COOPERATIVE_FROM_K else PINGPONG
 
 
+def _tiles(cfg: WarpSpecConfig, M: int, N: int) -> int:
+    """The output tiles of `cfg` (BOXES boxes of BLOCK_M rows by BLOCK_N) on an M x N output."""
+    return -(-M // (cfg.BLOCK_M * cfg.BOXES)) * -(-N // cfg.BLOCK_N)
+
+
 def fp8_config(M: int, N: int, sm_count: int) -> WarpSpecConfig:
     """fp8's ping-pong tile for an M x N output on `sm_count` SMs: the 192-row tile, or the 128-row
     one where its waves of tiles (each counted by its rows over its rate) finish sooner."""
 
     def waves_of_rows(cfg: WarpSpecConfig, rate: float) -> float:
-        rows = cfg.BLOCK_M * cfg.BOXES
-        tiles = -(-M // rows) * -(-N // cfg.BLOCK_N)
-        return -(-tiles // max(1, sm_count)) * rows / rate
+        return -(-_tiles(cfg, M, N) // max(1, sm_count)) * cfg.BLOCK_M * cfg.BOXES / rate
 
     mid = waves_of_rows(PINGPONG_FP8_MID, MID_FP8_RATE)
     return PINGPONG_FP8_MID if mid < waves_of_rows(PINGPONG_FP8, 1.0) else PINGPONG_FP8
@@ -185,8 +188,7 @@ def fp8_config(M: int, N: int, sm_count: int) -> WarpSpecConfig:
 def fp8_slots_used(M: int, N: int, sm_count: int) -> float:
     """The share of its waves' SM slots that `fp8_config`'s tile fills on an M x N output: its tiles
     over (waves x SMs); 1.0 when every wave is full."""
-    cfg = fp8_config(M, N, sm_count)
-    tiles = -(-M // (cfg.BLOCK_M * cfg.BOXES)) * -(-N // cfg.BLOCK_N)
+    tiles = _tiles(fp8_config(M, N, sm_count), M, N)
     return tiles / (-(-tiles // sm_count) * sm_count)
 
 
