@@ -26,7 +26,7 @@ from bad_inputs import BAD_INPUTS
 from gluon_survey import api, ops
 from gluon_survey.baselines import torch_ops
 from gluon_survey.driver import cli, overhead
-from gluon_survey.kernels import blocked, persistent, pipelined, slab, splitk, warpspec
+from gluon_survey.kernels import blocked, persistent, pipelined, slab, splitk, swapab, warpspec
 from gluon_survey.kernels.plan import Plan
 from gluon_survey.launch import Launch, Scales, Target, a_layout, is_a_kmajor
 from recording import Launched, Recorder
@@ -54,6 +54,7 @@ def _fake_gpu(monkeypatch, log: list[Launched] | None) -> list[tuple]:
         monkeypatch.setattr(
             module, "RUNG", dataclasses.replace(rung, kernel=Recorder(rung.kernel.__name__, log))
         )
+    monkeypatch.setattr(swapab, "swapab_kernel", Recorder("swapab_kernel", log))  # the rule's few tokens
     builds: list[tuple] = []
     build = api._build_plan
 
@@ -89,7 +90,7 @@ def _operands(M: int, N: int, K: int, layout: str = "t", dtype=torch.bfloat16):
 
 @pytest.mark.parametrize("kernel", ["Blocked", "Pipelined", "persistent", "warpspec", None])
 def test_a_repeated_call_reuses_its_plan_on_the_new_tensors(host, kernel):
-    M = 3000 if kernel else 16  # kernel=None: the rule's slab (cuBLAS above 16 tokens)
+    M = 3000 if kernel else 16  # kernel=None: the rule's whole-K swapab (cuBLAS above 16 tokens)
     first = _operands(M, 520, 264)
     second = _operands(M, 520, 264)
     assert api.matmul(*first[:2], kernel=kernel, out=first[2]) is first[2]
@@ -97,7 +98,7 @@ def test_a_repeated_call_reuses_its_plan_on_the_new_tensors(host, kernel):
     assert len(host.builds) == 1, "the second call of the same key built a plan again"
     one, two = host.launches
     assert (one.kernel, one.grid, one.kwargs) == (two.kernel, two.grid, two.kwargs)
-    assert two.rest in ((None,), (None, None, None))  # no bias (Blocked), nor fp8 scales
+    assert two.rest[:3] in ((None,), (None, None, None))  # no bias (Blocked), nor fp8 scales
     assert two.kwargs["HAS_BIAS"] is False
     for desc, tensor in zip(two.descriptors, (second[0], second[1], second[2]), strict=True):
         assert desc.base is tensor  # this call's tensors, not the first call's
@@ -819,14 +820,14 @@ def test_the_bias_is_each_launchs_argument_and_a_constexpr_says_so(host, kernel)
     assert len(host.builds) == 2, "one plan with a bias, one without"
     first, second, plain = host.launches
     assert first.kwargs["HAS_BIAS"] is True and plain.kwargs["HAS_BIAS"] is False
-    assert first.rest[-1] is biases[0] and second.rest[-1] is biases[1]
-    assert plain.rest[-1] is None
+    at = 2 if kernel is None else -1  # swapab's bias comes before its split-K workspace
+    assert first.rest[at] is biases[0] and second.rest[at] is biases[1]
+    assert plain.rest[at] is None
     launch = api.prepare(kernel or "auto", a, b, out, bias=biases[0])
     assert launch.config["bias"] == "fused"
 
 
 def test_swapab_and_splitk_launch_the_bias_before_their_workspace(host, monkeypatch):
-    from gluon_survey.kernels import splitk, swapab
 
     log: list[Launched] = []
     for module, kernel in ((splitk, "splitk_kernel"), (swapab, "swapab_kernel")):

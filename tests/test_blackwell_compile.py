@@ -248,7 +248,7 @@ def test_mma_rung_runs_its_blackwell_config_on_sm100(sm100, rung):
 @pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
 @pytest.mark.parametrize(
     ("M", "kernel"),
-    [(4096, None), (128, None), (17, None), (16, "slab_kernel"), (1, "gemv_kernel")],
+    [(4096, None), (128, None), (17, None), (16, "swapab_kernel"), (1, "gemv_kernel")],
 )
 def test_default_kernel_on_sm100_follows_the_rule(sm100, M, kernel):
     """No table for this GPU: the documented rule (gluon_survey/choice.py) picks by M (None:

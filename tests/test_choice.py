@@ -206,29 +206,34 @@ def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
         (16, 4096, 14336, "bf16", "row"),
     ]:
         c = choice.choose(*args, (9, 0), H100)
-        assert c == choice.Choice("slab", None, c.why) and "has no entry for this weight" in c.why
+        whole_k = swapab.whole_k((9, 0), 16).label
+        assert c == choice.Choice("swapab", whole_k, c.why) and "has no entry for this weight" in c.why
     c = choice.choose(32, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
     assert c.mode == "torch" and "no table for NVIDIA H200" in c.why
     assert choice.choose(1, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "gemv"
-    assert choice.choose(1, 4096, 4096, "bf16", "row", (9, 0), H100).mode == "slab"  # gemv is K-major only
+    assert choice.choose(1, 4096, 4096, "bf16", "row", (9, 0), H100).mode == "swapab"  # gemv: K-major only
     assert choice.choose(4096, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "torch"
 
 
 @pytest.mark.parametrize(
     ("M", "capability", "mode"),
-    [(1, (9, 0), "gemv"), (1, (10, 0), "gemv"), (2, (9, 0), "slab"), (16, (10, 0), "slab"),
+    [(1, (9, 0), "gemv"), (1, (10, 0), "gemv"), (2, (9, 0), "swapab"), (16, (10, 0), "swapab"),
      (17, (9, 0), "torch"), (64, (9, 0), "torch"), (256, (10, 0), "torch"), (2048, (9, 0), "torch"),
      (2049, (9, 0), "torch"), (4096, (9, 0), "torch"), (8192, (10, 0), "torch"), (1, (8, 0), "torch"),
      (16, (8, 0), "torch"), (16, (12, 0), "torch")],
 )  # fmt: skip
 def test_the_rule(M, capability, mode):
     """fp16/bf16 without a table entry: gemv for one token (of a K-major weight: a row-major one
-    takes slab), slab to 16, cuBLAS above (no warpspec for prefill sizes)."""
+    takes the whole-K tile), swapab's whole-K tile of 16 tokens to 16, cuBLAS above (no warpspec
+    for prefill sizes)."""
+    whole_k = swapab.whole_k(capability, 16).label if capability[0] in (9, 10) else None
     for dtype in ("fp16", "bf16"):
         c = choice.rule(M, capability, dtype)
-        assert (c.mode, c.config) == (mode, None)
+        assert (c.mode, c.config) == (mode, whole_k if mode == "swapab" else None)
         row = choice.rule(M, capability, dtype, layout="row")
-        assert row.mode == ("slab" if mode == "gemv" else mode)
+        assert (row.mode, row.config) == (("swapab", whole_k) if mode in ("gemv", "swapab") else (mode, None))
+    cfg = swapab.candidates(capability)[whole_k] if whole_k else None
+    assert cfg is None or (cfg.BLOCK_M, cfg.BLOCK_N, cfg.SPLIT_K) == (64, 16, 1)
 
 
 @pytest.mark.parametrize(
@@ -252,7 +257,8 @@ def test_fp8_warpspec_takes_the_tile_whose_waves_finish_first(M, N, rows):
      (65, 4096, 4096, "fp8-row", "torch", None), (1, 57344, 28672, "fp8", "swapab", 16),
      (16, 4096, 4096, "fp8", "swapab", 16), (17, 4096, 4096, "fp8", "torch", None),
      (2048, 8192, 4096, "fp8-row", "torch", None), (2049, 28672, 4096, "fp8", "warpspec", None),
-     (2049, 28672, 4096, "fp8-row", "warpspec", None), (1, 4096, 16384, "fp8", "gemv", None),
+     (2049, 28672, 4096, "fp8-row", "torch", None), (1, 4096, 16384, "fp8", "gemv", None),
+     (16384, 57344, 8192, "fp8-row", "torch", None), (16384, 57344, 8192, "fp8", "warpspec", None),
      (1, 57344, 8192, "fp8-row", "gemv", None), (2, 4096, 4096, "fp8-row", "swapab", 16),
      (64, 28672, 4096, "fp8-row", "swapab", 64), (33, 10240, 8192, "fp8-row", "swapab", 64),
      (64, 57344, 8192, "fp8-row", "swapab", 64)],
@@ -306,14 +312,17 @@ def test_the_fp8_rule_shares_sms_between_one_and_four_waves_of_tiles(N, sm_count
 def test_the_fp8_rule_leaves_warpspec_where_its_tile_leaves_sm_slots_idle(M, N, used, mode):
     """Above M = 2048 warpspec runs where its fp8 tile (`fp8_config`) fills at least FP8_MIN_SLOTS
     of its waves' SM slots on the GPU, cuBLAS fp8 where the last wave leaves more of them idle;
-    `explain`'s line says which. Unknown N or SM count, or a GPU other than sm_90: warpspec."""
+    `explain`'s line says which. Unknown N or SM count, or a GPU other than sm_90: warpspec. fp8-row
+    runs cuBLAS's row-wise kernel there whatever the slots."""
     assert warpspec.fp8_slots_used(M, N, 132) == pytest.approx(used)
-    for dtype in ("fp8", "fp8-row"):
-        c = choice.rule(M, (9, 0), dtype, N, 132, 4096)
-        assert c.mode == mode and (f"fills {used:.0%}" in c.why) == (mode == "torch")
-        assert choice.choose(M, N, 4096, dtype, "t", (9, 0), "NVIDIA H200", 132).mode == mode
-        assert choice.rule(M, (9, 0), dtype, N, 0, 4096).mode == "warpspec"
-        assert choice.rule(M, (10, 0), dtype, N, 148, 4096).mode == "warpspec"
+    c = choice.rule(M, (9, 0), "fp8", N, 132, 4096)
+    assert c.mode == mode and (f"fills {used:.0%}" in c.why) == (mode == "torch")
+    assert choice.choose(M, N, 4096, "fp8", "t", (9, 0), "NVIDIA H200", 132).mode == mode
+    assert choice.rule(M, (9, 0), "fp8", N, 0, 4096).mode == "warpspec"
+    assert choice.rule(M, (10, 0), "fp8", N, 148, 4096).mode == "warpspec"
+    for capability, sm_count in (((9, 0), 132), ((9, 0), 0), ((10, 0), 148)):
+        row = choice.rule(M, capability, "fp8-row", N, sm_count, 4096)
+        assert row.mode == "torch" and "row-wise" in row.why
     # more SMs fill the same tiles' waves differently: 448 tiles on 112 SMs are exactly 4 waves
     assert warpspec.fp8_slots_used(3000, 3584, 112) == 1.0
     assert choice.rule(3000, (9, 0), "fp8", 3584, 112, 4096).mode == "warpspec"
@@ -677,9 +686,10 @@ def test_a_t_neighbours_are_the_a_t_entries(both):
 
 def test_without_a_t_entries_the_rule_answers_a_t_products_as_a_row_ones(table):
     """The weight of ENTRIES has A-row entries only, 8192 x 8192 none: an A-t product takes the
-    rule (slab to 16 tokens, cuBLAS above: it reads a transposed A in place), the why naming the pair."""
+    rule (swapab's whole-K tile to 16 tokens, cuBLAS above: it reads a transposed A in place), the why
+    naming the pair."""
     for N, K in [(4096, 14336), (8192, 8192)]:
-        for M, mode in [(16, "slab"), (4096, "torch")]:
+        for M, mode in [(16, "swapab"), (4096, "torch")]:
             c = _choose_a(M, "t", N, K)
             assert c.mode == mode and c.why.endswith("(table h100 has no entry for this weight (A t, B t))")
     assert _key(_choose_a(16, "row")) == SWAPAB  # the A-row entry, for A row

@@ -35,16 +35,18 @@ their numbers.
 **The rule**, for a weight without entries (or a GPU without a table), whatever A's layout (`matmul`
 reads a transposed A in place where the mode can, and copies it otherwise): on sm_90 and sm_100, one
 token and a K-major weight (`w.t()`): `gemv` (the weight streamed a row a program, CUDA-core
-FMAs); M <= 16: `slab` (mma.sync's 16-row slabs of the weight, no K split); above: cuBLAS
-(`torch`). Each threshold is measured (the constants below give the counts): the H100 table
-across its weights, and the `holdout` preset on weights the table was not tuned on
-(results/h100-holdout): no Gluon kernel beat cuBLAS by MARGIN across weights at any M above 16.
+FMAs); M <= 16: `swapab`'s whole-K tile (`swapab.whole_k`: 64 weight rows a program over all of
+K, the tokens the MMA's narrow side, no partials); above: cuBLAS (`torch`). Each threshold is
+measured (the constants below give the counts): the H100 table across its weights, and the
+`holdout` preset on weights the table was not tuned on (results/h100-holdout): no Gluon kernel beat
+cuBLAS by MARGIN across weights at any M above 16.
 
 fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; a table's fp8 entries, which `tune --dtype
 fp8,fp8-row` measures, answer for their weights as 16-bit ones do; the H100 table has none yet):
-`warpspec` from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves each leaves on the GPU,
-`warpspec.fp8_config`), on sm_90 where that tile fills at least FP8_MIN_SLOTS of its waves' SM slots
-(cuBLAS fp8 where the last wave leaves more of them idle); at M = 1 with K <= 16384, `gemv` (the
+with per-tensor scales `warpspec` from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves
+each leaves on the GPU, `warpspec.fp8_config`), on sm_90 where that tile fills at least
+FP8_MIN_SLOTS of its waves' SM slots (cuBLAS fp8 where the last wave leaves more of them idle);
+with row-wise scales cuBLAS's row-wise fp8 there; at M = 1 with K <= 16384, `gemv` (the
 weight streamed in one chunk a row, CUDA-core FMAs); swapab's whole-K tile (one 64-row tile per
 program over all of K) with row-wise scales at M <= 64 and with per-tensor scales at M <= 16, on its
 shared ring (two programs an SM) where the weight has more 64-row tiles than the GPU has SMs, but at
@@ -83,7 +85,10 @@ MAX_GAP = 4
 GPU_TIME_FLOOR = 1.0
 # fp8: warpspec measured 1.01-1.03x cuBLAS fp8 at M = 8192 and 0.87-0.88x at M = 1024 over the
 # llm shapes (results/h100-fp8-llm). So the rule keeps cuBLAS fp8 up to this M and runs warpspec
-# above it.
+# above it, with per-tensor scales only: against torch's row-wise fp8 kernel (5-10 % faster than
+# its per-tensor one at large M) warpspec with row-wise scales only tied above M = 2048, geomean
+# 0.999x and 1.011x in two H100 sweeps and 0.993x on the H200 over 48 cells each, down to
+# 0.954-0.963x (results/h100-dense-sweep, results/h200-dense-sweep; docs/perf-notes.md, entry 75).
 FP8_GLUON_FROM_M = 2048
 # ... where warpspec's fp8 tile (`warpspec.fp8_config`) fills at least this share of the SM slots
 # of its waves. Off the dense grid (results/h100-fp8-offgrid) the two per-tensor cells whose tile
@@ -117,9 +122,14 @@ FP8_GEMV_MAX_K = 16384
 #   weights, slab 0.87-1.15x (results/h100-holdout-row-m1). So only a K-major weight takes gemv.
 GEMV_M = 1  # at most
 # - M = 4 and 16: slab or swapab's whole-K tile on 6 of the 8 (1.03-1.11x); cuBLAS on 8192 x
-#   8192 and 28672 x 4096, where slab measured 0.99-1.03x, inside MARGIN. Kernel-only, slab took
-#   0.94-0.99x swapab's time on 31 of 32 pairs at M = 1 and 16 (results/h100-slab).
-SLAB_M = 16  # at most
+#   8192 and 28672 x 4096, where slab measured 0.99-1.03x, inside MARGIN. For a weight without
+#   entries the rule runs the one candidate that never lost to cuBLAS there: swapab's whole-K tile
+#   of 16 tokens (`swapab.whole_k`, W64xT16x256), per call 1.001-1.10x cuBLAS over the table's 32
+#   entries at M = 4 and 16 (geomean 1.047x), where the 32-row slab, the rule before, ran
+#   0.985-1.08x (1.027x); on the H200 (results/experiments/h200-slab-tiles, 26 cells at M = 2-16)
+#   0.996-1.22x (1.060x) against the slab's 0.931-1.15x, which lost on 8192 x 8192, a weight cuBLAS
+#   streams there at 3.7 TB/s (docs/perf-notes.md, entry 75).
+WHOLE_K_M = 16  # at most
 # - Above 16 the rule runs cuBLAS: no Gluon kernel beat it by MARGIN across weights at any M there.
 #   M = 64: cuBLAS on 5 of the 8 (the Gluon modes' own configs 0.60-1.02x, the whole-K tile
 #   0.94-1.06x); M = 128: cuBLAS on 7-8 of 8; M = 1024: cuBLAS on 4-7 of 8 (warpspec's
@@ -162,7 +172,7 @@ def rule(
     pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring); K whether fp8 gemv
     takes a one-token product (0: unknown, it does not); the B layout whether a 16-bit one does."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
-        if M > FP8_GLUON_FROM_M:
+        if M > FP8_GLUON_FROM_M and dtype == "fp8":
             from .kernels.warpspec import fp8_slots_used
 
             hopper = capability[0] == 9 and N > 0 and sm_count > 0  # the sm_90 tile's waves
@@ -201,17 +211,26 @@ def rule(
                 f"rule: {dtype}, M <= {most}: swap-AB's whole-K tile streams the weight faster than "
                 f"cuBLAS fp8{why}",
             )
-        return Choice("torch", None, f"rule: fp8 with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
+        if M > FP8_GLUON_FROM_M:
+            why = f"rule: {dtype} with M > {FP8_GLUON_FROM_M}: cuBLAS's row-wise fp8 (warpspec only tied it)"
+            return Choice("torch", None, why)
+        return Choice("torch", None, f"rule: {dtype} with M <= {FP8_GLUON_FROM_M}: cuBLAS fp8")
     if capability[0] not in (9, 10):
         return Choice("torch", None, f"rule: no Gluon rung runs on sm_{capability[0]}{capability[1]}")
     if M <= GEMV_M and layout == "t":
         return Choice("gemv", None, "rule: one token, a K-major weight: gemv streams it a row a program")
-    if M <= SLAB_M:
-        return Choice("slab", None, f"rule: M <= {SLAB_M}, mma.sync's 16-row slabs stream the weight unsplit")
+    if M <= WHOLE_K_M:
+        from .kernels.swapab import whole_k
+
+        return Choice(
+            "swapab",
+            whole_k(capability, M).label,
+            f"rule: M <= {WHOLE_K_M}: swap-AB's whole-K tile streams 64 weight rows a program over all of K",
+        )
     return Choice(
         "torch",
         None,
-        f"rule: M > {SLAB_M}: cuBLAS (no Gluon kernel beat it by {MARGIN * 100:g} % across weights there)",
+        f"rule: M > {WHOLE_K_M}: cuBLAS (no Gluon kernel beat it by {MARGIN * 100:g} % across weights there)",
     )
 
 
