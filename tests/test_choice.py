@@ -200,18 +200,20 @@ def test_ties_go_to_the_better_other_ratio_then_the_label(tmp_path, monkeypatch)
 
 
 def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
-    for args in [
-        (16, 4096, 4096, "bf16", "t"),
-        (16, 4096, 14336, "fp16", "t"),
-        (16, 4096, 14336, "bf16", "row"),
+    whole_k = swapab.whole_k((9, 0), 16).label
+    for args, mode, config in [
+        ((16, 4096, 4096, "bf16", "t"), "swapab", whole_k),
+        ((16, 4096, 14336, "fp16", "t"), "swapab", whole_k),
+        ((16, 4096, 14336, "bf16", "row"), "slab", None),
     ]:
         c = choice.choose(*args, (9, 0), H100)
-        whole_k = swapab.whole_k((9, 0), 16).label
-        assert c == choice.Choice("swapab", whole_k, c.why) and "has no entry for this weight" in c.why
+        assert c == choice.Choice(mode, config, c.why) and "has no entry for this weight" in c.why
     c = choice.choose(32, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
     assert c.mode == "torch" and "no table for NVIDIA H200" in c.why
     assert choice.choose(1, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "gemv"
-    assert choice.choose(1, 4096, 4096, "bf16", "row", (9, 0), H100).mode == "swapab"  # gemv: K-major only
+    assert choice.choose(1, 4096, 4096, "bf16", "row", (9, 0), H100).mode == "slab"  # gemv is K-major only
+    h200 = choice.choose(16, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
+    assert h200.mode == "slab" and "on the H200" in h200.why
     assert choice.choose(4096, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "torch"
 
 
@@ -223,15 +225,17 @@ def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
      (16, (8, 0), "torch"), (16, (12, 0), "torch")],
 )  # fmt: skip
 def test_the_rule(M, capability, mode):
-    """fp16/bf16 without a table entry: gemv for one token (of a K-major weight: a row-major one
-    takes the whole-K tile), swapab's whole-K tile of 16 tokens to 16, cuBLAS above (no warpspec
-    for prefill sizes)."""
+    """fp16/bf16 without a table entry: gemv for one token of a K-major weight, swapab's whole-K
+    tile of 16 tokens to 16, cuBLAS above (no warpspec for prefill sizes); a row-major weight, and
+    any weight on the H200, takes the slab where a K-major one takes gemv or the whole-K tile."""
     whole_k = swapab.whole_k(capability, 16).label if capability[0] in (9, 10) else None
     for dtype in ("fp16", "bf16"):
         c = choice.rule(M, capability, dtype)
         assert (c.mode, c.config) == (mode, whole_k if mode == "swapab" else None)
         row = choice.rule(M, capability, dtype, layout="row")
-        assert (row.mode, row.config) == (("swapab", whole_k) if mode in ("gemv", "swapab") else (mode, None))
+        assert (row.mode, row.config) == (("slab" if mode in ("gemv", "swapab") else mode), None)
+        h200 = choice.rule(M, capability, dtype, gpu_name="NVIDIA H200")
+        assert (h200.mode, h200.config) == (("slab", None) if mode == "swapab" else (c.mode, c.config))
     cfg = swapab.candidates(capability)[whole_k] if whole_k else None
     assert cfg is None or (cfg.BLOCK_M, cfg.BLOCK_N, cfg.SPLIT_K) == (64, 16, 1)
 

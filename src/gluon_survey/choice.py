@@ -36,10 +36,12 @@ their numbers.
 reads a transposed A in place where the mode can, and copies it otherwise): on sm_90 and sm_100, one
 token and a K-major weight (`w.t()`): `gemv` (the weight streamed a row a program, CUDA-core
 FMAs); M <= 16: `swapab`'s whole-K tile (`swapab.whole_k`: 64 weight rows a program over all of
-K, the tokens the MMA's narrow side, no partials); above: cuBLAS (`torch`). Each threshold is
-measured (the constants below give the counts): the H100 table across its weights, and the
-`holdout` preset on weights the table was not tuned on (results/h100-holdout): no Gluon kernel beat
-cuBLAS by MARGIN across weights at any M above 16.
+K, the tokens the MMA's narrow side, no partials) for a K-major weight, `slab` (mma.sync's 16-row
+slabs of the weight, no K split) for a row-major one and on the H200 (SLAB_GPUS); above: cuBLAS
+(`torch`). Each threshold is measured (the constants below give the counts): the H100 table across
+its weights, the `holdout` preset on weights the table was not tuned on (results/h100-holdout,
+results/h100-holdout-wholek) and the H200's dense sweep: no Gluon kernel beat cuBLAS by MARGIN
+across weights at any M above 16.
 
 fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; a table's fp8 entries, which `tune --dtype
 fp8,fp8-row` measures, answer for their weights as 16-bit ones do; the H100 table has none yet):
@@ -128,8 +130,17 @@ GEMV_M = 1  # at most
 #   entries at M = 4 and 16 (geomean 1.047x), where the 32-row slab, the rule before, ran
 #   0.985-1.08x (1.027x); on the H200 (results/experiments/h200-slab-tiles, 26 cells at M = 2-16)
 #   0.996-1.22x (1.060x) against the slab's 0.931-1.15x, which lost on 8192 x 8192, a weight cuBLAS
-#   streams there at 3.7 TB/s (docs/perf-notes.md, entry 75).
+#   streams there at 3.7 TB/s. Judged on the H100's held-out weights (results/h100-holdout-wholek,
+#   16 weights at M = 3, 8 and 16 in fp16 and bf16, paired): 1.266x cuBLAS, lowest 1.012x, against
+#   the slab's 1.231x, lowest 0.963x, in the same run (docs/perf-notes.md, entry 75).
 WHOLE_K_M = 16  # at most
+# ... but GPUs whose name holds one of these keep the 32-row slab there. On the H200 the llm-dense
+# sweep ran the whole-K tile at 1.111x cuBLAS over the 56 cells at M = 2-16 (lowest 0.956x: all 7
+# of 28672 x 4096 below 0.97x) and the slab at 1.207x (lowest 0.931x, 2 cells below 0.97x, on
+# 8192 x 8192); the whole-K tile beat the slab on 2 of the 8 weights (results/h200-dense-sweep,
+# bf16 and bf16-wholek). A row-major weight keeps the slab too: the whole-K tile was never timed
+# on one.
+SLAB_GPUS = ("H200",)
 # - Above 16 the rule runs cuBLAS: no Gluon kernel beat it by MARGIN across weights at any M there.
 #   M = 64: cuBLAS on 5 of the 8 (the Gluon modes' own configs 0.60-1.02x, the whole-K tile
 #   0.94-1.06x); M = 128: cuBLAS on 7-8 of 8; M = 1024: cuBLAS on 4-7 of 8 (warpspec's
@@ -167,10 +178,12 @@ def rule(
     sm_count: int = 0,
     K: int = 0,
     layout: str = "t",
+    gpu_name: str = "",
 ) -> Choice:
     """The documented choice without a measured entry (module docstring); N and the GPU's SM count
     pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring); K whether fp8 gemv
-    takes a one-token product (0: unknown, it does not); the B layout whether a 16-bit one does."""
+    takes a one-token product (0: unknown, it does not); the B layout whether a 16-bit one does, and
+    with the GPU's name which few-token kernel runs."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M and dtype == "fp8":
             from .kernels.warpspec import fp8_slots_used
@@ -220,12 +233,18 @@ def rule(
     if M <= GEMV_M and layout == "t":
         return Choice("gemv", None, "rule: one token, a K-major weight: gemv streams it a row a program")
     if M <= WHOLE_K_M:
+        slab_gpu = next((g for g in SLAB_GPUS if g in gpu_name), None)
+        if layout != "t" or slab_gpu:
+            where = f"on the {slab_gpu}" if slab_gpu else "a row-major weight"
+            why = f"rule: M <= {WHOLE_K_M}, {where}: mma.sync's 16-row slabs stream the weight unsplit"
+            return Choice("slab", None, why)
         from .kernels.swapab import whole_k
 
         return Choice(
             "swapab",
             whole_k(capability, M).label,
-            f"rule: M <= {WHOLE_K_M}: swap-AB's whole-K tile streams 64 weight rows a program over all of K",
+            f"rule: M <= {WHOLE_K_M}, a K-major weight: swap-AB's whole-K tile streams 64 weight rows a "
+            "program over all of K",
         )
     return Choice(
         "torch",
@@ -375,7 +394,7 @@ def choose(
             return Choice("torch", None, f"{name}: {why}")
         key, why = _between(entries[lo], entries[hi])
         return Choice(*_mode_config(key), f"{name}: {why}")
-    choice = rule(M, capability, dtype, N, sm_count, K, layout)
+    choice = rule(M, capability, dtype, N, sm_count, K, layout, gpu_name)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
     why = f"{choice.why} (table {table['name']} has no entry for this weight{pair})"
