@@ -89,8 +89,8 @@ GPU_TIME_FLOOR = 1.0
 # llm shapes (results/h100-fp8-llm). So the rule keeps cuBLAS fp8 up to this M and runs warpspec
 # above it, with per-tensor scales only: against torch's row-wise fp8 kernel (5-10 % faster than
 # its per-tensor one at large M) warpspec with row-wise scales only tied above M = 2048, geomean
-# 0.999x and 1.011x in two H100 sweeps and 0.993x on the H200 over 48 cells each, down to
-# 0.954-0.963x (results/h100-dense-sweep, results/h200-dense-sweep; docs/perf-notes.md, entry 75).
+# 0.999-1.015x in three H100 runs and 0.993x on the H200 over 48 cells each, down to 0.953-0.954x
+# (results/h100-dense-sweep, results/h200-dense-sweep; docs/perf-notes.md, entry 75).
 FP8_GLUON_FROM_M = 2048
 # ... where warpspec's fp8 tile (`warpspec.fp8_config`) fills at least this share of the SM slots
 # of its waves. Off the dense grid (results/h100-fp8-offgrid) the two per-tensor cells whose tile
