@@ -212,8 +212,8 @@ def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
     assert c.mode == "torch" and "no table for NVIDIA H200" in c.why
     assert choice.choose(1, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "gemv"
     assert choice.choose(1, 4096, 4096, "bf16", "row", (9, 0), H100).mode == "slab"  # gemv is K-major only
-    h200 = choice.choose(16, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200")
-    assert h200.mode == "slab" and "on the H200" in h200.why
+    h200 = choice.choose(16, 4096, 14336, "bf16", "t", (9, 0), "NVIDIA H200", 132)
+    assert (h200.mode, h200.config) == ("swapab", whole_k) and "no table for NVIDIA H200" in h200.why
     assert choice.choose(4096, 4096, 4096, "bf16", "t", (9, 0), H100).mode == "torch"
 
 
@@ -226,18 +226,33 @@ def test_other_shapes_dtypes_layouts_and_gpus_fall_back_to_the_rule(table):
 )  # fmt: skip
 def test_the_rule(M, capability, mode):
     """fp16/bf16 without a table entry: gemv for one token of a K-major weight, swapab's whole-K
-    tile of 16 tokens to 16, cuBLAS above (no warpspec for prefill sizes); a row-major weight, and
-    any weight on the H200, takes the slab where a K-major one takes gemv or the whole-K tile."""
+    tile of 16 tokens to 16, cuBLAS above (no warpspec for prefill sizes); a row-major weight takes
+    the slab where a K-major one takes gemv or the whole-K tile."""
     whole_k = swapab.whole_k(capability, 16).label if capability[0] in (9, 10) else None
     for dtype in ("fp16", "bf16"):
         c = choice.rule(M, capability, dtype)
         assert (c.mode, c.config) == (mode, whole_k if mode == "swapab" else None)
         row = choice.rule(M, capability, dtype, layout="row")
         assert (row.mode, row.config) == (("slab" if mode in ("gemv", "swapab") else mode), None)
-        h200 = choice.rule(M, capability, dtype, gpu_name="NVIDIA H200")
-        assert (h200.mode, h200.config) == (("slab", None) if mode == "swapab" else (c.mode, c.config))
     cfg = swapab.candidates(capability)[whole_k] if whole_k else None
     assert cfg is None or (cfg.BLOCK_M, cfg.BLOCK_N, cfg.SPLIT_K) == (64, 16, 1)
+
+
+@pytest.mark.parametrize(
+    ("N", "sm_count", "mode"),
+    [(4096, 132, "swapab"), (8192, 132, "swapab"), (8448, 132, "swapab"), (8449, 132, "slab"),
+     (10240, 132, "slab"), (28672, 132, "slab"), (10240, 0, "swapab"), (9472, 148, "swapab"),
+     (9473, 148, "slab"), (4096, 60, "slab")],
+)  # fmt: skip
+def test_the_few_token_rule_keeps_the_whole_k_tile_to_one_wave(N, sm_count, mode):
+    """At 2-16 tokens a K-major weight takes swap-AB's whole-K tile while its ceil(N / 64) programs
+    fit one wave on the GPU's SMs (an unknown SM count, 0, counts as fitting), the slab beyond."""
+    for M in (2, 16):
+        c = choice.rule(M, (9, 0), "bf16", N, sm_count, 4096)
+        assert c.mode == mode
+        assert c.config == (swapab.whole_k((9, 0), M).label if mode == "swapab" else None)
+        assert mode == "swapab" or f"{-(-N // 64)} 64-row tiles on {sm_count} SMs" in c.why
+    assert choice.rule(17, (9, 0), "bf16", N, sm_count, 4096).mode == "torch"
 
 
 @pytest.mark.parametrize(

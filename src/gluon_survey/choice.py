@@ -36,9 +36,9 @@ their numbers.
 reads a transposed A in place where the mode can, and copies it otherwise): on sm_90 and sm_100, one
 token and a K-major weight (`w.t()`): `gemv` (the weight streamed a row a program, CUDA-core
 FMAs); M <= 16: `swapab`'s whole-K tile (`swapab.whole_k`: 64 weight rows a program over all of
-K, the tokens the MMA's narrow side, no partials) for a K-major weight, `slab` (mma.sync's 16-row
-slabs of the weight, no K split) for a row-major one and on the H200 (SLAB_GPUS); above: cuBLAS
-(`torch`). Each threshold is measured (the constants below give the counts): the H100 table across
+K, the tokens the MMA's narrow side, no partials) for a K-major weight whose 64-row tiles fit one
+wave on the GPU's SMs, `slab` (mma.sync's 16-row slabs of the weight, no K split) for a wider one
+and for a row-major one; above: cuBLAS (`torch`). Each threshold is measured (the constants below give the counts): the H100 table across
 its weights, the `holdout` preset on weights the table was not tuned on (results/h100-holdout,
 results/h100-holdout-wholek) and the H200's dense sweep: no Gluon kernel beat cuBLAS by MARGIN
 across weights at any M above 16.
@@ -134,13 +134,17 @@ GEMV_M = 1  # at most
 #   16 weights at M = 3, 8 and 16 in fp16 and bf16, paired): 1.266x cuBLAS, lowest 1.012x, against
 #   the slab's 1.231x, lowest 0.963x, in the same run (docs/perf-notes.md, entry 75).
 WHOLE_K_M = 16  # at most
-# ... but GPUs whose name holds one of these keep the 32-row slab there. On the H200 the llm-dense
-# sweep ran the whole-K tile at 1.111x cuBLAS over the 56 cells at M = 2-16 (lowest 0.956x: all 7
-# of 28672 x 4096 below 0.97x) and the slab at 1.207x (lowest 0.931x, 2 cells below 0.97x, on
-# 8192 x 8192); the whole-K tile beat the slab on 2 of the 8 weights (results/h200-dense-sweep,
-# bf16 and bf16-wholek). A row-major weight keeps the slab too: the whole-K tile was never timed
-# on one.
-SLAB_GPUS = ("H200",)
+# ... where its programs fit one wave: at most one 64-row tile an SM (ceil(N / 64) <= the GPU's SM
+# count; the SM count unknown, it runs). Beyond that it runs its tiles in waves of one program an
+# SM, and the 32-row slab's many small programs balance better: on the H200 the whole-K tile took
+# 48.3 us on 10240 x 8192 (160 tiles) against the slab's 42.8-44.2 and ran 0.956-0.964x cuBLAS on
+# 28672 x 4096 (448 tiles) at M = 2-16, where the slab held (results/h200-dense-sweep, bf16 and
+# bf16-wholek), while on 8192 x 8192 (128 tiles) the slab lost (0.93-0.95x) and the whole-K tile
+# matched cuBLAS. On the H100's held-out weights (results/h100-holdout-wholek, both in one run) the
+# wave line picks the faster-or-equal of the two on the whole: 1.248x / 1.284x cuBLAS (fp16 / bf16),
+# lowest 1.016x, against the whole-K tile everywhere 1.245x / 1.283x (lowest 1.012x) and the slab
+# everywhere 1.247x / 1.215x (lowest 0.963x) (docs/perf-notes.md, entry 76). A row-major weight
+# keeps the slab: the whole-K tile was never timed on one.
 # - Above 16 the rule runs cuBLAS: no Gluon kernel beat it by MARGIN across weights at any M there.
 #   M = 64: cuBLAS on 5 of the 8 (the Gluon modes' own configs 0.60-1.02x, the whole-K tile
 #   0.94-1.06x); M = 128: cuBLAS on 7-8 of 8; M = 1024: cuBLAS on 4-7 of 8 (warpspec's
@@ -178,12 +182,11 @@ def rule(
     sm_count: int = 0,
     K: int = 0,
     layout: str = "t",
-    gpu_name: str = "",
 ) -> Choice:
     """The documented choice without a measured entry (module docstring); N and the GPU's SM count
-    pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring); K whether fp8 gemv
-    takes a one-token product (0: unknown, it does not); the B layout whether a 16-bit one does, and
-    with the GPU's name which few-token kernel runs."""
+    pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring) and which 16-bit
+    few-token kernel runs (0: unknown, the whole-K tile); K whether fp8 gemv takes a one-token
+    product (0: unknown, it does not); the B layout whether a 16-bit one does."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M and dtype == "fp8":
             from .kernels.warpspec import fp8_slots_used
@@ -233,18 +236,19 @@ def rule(
     if M <= GEMV_M and layout == "t":
         return Choice("gemv", None, "rule: one token, a K-major weight: gemv streams it a row a program")
     if M <= WHOLE_K_M:
-        slab_gpu = next((g for g in SLAB_GPUS if g in gpu_name), None)
-        if layout != "t" or slab_gpu:
-            where = f"on the {slab_gpu}" if slab_gpu else "a row-major weight"
-            why = f"rule: M <= {WHOLE_K_M}, {where}: mma.sync's 16-row slabs stream the weight unsplit"
-            return Choice("slab", None, why)
         from .kernels.swapab import whole_k
 
+        tile = whole_k(capability, M)
+        tiles = -(-N // tile.BLOCK_M)  # the whole-K tile's programs, one an SM
+        if layout != "t" or 0 < sm_count < tiles:
+            where = "a row-major weight" if layout != "t" else f"{tiles} 64-row tiles on {sm_count} SMs"
+            why = f"rule: M <= {WHOLE_K_M}, {where}: mma.sync's 16-row slabs stream the weight unsplit"
+            return Choice("slab", None, why)
         return Choice(
             "swapab",
-            whole_k(capability, M).label,
-            f"rule: M <= {WHOLE_K_M}, a K-major weight: swap-AB's whole-K tile streams 64 weight rows a "
-            "program over all of K",
+            tile.label,
+            f"rule: M <= {WHOLE_K_M}, a K-major weight in one wave: swap-AB's whole-K tile streams 64 "
+            "weight rows a program over all of K",
         )
     return Choice(
         "torch",
@@ -394,7 +398,7 @@ def choose(
             return Choice("torch", None, f"{name}: {why}")
         key, why = _between(entries[lo], entries[hi])
         return Choice(*_mode_config(key), f"{name}: {why}")
-    choice = rule(M, capability, dtype, N, sm_count, K, layout, gpu_name)
+    choice = rule(M, capability, dtype, N, sm_count, K, layout)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
     why = f"{choice.why} (table {table['name']} has no entry for this weight{pair})"
