@@ -333,6 +333,32 @@ def test_bad_fp8_inputs_get_clear_errors(make, error, match):
         api.matmul(a, b, kernel="warpspec", **kwargs)
     with pytest.raises(error, match=match):
         api.prepare("warpspec", a, b, **kwargs)
+    with pytest.raises(error, match=match):  # the torch mode hands what _scaled_mm refuses to the checks
+        api.matmul(a, b, kernel="torch", **kwargs)
+
+
+def test_the_torch_modes_fp8_call_is_scaled_mm_alone(monkeypatch):
+    """`matmul(kernel="torch")` with fp8 operands calls `torch._scaled_mm` once, with the caller's
+    tensors, and builds no plan (module docstring of gluon_survey.api: no key per call)."""
+    a, b, sa, sb = fp8_inputs(48, 512, 256, "row", seed=5)
+    calls = []
+    real = torch._scaled_mm
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    api.clear_plans()
+    for out in (None, torch.full((48, 512), float("nan"), dtype=torch.float16, device="cuda")):
+        dtype = torch.bfloat16 if out is None else torch.float16
+        got = api.matmul(a, b, kernel="torch", out=out, scale_a=sa, scale_b=sb, out_dtype=dtype)
+        want = real(a, b, sa, sb, out_dtype=dtype, use_fast_accum=True)
+        assert got.dtype == dtype and torch.equal(got, want) and (out is None or got is out)
+        args, kwargs = calls[-2]  # the matmul's call, then the reference's
+        assert args[0] is a and args[1] is b and args[2] is sa and args[3] is sb
+        assert kwargs["out"] is out and kwargs["use_fast_accum"]
+    assert not api._PLANS
 
 
 @pytest.mark.parametrize("mode", [m.name for m in registry.MODES if not m.fp8 and not m.grouped])

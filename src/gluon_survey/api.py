@@ -66,6 +66,15 @@ where `auto` chooses it) runs `torch.addmm(bias, a, b)`, whose bias cuBLASLt add
 (PyTorch takes that path for a contiguous output and M, N, K > 1; otherwise it copies the bias
 into the output first), and for fp8 `torch._scaled_mm(..., bias=)`.
 
+**The torch mode's fp8 call.** `matmul(..., kernel="torch")` with fp8 operands on a GPU calls
+`torch._scaled_mm` directly, with no plan key: that call is host-bound up to a few hundred tokens,
+and a key of two operands and two scales costs 1.5-2 µs of Python (1.7 on a 2-core CPU, more on
+a GPU host's), which is 10-40 % of `_scaled_mm`'s own 17-25 µs there
+(results/experiments/h100-fp8-cublas-path-8094464). `_scaled_mm` checks its arguments before it
+launches; a call it refuses goes through the plan's path, whose checks raise the survey's error.
+It is the same call the plan makes (the caller's scales, fast accumulation, the output dtype
+bf16 unless given).
+
 **A transposed A.** An `a` in A layout "t" (`launch.a_layout`: the view x.t() of a row-major
 [K, M] matrix, as in a weight's gradient grad^T @ x) is read in place where the mode that runs
 can (the provider's `reads_transposed_a`), and copied to row-major otherwise. Hopper's wgmma
@@ -787,6 +796,19 @@ def matmul(
     docstring). Capturable in a CUDA graph, also where the first call of a key is captured or
     in CUDA-graph trees' warm-up (module docstring: split-K's first call needs one outside).
     """
+    if kernel == "torch" and scale_a is not None:
+        # fp8 through cuBLAS: `torch._scaled_mm` itself, which checks its arguments before it
+        # launches; what it refuses goes on to the plan's path, whose checks say why (module
+        # docstring, "The torch mode's fp8 call")
+        try:
+            cuda = a.is_cuda and scale_a.is_cuda and scale_b.is_cuda
+            if cuda and a.dtype is FP8 and b.dtype is FP8 and out_dtype in _SCALED_MM_OUT:
+                return torch._scaled_mm(
+                    a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype or FP8_OUT_DTYPES[0],
+                    out=out, use_fast_accum=True,
+                )  # fmt: skip
+        except (RuntimeError, TypeError, ValueError, AttributeError):
+            pass
     try:
         key = _plan_key(kernel, a, b, out, scale_a, scale_b, out_dtype, bias)
     except Exception:
@@ -817,6 +839,7 @@ def _call_new(key: tuple, kernel, a, b, out, scale_a, scale_b, out_dtype, bias=N
     return call(a, b, out, scale_a, scale_b, bias)
 
 
+_SCALED_MM_OUT = (None, *FP8_OUT_DTYPES)  # the output dtypes `matmul` writes fp8 products in
 _ALIGNED = (True, True, True)
 _UNALIGNED = f"a base address is not {ALIGN}-byte aligned"
 
