@@ -38,10 +38,10 @@ token and a K-major weight (`w.t()`): `gemv` (the weight streamed a row a progra
 FMAs); M <= 16: `swapab`'s whole-K tile (`swapab.whole_k`: 64 weight rows a program over all of
 K, the tokens the MMA's narrow side, no partials) for a K-major weight whose 64-row tiles fit one
 wave on the GPU's SMs, `slab` (mma.sync's 16-row slabs of the weight, no K split) for a wider one
-and for a row-major one; above: cuBLAS (`torch`). Each threshold is measured (the constants below give the counts): the H100 table across
-its weights, the `holdout` preset on weights the table was not tuned on (results/h100-holdout,
-results/h100-holdout-wholek) and the H200's dense sweep: no Gluon kernel beat cuBLAS by MARGIN
-across weights at any M above 16.
+and for a row-major one; above: cuBLAS (`torch`). Each threshold is measured (the constants below
+give the counts): the H100 table across its weights, the `holdout` preset on weights the table was
+not tuned on (results/h100-holdout, results/h100-holdout-wholek, results/h200-few-token-rule) and
+the H200's dense sweeps: no Gluon kernel beat cuBLAS by MARGIN across weights at any M above 16.
 
 fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; a table's fp8 entries, which `tune --dtype
 fp8,fp8-row` measures, answer for their weights as 16-bit ones do; the H100 table has none yet):
@@ -143,8 +143,12 @@ WHOLE_K_M = 16  # at most
 # matched cuBLAS. On the H100's held-out weights (results/h100-holdout-wholek, both in one run) the
 # wave line picks the faster-or-equal of the two on the whole: 1.248x / 1.284x cuBLAS (fp16 / bf16),
 # lowest 1.016x, against the whole-K tile everywhere 1.245x / 1.283x (lowest 1.012x) and the slab
-# everywhere 1.247x / 1.215x (lowest 0.963x) (docs/perf-notes.md, entry 76). A row-major weight
-# keeps the slab: the whole-K tile was never timed on one.
+# everywhere 1.247x / 1.215x (lowest 0.963x). Judged on the H200 (results/h200-few-token-rule, the
+# llm weights at M = 2-16 with 5, 10 and 13 off the grid, and the 16 holdout weights at M = 3, 8,
+# 12, 16): 1.153x / 1.136x and 1.295x / 1.318x cuBLAS, the whole-K tile's cells lowest 0.979x, the
+# slab's 0.947x (three bf16 cells below 0.97x, its 16-token tile at 10-12 tokens on 28672 x 4096 and
+# 27648 x 5120, 2-5 % slower than at 16; docs/perf-notes.md, entry 76). A row-major weight keeps
+# the slab: the whole-K tile was never timed on one.
 # - Above 16 the rule runs cuBLAS: no Gluon kernel beat it by MARGIN across weights at any M there.
 #   M = 64: cuBLAS on 5 of the 8 (the Gluon modes' own configs 0.60-1.02x, the whole-K tile
 #   0.94-1.06x); M = 128: cuBLAS on 7-8 of 8; M = 1024: cuBLAS on 4-7 of 8 (warpspec's
