@@ -65,6 +65,8 @@ def test_no_gpu_is_one_clear_message_and_exit_2(no_cuda, capsys):
         (["--b-layout", "col"], "--b-layout: expected a comma list of row, t"),
         (["--k", "1:2:3:4"], "--k '1:2:3:4': expected a size, a start:stop (doubling) or a start:stop:step"),
         (["--shapes", "llm", "--m", "1"], "use either --shapes or --m/--n/--k"),
+        (["--interleave", "--no-paired"], "drop --no-paired or --interleave"),
+        (["--interleave", "--gpu-time"], "--gpu-time back to back on the GPU: choose one of them"),
     ],
 )
 def test_usage_errors_exit_2_before_touching_the_gpu(no_cuda, capsys, argv, message):

@@ -231,6 +231,13 @@ def test_the_settings_line_says_how_many_rounds_a_noisy_cell_may_take(noisy_roun
     assert ("up to 9 of each while either side's samples spread over 5 %" in paired) == extra
 
 
+def test_the_settings_line_says_when_the_calls_were_interleaved():
+    settings = {"paired": True, "rounds": 3, "noisy_rounds": 9, "interleave": True}
+    (paired,) = [line for line in report._settings_lines(settings) if line.startswith("Paired")]
+    assert paired.startswith("Paired, interleaved: each cell in 3 windows of that length, its calls taken")
+    assert "up to 9 windows while either side's samples spread over 5 %" in paired
+
+
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 

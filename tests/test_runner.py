@@ -141,6 +141,11 @@ def test_paired_settings_reach_the_worker(tmp_path):
     (tmp_path / "plain").mkdir()
     (plain,) = _sweep(tmp_path / "plain", ["_ok_cpu"], tasks)
     assert plain.cublas_ms is None and plain.x_rounds is None
+    (tmp_path / "interleaved").mkdir()
+    settings = replace(FAST, paired=True, rounds=2, noisy_rounds=3, interleave=True)
+    (mixed,) = _sweep(tmp_path / "interleaved", ["_ok_cpu"], tasks, settings)
+    assert mixed.status == "OK", mixed.error
+    assert mixed.cublas_ms > 0 and 2 <= len(mixed.x_rounds) <= 3
 
 
 @pytest.mark.timeout(120)

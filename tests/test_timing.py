@@ -228,6 +228,73 @@ def test_extra_rounds_never_shrink_below_rounds():
     assert len(pair.rounds) == 3
 
 
+def test_interleaved_windows_spread_both_sides_evenly_over_each_window():
+    """With `interleave`, after the warm-ups each round is one window of both sides' calls in turn:
+    the kernel (1 ms calls) and the baseline (2 ms) each get about min_ms of calls, and at every
+    point of a window each side has done its share of that window's calls, to within one call."""
+    clock, log = FakeClock(), []
+    pair = time_paired(
+        _calls(clock, (1.0,), log, "K"),
+        _calls(clock, (2.0,), log, "B"),
+        1,
+        warmup_ms=0,
+        rewarm_ms=0,
+        min_ms=20,
+        rounds=2,
+        min_iters=2,
+        clock=clock,
+        interleave=True,
+    )
+    windows = "".join(log[2 + 2 :])  # after the first calls and the one-call warm-ups
+    assert len(windows) == 2 * (20 + 10) and pair.timing.n == 40 and pair.baseline.n == 20
+    for window in (windows[:30], windows[30:]):
+        for end in range(1, 31):
+            k, b = window[:end].count("K"), window[:end].count("B")
+            assert abs(k / 20 - b / 10) <= 1 / 10
+    assert pair.rounds == pytest.approx((2.0, 2.0)) and pair.drift == pytest.approx(0.0)
+
+
+def test_interleaving_cancels_a_host_that_changes_speed_between_windows():
+    """The same call on both sides (an A/A pair) on a host whose speed changes at every
+    synchronisation (one window to the next, 0.8x to 1.3x its call time): alternating windows put
+    the change into each round's ratio, interleaved windows put it on both sides of every round."""
+
+    def a_a(interleave):
+        clock, speeds = FakeClock(), itertools.cycle((1.0, 1.3, 0.8, 1.2, 0.9))
+        speed = [1.0]
+        original = clock.synchronize
+
+        def synchronize():
+            speed[0] = next(speeds)
+            original()
+
+        clock.synchronize = synchronize
+
+        def make_run(i):
+            def run():
+                clock.now += 0.02 * speed[0]
+
+            return run
+
+        return time_paired(
+            make_run, make_run, 1, warmup_ms=1, rewarm_ms=1, min_ms=2, rounds=5, noisy_rounds=5,
+            min_iters=2, clock=clock, interleave=interleave,
+        )  # fmt: skip
+
+    alternating, interleaved = a_a(False), a_a(True)
+    assert max(abs(r - 1) for r in alternating.rounds) > 0.1
+    assert interleaved.rounds == pytest.approx((1.0,) * 5)
+
+
+def test_interleaving_does_not_combine_with_queued_timing():
+    clock = FakeClock()
+    steady = _calls(clock, (1.0,), [], "K")
+    with pytest.raises(ValueError, match="does not combine with queued"):
+        time_paired(
+            steady, steady, 1, warmup_ms=0, rewarm_ms=0, min_ms=5, clock=clock, queued=True, interleave=True
+        )
+
+
 # ------------------------------------------------------------------------------------------------
 # Queued timing (`queued`, the CLI's --gpu-time): GPU time for kernels shorter than their launch
 

@@ -174,6 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the ratio (default: %(default)s)",
     )
     how.add_argument(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        default=DEFAULTS.interleave,
+        help="paired timing: take the cell's calls and cuBLAS's in turn within each window instead "
+        "of in alternating windows, so that both sample the same stretch of a host-bound call's "
+        "launch times; not with --gpu-time "
+        f"(default: {'on' if DEFAULTS.interleave else 'off'})",
+    )
+    how.add_argument(
         "--gpu-time",
         action=argparse.BooleanOptionalAction,
         default=DEFAULTS.queued,
@@ -398,7 +407,7 @@ def run(argv: Sequence[str]) -> int:
             parser.error(str(exc))
         problem = None
     problem = problem or (_no_fp8_error(modes, dtypes) if args.modes else None)
-    problem = problem or _output_path_error(args, args.results)
+    problem = problem or _output_path_error(args, args.results) or _interleave_error(args)
     if problem:
         return _usage_error(problem)
     if not _cuda_available():
@@ -416,6 +425,19 @@ def run(argv: Sequence[str]) -> int:
         task for d in dtypes for task in runner.make_tasks(sweep, [d], layouts_of[d], a_layouts or ["row"])
     ]
     return _sweep(args, modes, tasks, command)
+
+
+def _interleave_error(args: argparse.Namespace) -> str | None:
+    """--interleave pairs each call with cuBLAS's as it is made: it needs --paired, and it does not
+    combine with --gpu-time, which keeps the host ahead of the calls instead."""
+    if args.interleave and not args.paired:
+        return "--interleave takes the cell's calls in turn with cuBLAS's: drop --no-paired or --interleave"
+    if args.interleave and args.gpu_time:
+        return (
+            "--interleave times each call as it is made, --gpu-time back to back on the GPU: "
+            "choose one of them"
+        )
+    return None
 
 
 def layouts_per_dtype(dtypes: Sequence[str], layouts: Sequence[str] | None) -> dict[str, list[str]]:
@@ -454,6 +476,7 @@ def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], comman
         rounds=args.rounds,
         noisy_rounds=max(args.rounds, args.noisy_rounds),
         queued=args.gpu_time,
+        interleave=args.interleave,
         bias=args.bias,
     )
     env = hardware.gpu_info(command)

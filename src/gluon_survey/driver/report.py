@@ -172,7 +172,18 @@ def _settings_lines(s: dict[str, Any]) -> list[str]:
         f"seed {s.get('seed')}",
         f"Check: {s.get('tolerance')}, against the fp32 product of the same inputs",
     ]
-    if s.get("paired") and s.get("rounds"):
+    if s.get("paired") and s.get("rounds") and s.get("interleave"):
+        lines.insert(
+            1,
+            f"Paired, interleaved: each cell in {s['rounds']} windows of that length, its calls taken in "
+            "turn with cuBLAS's on the same inputs"
+            + (
+                f", up to {s['noisy_rounds']} windows while either side's samples spread over 5 %"
+                if s.get("noisy_rounds", 0) > s["rounds"]
+                else ""
+            ),
+        )
+    elif s.get("paired") and s.get("rounds"):
         lines.insert(
             1,
             f"Paired: each cell in {s['rounds']} windows of that length, alternating with "

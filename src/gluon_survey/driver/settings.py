@@ -29,6 +29,9 @@ class Settings:
     # `rounds` takes more rounds, up to this many in all (timing.time_paired)
     noisy_rounds: int = 9
     queued: bool = False  # GPU time: sleep kernels keep the host ahead (timing.py); off: time per call
+    # paired: the cell's calls and cuBLAS's taken in turn within each window instead of in
+    # alternating windows (timing.py, "Interleaved pairing")
+    interleave: bool = False
     bias: bool = False  # every product adds a bias [N] (matmul's bias=; cuBLAS: torch.addmm)
 
     def worker_json(self) -> dict[str, Any]:

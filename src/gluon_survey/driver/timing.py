@@ -50,10 +50,19 @@ Method
   itself ranged 0.75-1.21 on an H200, and three of them put identical calls at 0.81x (nine:
   0.99-1.02x; results/experiments/h200-noisy-rounds). The choice to go on looks only at the
   spread, never at the ratio, so it cannot favour either side.
+* **Interleaved pairing** (`interleave`, the CLI's `--interleave`; off by default, not yet
+  validated on a GPU). Where a call is host-bound, its time a call is the host's launch time,
+  and a virtual machine's host changes speed from one 50 ms window to the next: nine rounds of
+  cuBLAS's fp8 call against itself still read 0.78-1.12 (results/h100-dense-sweep,
+  fp8-row-f0a3e59). Interleaved, each window takes the kernel's calls and the baseline's in turn,
+  spread evenly over it (the side behind its share of the window's calls goes next), so both sides
+  sample the same stretch of the host's and the clock's history, and a round's ratio is the
+  baseline's window median over the kernel's. There is no window boundary between the two sides,
+  so no synchronisation's pause falls on one of them alone.
 
 The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `noisy_rounds`, `min_iters`,
-`max_iters` and `queued` are those of `gluon_survey.driver.settings.Settings`, the one place they
-are written.
+`max_iters`, `queued` and `interleave` are those of `gluon_survey.driver.settings.Settings`, the
+one place they are written.
 """
 
 from __future__ import annotations
@@ -289,6 +298,31 @@ def _queued_window(
     return samples, starved
 
 
+def _interleaved_window(
+    runs: list[Callable[[], object]],
+    base: list[Callable[[], object]],
+    clock: Clock,
+    n_run: int,
+    n_base: int,
+) -> tuple[list[float], list[float]]:
+    """n_run calls of `runs` and n_base of `base`, each side in rotation over its sets, taken in
+    turn so that both spread evenly over the window: the side with the smaller share of its calls
+    done goes next (the kernel on a tie). A start and an end mark around each call, one
+    synchronisation at the end; the two sides' samples."""
+    marks: tuple[list, list] = ([], [])
+    sides = (runs, base)
+    done = [0, 0]
+    while done[0] < n_run or done[1] < n_base:
+        side = 0 if done[0] * n_base <= done[1] * n_run and done[0] < n_run else 1
+        calls = sides[side]
+        begin = clock.mark()
+        calls[done[side] % len(calls)]()
+        marks[side].append((begin, clock.mark()))
+        done[side] += 1
+    clock.synchronize()
+    return tuple([clock.elapsed_ms(b, e) for b, e in m] for m in marks)  # type: ignore[return-value]
+
+
 def _window(
     runs: list[Callable[[], object]], clock: Clock, n_iters: int, queue: _Queue | None
 ) -> tuple[list[float], int]:
@@ -357,6 +391,7 @@ def time_paired(
     queued: bool = DEFAULTS.queued,
     clock: Clock | None = None,
     noisy_rounds: int = DEFAULTS.noisy_rounds,
+    interleave: bool = DEFAULTS.interleave,
 ) -> PairedTiming:
     """Time a kernel against a baseline in alternating windows: baseline, kernel, baseline, ...,
     kernel, baseline (`rounds` kernel windows of about min_ms of GPU time each, between rounds + 1
@@ -372,8 +407,12 @@ def time_paired(
     samples of all of the kernel's windows together (of its first `rounds`: more rounds take windows
     of the same size). While the kernel's samples or the baseline's are NOISY, another round (a
     window of each) follows, up to `noisy_rounds` rounds in all (module docstring). `queued`: both
-    keep the host ahead (holds of their own), as in `time_fn`.
+    keep the host ahead (holds of their own), as in `time_fn`. `interleave`: each round is one
+    window of both sides' calls taken in turn (`_interleaved_window`; not with `queued`), and
+    `drift` compares the baseline's first and last rounds.
     """
+    if interleave and queued:
+        raise ValueError("interleaved pairing times each call as it is made: it does not combine with queued")
     clock = clock or CudaEventClock()
     runs = [make_run(i) for i in range(n_copies)]
     base = [make_baseline(i) for i in range(n_copies)]
@@ -384,6 +423,8 @@ def time_paired(
     bounds = (math.ceil(min_iters / rounds), max(1, max_iters // rounds), n_copies)
     n_run = _iterations(min_ms, run_estimate, *bounds)
     n_base = _iterations(min_ms, base_estimate, *bounds)
+    if interleave:
+        return _interleaved_rounds(runs, base, clock, n_run, n_base, rounds, noisy_rounds)
     base_windows = [_window(base, clock, n_base, base_queue)]
     run_windows = []
     while len(run_windows) < rounds or (
@@ -396,6 +437,35 @@ def time_paired(
         (base_medians[r] + base_medians[r + 1]) / 2 / float(np.median(w))
         for r, (w, _) in enumerate(run_windows)
     )
+    return PairedTiming(
+        timing=_pooled(run_windows),
+        baseline=_pooled(base_windows),
+        rounds=ratios,
+        drift=base_medians[-1] / base_medians[0] - 1,
+    )
+
+
+def _interleaved_rounds(
+    runs: list[Callable[[], object]],
+    base: list[Callable[[], object]],
+    clock: Clock,
+    n_run: int,
+    n_base: int,
+    rounds: int,
+    noisy_rounds: int,
+) -> PairedTiming:
+    """`time_paired`'s rounds with `interleave`: a window of both sides a round, as many rounds as
+    the alternating windows get (more while either side is NOISY)."""
+    run_windows: list[tuple[list[float], int]] = []
+    base_windows: list[tuple[list[float], int]] = []
+    while len(run_windows) < rounds or (
+        len(run_windows) < noisy_rounds and (_pooled(run_windows).noisy or _pooled(base_windows).noisy)
+    ):
+        run_samples, base_samples = _interleaved_window(runs, base, clock, n_run, n_base)
+        run_windows.append((run_samples, 0))
+        base_windows.append((base_samples, 0))
+    base_medians = [float(np.median(w)) for w, _ in base_windows]
+    ratios = tuple(b / float(np.median(w)) for b, (w, _) in zip(base_medians, run_windows, strict=True))
     return PairedTiming(
         timing=_pooled(run_windows),
         baseline=_pooled(base_windows),

@@ -423,6 +423,7 @@ def measure(
                 rounds=settings.rounds,
                 noisy_rounds=settings.noisy_rounds,
                 queued=settings.queued,
+                interleave=settings.interleave,
                 clock=provider.clock,
                 **bounds,
             )
