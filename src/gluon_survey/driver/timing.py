@@ -427,9 +427,7 @@ def time_paired(
         return _interleaved_rounds(runs, base, clock, n_run, n_base, rounds, noisy_rounds)
     base_windows = [_window(base, clock, n_base, base_queue)]
     run_windows = []
-    while len(run_windows) < rounds or (
-        len(run_windows) < noisy_rounds and (_pooled(run_windows).noisy or _pooled(base_windows).noisy)
-    ):
+    while _another_round(run_windows, base_windows, rounds, noisy_rounds):
         run_windows.append(_window(runs, clock, n_run, run_queue))
         base_windows.append(_window(base, clock, n_base, base_queue))
     base_medians = [float(np.median(w)) for w, _ in base_windows]
@@ -458,9 +456,7 @@ def _interleaved_rounds(
     the alternating windows get (more while either side is NOISY)."""
     run_windows: list[tuple[list[float], int]] = []
     base_windows: list[tuple[list[float], int]] = []
-    while len(run_windows) < rounds or (
-        len(run_windows) < noisy_rounds and (_pooled(run_windows).noisy or _pooled(base_windows).noisy)
-    ):
+    while _another_round(run_windows, base_windows, rounds, noisy_rounds):
         run_samples, base_samples = _interleaved_window(runs, base, clock, n_run, n_base)
         run_windows.append((run_samples, 0))
         base_windows.append((base_samples, 0))
@@ -472,6 +468,14 @@ def _interleaved_rounds(
         rounds=ratios,
         drift=base_medians[-1] / base_medians[0] - 1,
     )
+
+
+def _another_round(run_windows: list, base_windows: list, rounds: int, noisy_rounds: int) -> bool:
+    """Whether a paired timing takes another round: until it has `rounds`, then while either
+    side's samples are NOISY, up to `noisy_rounds` (module docstring)."""
+    if len(run_windows) < rounds:
+        return True
+    return len(run_windows) < noisy_rounds and (_pooled(run_windows).noisy or _pooled(base_windows).noisy)
 
 
 def _pooled(windows: list[tuple[list[float], int]]) -> Timing:
