@@ -172,28 +172,21 @@ def _settings_lines(s: dict[str, Any]) -> list[str]:
         f"seed {s.get('seed')}",
         f"Check: {s.get('tolerance')}, against the fp32 product of the same inputs",
     ]
-    if s.get("paired") and s.get("rounds") and s.get("interleave"):
-        lines.insert(
-            1,
-            f"Paired, interleaved: each cell in {s['rounds']} windows of that length, its calls taken in "
-            "turn with cuBLAS's on the same inputs"
-            + (
-                f", up to {s['noisy_rounds']} windows while either side's samples spread over 5 %"
-                if s.get("noisy_rounds", 0) > s["rounds"]
-                else ""
-            ),
-        )
-    elif s.get("paired") and s.get("rounds"):
-        lines.insert(
-            1,
-            f"Paired: each cell in {s['rounds']} windows of that length, alternating with "
-            f"{s['rounds'] + 1} of cuBLAS's on the same inputs"
-            + (
-                f", up to {s['noisy_rounds']} of each while either side's samples spread over 5 %"
-                if s.get("noisy_rounds", 0) > s["rounds"]
-                else ""
-            ),
-        )
+    if s.get("paired") and s.get("rounds"):
+        more = s.get("noisy_rounds", 0) > s["rounds"]
+        if s.get("interleave"):
+            line = (
+                f"Paired, interleaved: each cell in {s['rounds']} windows of that length, its calls taken in "
+                "turn with cuBLAS's on the same inputs"
+            )
+            line += f", up to {s['noisy_rounds']} windows" if more else ""
+        else:
+            line = (
+                f"Paired: each cell in {s['rounds']} windows of that length, alternating with "
+                f"{s['rounds'] + 1} of cuBLAS's on the same inputs"
+            )
+            line += f", up to {s['noisy_rounds']} of each" if more else ""
+        lines.insert(1, line + (" while either side's samples spread over 5 %" if more else ""))
     if s.get("bias"):
         lines.append(
             "Bias: every product adds a bias [N], each mode in its epilogue, cuBLAS through "

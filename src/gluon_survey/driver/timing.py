@@ -67,6 +67,7 @@ one place they are written.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -423,50 +424,37 @@ def time_paired(
     bounds = (math.ceil(min_iters / rounds), max(1, max_iters // rounds), n_copies)
     n_run = _iterations(min_ms, run_estimate, *bounds)
     n_base = _iterations(min_ms, base_estimate, *bounds)
-    if interleave:
-        return _interleaved_rounds(runs, base, clock, n_run, n_base, rounds, noisy_rounds)
-    base_windows = [_window(base, clock, n_base, base_queue)]
-    run_windows = []
-    while _another_round(run_windows, base_windows, rounds, noisy_rounds):
-        run_windows.append(_window(runs, clock, n_run, run_queue))
-        base_windows.append(_window(base, clock, n_base, base_queue))
-    base_medians = [float(np.median(w)) for w, _ in base_windows]
-    ratios = tuple(
-        (base_medians[r] + base_medians[r + 1]) / 2 / float(np.median(w))
-        for r, (w, _) in enumerate(run_windows)
-    )
-    return PairedTiming(
-        timing=_pooled(run_windows),
-        baseline=_pooled(base_windows),
-        rounds=ratios,
-        drift=base_medians[-1] / base_medians[0] - 1,
-    )
-
-
-def _interleaved_rounds(
-    runs: list[Callable[[], object]],
-    base: list[Callable[[], object]],
-    clock: Clock,
-    n_run: int,
-    n_base: int,
-    rounds: int,
-    noisy_rounds: int,
-) -> PairedTiming:
-    """`time_paired`'s rounds with `interleave`: a window of both sides a round, as many rounds as
-    the alternating windows get (more while either side is NOISY)."""
     run_windows: list[tuple[list[float], int]] = []
-    base_windows: list[tuple[list[float], int]] = []
-    while _another_round(run_windows, base_windows, rounds, noisy_rounds):
-        run_samples, base_samples = _interleaved_window(runs, base, clock, n_run, n_base)
-        run_windows.append((run_samples, 0))
-        base_windows.append((base_samples, 0))
+    if interleave:
+        base_windows: list[tuple[list[float], int]] = []
+        while _another_round(run_windows, base_windows, rounds, noisy_rounds):
+            run_samples, base_samples = _interleaved_window(runs, base, clock, n_run, n_base)
+            run_windows.append((run_samples, 0))
+            base_windows.append((base_samples, 0))
+    else:
+        base_windows = [_window(base, clock, n_base, base_queue)]
+        while _another_round(run_windows, base_windows, rounds, noisy_rounds):
+            run_windows.append(_window(runs, clock, n_run, run_queue))
+            base_windows.append(_window(base, clock, n_base, base_queue))
+    return _paired_timing(run_windows, base_windows)
+
+
+def _paired_timing(
+    run_windows: list[tuple[list[float], int]], base_windows: list[tuple[list[float], int]]
+) -> PairedTiming:
+    """The kernel's and the baseline's windows summed up. A round's ratio divides the baseline's
+    window median by the kernel window's: alternating, the baseline has a window either side of
+    each of the kernel's (one more than the kernel) and takes their mean, which cancels a steady
+    drift; interleaved, it has the one window both shared."""
     base_medians = [float(np.median(w)) for w, _ in base_windows]
+    if len(base_windows) > len(run_windows):
+        base_medians = [(a + b) / 2 for a, b in itertools.pairwise(base_medians)]
     ratios = tuple(b / float(np.median(w)) for b, (w, _) in zip(base_medians, run_windows, strict=True))
     return PairedTiming(
         timing=_pooled(run_windows),
         baseline=_pooled(base_windows),
         rounds=ratios,
-        drift=base_medians[-1] / base_medians[0] - 1,
+        drift=float(np.median(base_windows[-1][0])) / float(np.median(base_windows[0][0])) - 1,
     )
 
 
