@@ -1,8 +1,11 @@
 """Probe: is `matmul`'s fp8 cuBLAS path (the `torch` mode, and `auto` where it picks cuBLAS) as fast
 as `torch._scaled_mm` called directly? Per shape, on the same inputs (rotated over enough copies
-to leave L2), each way's time a call as a user makes it (CUDA events over 100 back-to-back calls,
-median of 15 repeats) and its host time a call (100 calls enqueued behind a sleep kernel, median
-of 7):
+to leave L2), the ways below are timed in turn within each repeat (their order rotating from one
+repeat to the next), so that all of them sample the same stretch of a host whose speed changes:
+per repeat each way's time a call as a user makes it (CUDA events around back-to-back calls, about
+2 ms of them) and, for calls under 200 µs, its host time a call (calls enqueued behind a sleep
+kernel). Reported: each way's median over the repeats and, against `direct`, the median of the
+per-repeat ratios (way / direct: > 1 is slower than the direct call) and their p20-p80:
 
     auto          gluon_survey.matmul(a, w.t(), scale_a=, scale_b=, out=)   (`explain` column: what it runs)
     torch         the same with kernel="torch"
@@ -11,6 +14,7 @@ of 7):
                   (what the torch mode calls)
 
     PYTHONPATH=src python scripts/fp8_path_probe.py --scaling row --output fp8-path-row.csv
+    PYTHONPATH=src python scripts/fp8_path_probe.py --shapes llm-dense --ways torch,direct ...
 """
 
 import argparse
@@ -20,43 +24,65 @@ import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 
 import gluon_survey
 from gluon_survey import api
+from gluon_survey.driver.shapes import Shape, llm_dense_shapes, read_csv
 
 WEIGHTS = ((4096, 4096), (4608, 3584), (14336, 4096))  # [N, K]
 TOKENS = (16, 96, 128, 256, 512, 768, 2048)
 COLD_BYTES = 150e6  # the sets together span this many bytes: several times a Hopper L2
+WAYS = ("auto", "torch", "bare", "direct")
+REPEAT_MS = 2.0  # GPU time of one way's calls in a repeat
+HOST_BELOW_US = 200.0  # host time is measured for calls shorter than this
 
 
-def gpu_us(calls, reps=15, n=100):
+def gpu_us(calls, n: int) -> float:
     """Time a call as made back to back: events around n calls cycling through `calls`."""
-    for c in calls:
-        c()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for i in range(n):
-            calls[i % len(calls)]()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / n)
-    return statistics.median(times)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(n):
+        calls[i % len(calls)]()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
 
 
-def host_us(calls, reps=7, n=100):
+def host_us(calls, n: int = 50) -> float:
     """Host time a call: n calls enqueued while a sleep kernel keeps the GPU busy."""
-    times = []
-    for _ in range(reps):
-        torch.cuda._sleep(20_000_000)
-        t0 = time.perf_counter_ns()
-        for i in range(n):
-            calls[i % len(calls)]()
-        times.append((time.perf_counter_ns() - t0) / n / 1e3)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+    torch.cuda._sleep(20_000_000)
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        calls[i % len(calls)]()
+    host = (time.perf_counter_ns() - t0) / n / 1e3
+    torch.cuda.synchronize()
+    return host
+
+
+def interleaved(calls: dict, reps: int) -> dict[str, dict[str, list[float]]]:
+    """Every way's GPU (and, for short calls, host) time a call in each of `reps` repeats, the ways
+    taken in turn within a repeat, their order rotated by one from each repeat to the next."""
+    names = list(calls)
+    for c in calls.values():  # first calls: plans, cuBLAS heuristics
+        gpu_us(c, len(c))
+    estimate = max(gpu_us(c, 2 * len(c)) for c in calls.values())
+    n = max(2, round(REPEAT_MS * 1e3 / estimate))
+    times: dict[str, dict[str, list[float]]] = {name: {"gpu": [], "host": []} for name in names}
+    for r in range(reps):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name]["gpu"].append(gpu_us(calls[name], n))
+            if estimate < HOST_BELOW_US:
+                times[name]["host"].append(host_us(calls[name]))
+    return times
+
+
+def shapes_of(spec: str | None) -> list[Shape]:
+    """`--shapes`: none for the probe's own 21 shapes, `llm-dense` or a CSV of M,N,K."""
+    if spec is None:
+        return [Shape(M, N, K) for N, K in WEIGHTS for M in TOKENS]
+    return llm_dense_shapes() if spec == "llm-dense" else read_csv(spec)
 
 
 def inputs(M, N, K, scaling):
@@ -84,29 +110,42 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output", default="fp8-path.csv")
     p.add_argument("--scaling", default="row", choices=("row", "tensor"))
+    p.add_argument("--shapes", help="llm-dense or a CSV of M,N,K (default: the probe's 21 shapes)")
+    p.add_argument("--ways", default=",".join(WAYS), help=f"some of {','.join(WAYS)}; direct is always timed")
+    p.add_argument("--reps", type=int, default=21)
     args = p.parse_args(argv)
+    chosen = [w for w in WAYS if w in args.ways.split(",") or w == "direct"]
     torch.manual_seed(0)
     rows = []
-    for N, K in WEIGHTS:
-        for M in TOKENS:
-            sets = [inputs(M, N, K, args.scaling) for _ in range(int(COLD_BYTES // (N * K + M * K)) + 2)]
-            a, b, sa, sb, out = sets[0]
-            ref = (a.float() @ b.float()) * sa * sb
-            per_set = [ways(*s) for s in sets]
-            row = {"M": M, "N": N, "K": K, "scaling": args.scaling}
-            for name in per_set[0]:
-                out.fill_(float("nan"))
-                per_set[0][name]()
-                err = ((out.float() - ref).norm() / ref.norm()).item()
-                if not err < 2e-2:
-                    sys.exit(f"{name} wrong at {M}x{N}x{K}: rel err {err}")
-                calls = [w[name] for w in per_set]
-                row[f"{name}_us"] = round(gpu_us(calls), 2)
-                row[f"{name}_host_us"] = round(host_us(calls), 2)
-            why = api.explain(a, b, scale_a=sa, scale_b=sb)
-            row["auto_runs"] = next(line for line in why.splitlines() if line.startswith("runs:")).split()[1]
-            rows.append(row)
-            print(", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    for shape in shapes_of(args.shapes):
+        M, N, K = shape.M, shape.N, shape.K
+        sets = [inputs(M, N, K, args.scaling) for _ in range(int(COLD_BYTES // (N * K + M * K)) + 2)]
+        a, b, sa, sb, out = sets[0]
+        ref = (a.float() @ b.float()) * sa * sb
+        per_set = [ways(*s) for s in sets]
+        for name in chosen:
+            out.fill_(float("nan"))
+            per_set[0][name]()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            if not err < 2e-2:
+                sys.exit(f"{name} wrong at {M}x{N}x{K}: rel err {err}")
+        del ref
+        times = interleaved({name: [w[name] for w in per_set] for name in chosen}, args.reps)
+        row = {"M": M, "N": N, "K": K, "scaling": args.scaling}
+        for name in chosen:
+            gpu, host = times[name]["gpu"], times[name]["host"]
+            row[f"{name}_us"] = round(statistics.median(gpu), 2)
+            row[f"{name}_host_us"] = round(statistics.median(host), 2) if host else ""
+            if name != "direct":
+                ratios = np.array(gpu) / np.array(times["direct"]["gpu"])
+                p20, p50, p80 = np.percentile(ratios, [20, 50, 80])
+                row[f"{name}_x_direct"] = round(float(p50), 4)
+                row[f"{name}_x_direct_p20_p80"] = f"{p20:.3f}-{p80:.3f}"
+        why = api.explain(a, b, scale_a=sa, scale_b=sb)
+        row["auto_runs"] = next(line for line in why.splitlines() if line.startswith("runs:")).split()[1]
+        rows.append(row)
+        print(", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+        del sets, per_set
     with open(args.output, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

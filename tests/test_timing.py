@@ -254,6 +254,34 @@ def test_interleaved_windows_spread_both_sides_evenly_over_each_window():
     assert pair.rounds == pytest.approx((2.0, 2.0)) and pair.drift == pytest.approx(0.0)
 
 
+def test_interleaved_sides_never_read_the_set_the_other_side_just_read():
+    """Both sides rotate over the same input sets; interleaved, the baseline starts half-way round,
+    so a call never reads a set that one of the few calls before it read (which would find it in
+    L2): every set a call reads was last read at least n_copies / 2 calls earlier."""
+    clock, log = FakeClock(), []
+
+    def make(name):
+        def make_run(i):
+            def run():
+                log.append((name, i))
+                clock.now += 1.0
+
+            return run
+
+        return make_run
+
+    time_paired(
+        make("K"), make("B"), 8, warmup_ms=0, rewarm_ms=0, min_ms=40, rounds=2, min_iters=2,
+        clock=clock, interleave=True,
+    )  # fmt: skip
+    windows = log[3 * 8 :]  # after the first calls (16) and the one-round warm-ups (8)
+    assert {name for name, _ in windows} == {"K", "B"} and len(windows) >= 80
+    last: dict[int, int] = {}
+    for n, (_, i) in enumerate(windows):
+        assert n - last.get(i, -8) >= 4, f"set {i} read again {n - last[i]} calls after the last read"
+        last[i] = n
+
+
 def test_interleaving_cancels_a_host_that_changes_speed_between_windows():
     """The same call on both sides (an A/A pair) on a host whose speed changes at every
     synchronisation (one window to the next, 0.8x to 1.3x its call time): alternating windows put

@@ -308,16 +308,18 @@ def _interleaved_window(
 ) -> tuple[list[float], list[float]]:
     """n_run calls of `runs` and n_base of `base`, each side in rotation over its sets, taken in
     turn so that both spread evenly over the window: the side with the smaller share of its calls
-    done goes next (the kernel on a tie). A start and an end mark around each call, one
-    synchronisation at the end; the two sides' samples."""
+    done goes next (the kernel on a tie). The baseline's rotation starts half-way round the sets,
+    so that neither side reads a set the other has just pulled into L2. A start and an end mark
+    around each call, one synchronisation at the end; the two sides' samples."""
     marks: tuple[list, list] = ([], [])
     sides = (runs, base)
     done = [0, 0]
+    start = (0, len(base) // 2)
     while done[0] < n_run or done[1] < n_base:
         side = 0 if done[0] * n_base <= done[1] * n_run and done[0] < n_run else 1
         calls = sides[side]
         begin = clock.mark()
-        calls[done[side] % len(calls)]()
+        calls[(start[side] + done[side]) % len(calls)]()
         marks[side].append((begin, clock.mark()))
         done[side] += 1
     clock.synchronize()
