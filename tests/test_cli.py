@@ -159,6 +159,8 @@ def test_a_timing_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     rounds = (saved.settings["rounds"], saved.settings["noisy_rounds"])
     assert rounds == (DEFAULTS.rounds, DEFAULTS.noisy_rounds)
     assert all(rounds[0] <= len(r.x_rounds) <= rounds[1] for r in saved.rows)
+    # interleaved or alternating by each cell's call length, and each row says which
+    assert saved.settings["interleave"] is None and all(isinstance(r.interleaved, bool) for r in saved.rows)
     assert saved.settings["peaks"]["bf16"] == {"tflops": 1000.0, "source": "--peak-tflops"}
     assert saved.env["command"] == shlex.join(["gluon-survey", *argv])
     assert saved.env["torch"] == torch.__version__
@@ -180,6 +182,7 @@ def test_gpu_time_flows_from_the_command_line_to_the_timer_the_header_and_the_re
     (r,) = saved.rows
     # the worker timed it queued (on the wall clock, with no queue to keep ahead, every call counts)
     assert r.starved == r.n_iters and r.cublas_starved > 0
+    assert r.interleaved is False  # queued timing keeps alternating windows, whatever the call's length
     assert r.gbps == pytest.approx((32 * 64 + 64 * 40 + 32 * 40) * 2 / (r.ms_median * 1e-3) / 1e9)
     out = capsys.readouterr().out
     assert "#### fp16, B row, GPU time (queued)" in out and f"{r.gbps:.0f} GB/s" in out

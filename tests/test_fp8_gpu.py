@@ -350,14 +350,18 @@ def test_the_torch_modes_fp8_call_is_scaled_mm_alone(monkeypatch):
 
     monkeypatch.setattr(torch, "_scaled_mm", spy)
     api.clear_plans()
-    for n, out in enumerate((None, torch.full((48, 512), float("nan"), dtype=torch.float16, device="cuda"))):
+    nan = torch.full((48, 512), float("nan"), dtype=torch.float16, device="cuda")
+    bias = torch.randn(512, device="cuda", dtype=torch.float16)
+    for n, (out, with_bias) in enumerate(((None, False), (nan, False), (nan, True))):
         dtype = torch.bfloat16 if out is None else torch.float16
-        got = api.matmul(a, b, kernel="torch", out=out, scale_a=sa, scale_b=sb, out_dtype=dtype)
-        want = real(a, b, sa, sb, out_dtype=dtype, use_fast_accum=True)
+        extra = {"bias": bias} if with_bias else {}
+        got = api.matmul(a, b, kernel="torch", out=out, scale_a=sa, scale_b=sb, out_dtype=dtype, **extra)
+        want = real(a, b, sa, sb, out_dtype=dtype, use_fast_accum=True, **extra)
         assert got.dtype == dtype and torch.equal(got, want) and (out is None or got is out)
         args, kwargs = calls[-1]  # the matmul's (the reference calls `_scaled_mm` itself)
         assert args[0] is a and args[1] is b and args[2] is sa and args[3] is sb
         assert kwargs["out"] is out and kwargs["use_fast_accum"] and len(calls) == n + 1
+        assert kwargs.get("bias") is (bias if with_bias else None)
     assert not api._PLANS
 
 

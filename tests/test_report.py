@@ -238,6 +238,17 @@ def test_the_settings_line_says_when_the_calls_were_interleaved():
     assert "up to 9 windows while either side's samples spread over 5 %" in paired
 
 
+def test_the_settings_line_says_the_pairing_goes_by_call_length():
+    settings = {"paired": True, "rounds": 3, "noisy_rounds": 9, "interleave": None}
+    settings["interleave_below_ms"] = 0.06
+    (paired,) = [line for line in report._settings_lines(settings) if line.startswith("Paired")]
+    assert "under 60 µs, a window of that length of its calls and cuBLAS's in turn" in paired
+    assert "otherwise a window alternating with 4 of cuBLAS's, up to 9 rounds" in paired
+    del settings["interleave"]  # a header from before the choice: alternating throughout
+    (paired,) = [line for line in report._settings_lines(settings) if line.startswith("Paired")]
+    assert paired.startswith("Paired: each cell in 3 windows of that length, alternating with 4")
+
+
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 

@@ -314,6 +314,32 @@ def test_interleaving_cancels_a_host_that_changes_speed_between_windows():
     assert interleaved.rounds == pytest.approx((1.0,) * 5)
 
 
+@pytest.mark.parametrize(
+    ("run_ms", "base_ms", "interleaved"),
+    [
+        (0.02, 0.03, True),  # both host-bound: interleaved
+        (0.02, 0.2, False),  # one side's calls are long: alternating
+        (0.2, 0.02, False),
+        (0.059, 0.059, True),
+        (0.061, 0.02, False),
+    ],
+)
+def test_pairing_interleaves_by_default_where_both_calls_are_short(run_ms, base_ms, interleaved):
+    """`interleave` None (the default) interleaves where both warm-ups' estimates are under
+    `interleave_below_ms` (60 µs); queued timing never does (the starved-window test below)."""
+    clock, log = FakeClock(), []
+    pair = time_paired(
+        _calls(clock, (run_ms,), log, "K"), _calls(clock, (base_ms,), log, "B"), 1, warmup_ms=1,
+        rewarm_ms=1, min_ms=2, rounds=2, noisy_rounds=2, min_iters=2, clock=clock,
+    )  # fmt: skip
+    assert timing.DEFAULTS.interleave is None and timing.DEFAULTS.interleave_below_ms == 0.06
+    assert pair.interleaved is interleaved
+    # after the kernel's warm-up (its last run of calls), the rounds: alternating, they end in a
+    # window of the baseline's calls; interleaved, neither side takes three calls in a row
+    rounds = "".join(log).rsplit("KKK", 1)[-1]
+    assert ("BBB" not in rounds) is interleaved and (len(rounds) > 50 or not interleaved)
+
+
 def test_interleaving_does_not_combine_with_queued_timing():
     clock = FakeClock()
     steady = _calls(clock, (1.0,), [], "K")
@@ -459,6 +485,7 @@ def test_after_a_starved_window_the_holds_cover_the_hosts_whole_enqueue_time(gpu
         kernel, base, 1, warmup_ms=0, rewarm_ms=0, rounds=2, noisy_rounds=2, queued=True, clock=gpu, **bounds
     )
     assert (pair.timing.starved, pair.baseline.starved) == (50, 0)
+    assert not pair.interleaved  # host-bound calls, but queued: alternating windows by default
     kernel_holds = _holds_before(gpu.events, "K")
     host_ms = (100 * 0.020 + 5.0) / 100  # the first window's first burst, with the stall in it
     assert kernel_holds[-2:] == [

@@ -799,14 +799,19 @@ def matmul(
     if kernel == "torch" and scale_a is not None:
         # fp8 through cuBLAS: `torch._scaled_mm` itself, which checks its arguments before it
         # launches; what it refuses goes on to the plan's path, whose checks say why (module
-        # docstring, "The torch mode's fp8 call")
+        # docstring, "The torch mode's fp8 call"). Every step here is host time on a host-bound
+        # call: the checks are attribute reads, and a bias is passed only when there is one.
         try:
-            cuda = a.is_cuda and scale_a.is_cuda and scale_b.is_cuda
-            if cuda and a.dtype is FP8 and b.dtype is FP8 and out_dtype in _SCALED_MM_OUT:
+            fp8 = a.dtype is FP8 and b.dtype is FP8 and out_dtype in _SCALED_MM_OUT
+            if fp8 and a.is_cuda and scale_a.is_cuda and scale_b.is_cuda:
+                dtype = out_dtype or _FP8_OUT
+                if bias is None:
+                    return torch._scaled_mm(
+                        a, b, scale_a, scale_b, out_dtype=dtype, out=out, use_fast_accum=True
+                    )
                 return torch._scaled_mm(
-                    a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype or FP8_OUT_DTYPES[0],
-                    out=out, use_fast_accum=True,
-                )  # fmt: skip
+                    a, b, scale_a, scale_b, bias=bias, out_dtype=dtype, out=out, use_fast_accum=True
+                )
         except (RuntimeError, TypeError, ValueError, AttributeError):
             pass
     try:
@@ -839,6 +844,7 @@ def _call_new(key: tuple, kernel, a, b, out, scale_a, scale_b, out_dtype, bias=N
     return call(a, b, out, scale_a, scale_b, bias)
 
 
+_FP8_OUT = FP8_OUT_DTYPES[0]  # an fp8 product's dtype where out_dtype is not given
 _SCALED_MM_OUT = (None, *FP8_OUT_DTYPES)  # the output dtypes `matmul` writes fp8 products in
 _ALIGNED = (True, True, True)
 _UNALIGNED = f"a base address is not {ALIGN}-byte aligned"

@@ -179,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULTS.interleave,
         help="paired timing: take the cell's calls and cuBLAS's in turn within each window instead "
         "of in alternating windows, so that both sample the same stretch of a host-bound call's "
-        "launch times; not with --gpu-time "
-        f"(default: {'on' if DEFAULTS.interleave else 'off'})",
+        "launch times; not with --gpu-time (default: where both calls take under "
+        f"{DEFAULTS.interleave_below_ms * 1e3:.0f} µs and without --gpu-time)",
     )
     how.add_argument(
         "--gpu-time",
@@ -428,8 +428,9 @@ def run(argv: Sequence[str]) -> int:
 
 
 def _interleave_error(args: argparse.Namespace) -> str | None:
-    """--interleave pairs each call with cuBLAS's as it is made: it needs --paired, and it does not
-    combine with --gpu-time, which keeps the host ahead of the calls instead."""
+    """--interleave (given; the default decides per cell) pairs each call with cuBLAS's as it is
+    made: it needs --paired, and it does not combine with --gpu-time, which keeps the host ahead of
+    the calls instead."""
     if args.interleave and not args.paired:
         return "--interleave takes the cell's calls in turn with cuBLAS's: drop --no-paired or --interleave"
     if args.interleave and args.gpu_time:

@@ -180,6 +180,14 @@ def _settings_lines(s: dict[str, Any]) -> list[str]:
                 "turn with cuBLAS's on the same inputs"
             )
             line += f", up to {s['noisy_rounds']} windows" if more else ""
+        elif "interleave" in s and s["interleave"] is None:  # by call length (an older header lacks it)
+            below = s.get("interleave_below_ms", 0) * 1e3
+            line = (
+                f"Paired: each cell in {s['rounds']} rounds on cuBLAS's inputs: where both calls take under "
+                f"{below:.0f} µs, a window of that length of its calls and cuBLAS's in turn, otherwise "
+                f"a window alternating with {s['rounds'] + 1} of cuBLAS's"
+            )
+            line += f", up to {s['noisy_rounds']} rounds" if more else ""
         else:
             line = (
                 f"Paired: each cell in {s['rounds']} windows of that length, alternating with "

@@ -85,7 +85,8 @@ class Row:
     x_cublas: float | None = None
     cublas_ms: float | None = None  # paired baseline: cuBLAS's median, timed alongside this row
     cublas_drift: float | None = None  # cuBLAS's last window / its first - 1: how much the GPU changed
-    x_rounds: list[float] | None = None  # paired: cuBLAS / this row in each alternating window
+    x_rounds: list[float] | None = None  # paired: cuBLAS / this row in each round (timing.time_paired)
+    interleaved: bool | None = None  # paired: calls taken in turn with cuBLAS's (False: alternating windows)
     starved: int | None = None  # queued timing: timed calls the host fell behind on (0: GPU time throughout)
     cublas_starved: int | None = None  # the same for the paired cuBLAS
     sm_clock_mhz: float | None = None  # NVML, mean over the timed window

@@ -30,8 +30,13 @@ class Settings:
     noisy_rounds: int = 9
     queued: bool = False  # GPU time: sleep kernels keep the host ahead (timing.py); off: time per call
     # paired: the cell's calls and cuBLAS's taken in turn within each window instead of in
-    # alternating windows (timing.py, "Interleaved pairing")
-    interleave: bool = False
+    # alternating windows (timing.py, "Interleaved pairing"); None: where both sides' calls are
+    # shorter than interleave_below_ms (host-bound), and not with `queued`
+    interleave: bool | None = None
+    # The call length under which `interleave` None interleaves: alternating rounds scattered below
+    # it (p20-p80 of the rounds 12-14 % at 20-40 µs, 2-3 % at 40-60 µs on an H100 lease) and
+    # agreed within 1 % above it (timing.py, "Interleaved pairing")
+    interleave_below_ms: float = 0.06
     bias: bool = False  # every product adds a bias [N] (matmul's bias=; cuBLAS: torch.addmm)
 
     def worker_json(self) -> dict[str, Any]:

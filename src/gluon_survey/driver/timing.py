@@ -50,19 +50,27 @@ Method
   itself ranged 0.75-1.21 on an H200, and three of them put identical calls at 0.81x (nine:
   0.99-1.02x; results/experiments/h200-noisy-rounds). The choice to go on looks only at the
   spread, never at the ratio, so it cannot favour either side.
-* **Interleaved pairing** (`interleave`, the CLI's `--interleave`; off by default, not yet
-  validated on a GPU). Where a call is host-bound, its time a call is the host's launch time,
-  and a virtual machine's host changes speed from one 50 ms window to the next: nine rounds of
-  cuBLAS's fp8 call against itself still read 0.78-1.12 (results/h100-dense-sweep,
-  fp8-row-f0a3e59). Interleaved, each window takes the kernel's calls and the baseline's in turn,
-  spread evenly over it (the side behind its share of the window's calls goes next), so both sides
-  sample the same stretch of the host's and the clock's history, and a round's ratio is the
-  baseline's window median over the kernel's. There is no window boundary between the two sides,
-  so no synchronisation's pause falls on one of them alone.
+* **Interleaved pairing** (`interleave`, the CLI's `--interleave`): by default where both sides'
+  calls are shorter than `interleave_below_ms` (their warm-ups' estimates; 60 µs), and not with
+  `queued`.
+  Where a call is host-bound, its time a call is the host's launch time, and a virtual machine's
+  host changes speed from one 50 ms window to the next: nine alternating rounds of cuBLAS's fp8
+  call against itself still read 0.78-1.12 (results/h100-dense-sweep, fp8-row-f0a3e59).
+  Interleaved, each window takes the kernel's calls and the baseline's in turn, spread evenly over
+  it (the side behind its share of the window's calls goes next), so both sides sample the same
+  stretch of the host's and the clock's history, and a round's ratio is the baseline's window
+  median over the kernel's. The baseline's rotation over the input sets starts half-way round, so
+  neither side finds the other's last set in L2. Measured (results/experiments/h100-interleave-aa):
+  `auto` running cuBLAS against cuBLAS on 19 fp8-row cells of 20-60 µs read 0.981-1.080
+  alternating and 0.986-1.005 interleaved on an H100, 0.993-1.005 on an H200. Longer calls keep
+  alternating windows: there the GPU, not the host, sets the time, the alternating rounds already
+  agree (p20-p80 under 1 % from 60 µs up), and at the power limit a compute-bound kernel's clock
+  follows its own power draw, which interleaving averages with the baseline's (docs/perf-notes.md,
+  entry 8: ping-pong read 1.03-1.06x interleaved where sustained windows read 0.95-1.01x).
 
 The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `noisy_rounds`, `min_iters`,
-`max_iters`, `queued` and `interleave` are those of `gluon_survey.driver.settings.Settings`, the
-one place they are written.
+`max_iters`, `queued`, `interleave` and `interleave_below_ms` are those of
+`gluon_survey.driver.settings.Settings`, the one place they are written.
 """
 
 from __future__ import annotations
@@ -368,6 +376,7 @@ class PairedTiming:
     # Per kernel window: baseline / kernel, the baseline the mean of its windows either side.
     rounds: tuple[float, ...]
     drift: float  # the baseline's last window / its first - 1: how much the GPU changed meanwhile
+    interleaved: bool = False  # each round one window of both sides' calls in turn
 
     @property
     def ratio(self) -> float:
@@ -394,7 +403,8 @@ def time_paired(
     queued: bool = DEFAULTS.queued,
     clock: Clock | None = None,
     noisy_rounds: int = DEFAULTS.noisy_rounds,
-    interleave: bool = DEFAULTS.interleave,
+    interleave: bool | None = DEFAULTS.interleave,
+    interleave_below_ms: float = DEFAULTS.interleave_below_ms,
 ) -> PairedTiming:
     """Time a kernel against a baseline in alternating windows: baseline, kernel, baseline, ...,
     kernel, baseline (`rounds` kernel windows of about min_ms of GPU time each, between rounds + 1
@@ -412,7 +422,8 @@ def time_paired(
     window of each) follows, up to `noisy_rounds` rounds in all (module docstring). `queued`: both
     keep the host ahead (holds of their own), as in `time_fn`. `interleave`: each round is one
     window of both sides' calls taken in turn (`_interleaved_window`; not with `queued`), and
-    `drift` compares the baseline's first and last rounds.
+    `drift` compares the baseline's first and last rounds; None: where both warm-ups' estimates
+    are under `interleave_below_ms` and not `queued` (module docstring).
     """
     if interleave and queued:
         raise ValueError("interleaved pairing times each call as it is made: it does not combine with queued")
@@ -426,6 +437,8 @@ def time_paired(
     bounds = (math.ceil(min_iters / rounds), max(1, max_iters // rounds), n_copies)
     n_run = _iterations(min_ms, run_estimate, *bounds)
     n_base = _iterations(min_ms, base_estimate, *bounds)
+    if interleave is None:
+        interleave = not queued and max(run_estimate, base_estimate) < interleave_below_ms
     run_windows: list[tuple[list[float], int]] = []
     if interleave:
         base_windows: list[tuple[list[float], int]] = []
@@ -438,11 +451,11 @@ def time_paired(
         while _another_round(run_windows, base_windows, rounds, noisy_rounds):
             run_windows.append(_window(runs, clock, n_run, run_queue))
             base_windows.append(_window(base, clock, n_base, base_queue))
-    return _paired_timing(run_windows, base_windows)
+    return _paired_timing(run_windows, base_windows, interleave)
 
 
 def _paired_timing(
-    run_windows: list[tuple[list[float], int]], base_windows: list[tuple[list[float], int]]
+    run_windows: list[tuple[list[float], int]], base_windows: list[tuple[list[float], int]], interleaved: bool
 ) -> PairedTiming:
     """The kernel's and the baseline's windows summed up. A round's ratio divides the baseline's
     window median by the kernel window's: alternating, the baseline has a window either side of
@@ -457,6 +470,7 @@ def _paired_timing(
         baseline=_pooled(base_windows),
         rounds=ratios,
         drift=float(np.median(base_windows[-1][0])) / float(np.median(base_windows[0][0])) - 1,
+        interleaved=interleaved,
     )
 
 

@@ -424,11 +424,15 @@ def measure(
                 noisy_rounds=settings.noisy_rounds,
                 queued=settings.queued,
                 interleave=settings.interleave,
+                interleave_below_ms=settings.interleave_below_ms,
                 clock=provider.clock,
                 **bounds,
             )
         timing = pair.timing
-        row.update(cublas_ms=pair.baseline.median_ms, cublas_drift=pair.drift, x_rounds=list(pair.rounds))
+        row.update(
+            cublas_ms=pair.baseline.median_ms, cublas_drift=pair.drift, x_rounds=list(pair.rounds),
+            interleaved=pair.interleaved,
+        )  # fmt: skip
         if settings.queued:
             row["cublas_starved"] = pair.baseline.starved
     else:
