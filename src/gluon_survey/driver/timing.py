@@ -60,8 +60,8 @@ Method
   it (the side behind its share of the window's calls goes next), so both sides sample the same
   stretch of the host's and the clock's history, and a round's ratio is the baseline's window
   median over the kernel's. The baseline's rotation over the input sets starts half-way round, so
-  neither side finds the other's last set in L2. Measured (results/experiments/h100-interleave-aa):
-  `auto` running cuBLAS against cuBLAS on 19 fp8-row cells of 20-60 µs read 0.981-1.080
+  neither side finds the other's last set in L2. Measured (results/experiments/interleave-aa):
+  `auto` running cuBLAS against cuBLAS on 19 fp8-row cells of 30-60 µs read 0.981-1.080
   alternating and 0.986-1.005 interleaved on an H100, 0.993-1.005 on an H200. Longer calls keep
   alternating windows: there the GPU, not the host, sets the time, the alternating rounds already
   agree (p20-p80 under 1 % from 60 µs up), and at the power limit a compute-bound kernel's clock
