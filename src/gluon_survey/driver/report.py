@@ -14,7 +14,8 @@ show the host's launch rate instead.
 A row counts as a measurement only when it is correct, timed and not above the dense peak (a
 TFLOP/s figure above the datasheet peak is a measurement error, shown as such, never as a record);
 geometric means and x cuBLAS use measurements only. x cuBLAS is the median of the row's paired
-rounds (`x_rounds`: cuBLAS timed on the same inputs in windows alternating with the row's), or,
+rounds (`x_rounds`: cuBLAS timed on the same inputs in windows alternating with the row's, or
+for short calls in the same windows, the calls taken in turn: `interleaved`), or,
 for a run without pairing (`--no-paired`), the ratio to the `torch` row of the same shape, dtype
 and layouts.
 
@@ -67,10 +68,11 @@ def console(file: Any = None) -> Any:
 def attach_x_cublas(rows: Iterable[Row]) -> list[Row]:
     """The rows with `x_cublas`, the speed relative to cuBLAS: the median of the row's per-round
     ratios (`x_rounds`: cuBLAS's windows either side / the row's window, timed on the same inputs
-    in alternating windows) when it has them; else against the cuBLAS (`torch`) row of the same
-    shape, dtype and layout, where both are measurements. A grouped row's reference is
-    torch._grouped_mm, in fp8 torch._scaled_grouped_mm (its paired rounds, or the `grouped_mm` or
-    `scaled_grouped_mm` row of the same shape)."""
+    in alternating windows, or cuBLAS's calls / the row's in one window where `interleaved`) when
+    it has them; else against the cuBLAS (`torch`) row of the same shape, dtype and layout, where
+    both are measurements. A grouped row's reference is torch._grouped_mm, in fp8
+    torch._scaled_grouped_mm (its paired rounds, or the `grouped_mm` or `scaled_grouped_mm` row of
+    the same shape)."""
     rows = list(rows)
     base = {r.problem: r.tflops for r in rows if is_baseline(r) and r.measured}
 

@@ -20,7 +20,8 @@ sets (each prepared and called once first), with all outputs NaN-filled before t
 re-checked after it (a launch that does nothing after its first call fails). With `paired` set,
 cuBLAS (`cublas_product`: `torch.matmul`, or `torch._scaled_mm` for fp8) is timed on the same
 rotated inputs in windows that alternate with the mode's (`timing.time_paired`: cuBLAS, mode,
-cuBLAS, ..., `rounds` windows of the mode), and the row keeps cuBLAS's median over its windows
+cuBLAS, ..., `rounds` windows of the mode), or, where both calls are short (host-bound), in
+windows whose calls alternate one by one (`interleaved`), and the row keeps cuBLAS's median over its windows
 (`cublas_ms`), the ratio in each round (`x_rounds`) and how far cuBLAS's last window is from its
 first (`cublas_drift`): a GPU at its power limit changes clock with temperature over a run, so the
 ratio to a cuBLAS timed minutes apart moves by a few per cent, and to one timed alongside it does
