@@ -52,9 +52,8 @@ Method
   spread, never at the ratio, so it cannot favour either side.
 * **Interleaved pairing** (`interleave`, the CLI's `--interleave`): by default where both sides'
   calls are shorter than `interleave_below_ms` (their warm-ups' estimates; 60 µs), and not with
-  `queued`.
-  Where a call is host-bound, its time a call is the host's launch time, and a virtual machine's
-  host changes speed from one 50 ms window to the next: nine alternating rounds of cuBLAS's fp8
+  `queued`. Where a call is host-bound, its time a call is the host's launch time, and a virtual
+  machine's host changes speed from one 50 ms window to the next: nine alternating rounds of cuBLAS's fp8
   call against itself still read 0.78-1.12 (results/h100-dense-sweep, fp8-row-f0a3e59).
   Interleaved, each window takes the kernel's calls and the baseline's in turn, spread evenly over
   it (the side behind its share of the window's calls goes next), so both sides sample the same
@@ -369,11 +368,12 @@ def time_fn(
 
 @dataclass(frozen=True)
 class PairedTiming:
-    """A kernel and its baseline timed in alternating windows on the same inputs."""
+    """A kernel and its baseline timed on the same inputs, in alternating windows or interleaved."""
 
     timing: Timing  # the kernel: all of its windows' samples together
     baseline: Timing  # the baseline: all of its windows' samples together
-    # Per kernel window: baseline / kernel, the baseline the mean of its windows either side.
+    # Per kernel window: baseline / kernel, the baseline the mean of its windows either side
+    # (interleaved: its calls in the same window).
     rounds: tuple[float, ...]
     drift: float  # the baseline's last window / its first - 1: how much the GPU changed meanwhile
     interleaved: bool = False  # each round one window of both sides' calls in turn

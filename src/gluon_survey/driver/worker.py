@@ -21,11 +21,11 @@ re-checked after it (a launch that does nothing after its first call fails). Wit
 cuBLAS (`cublas_product`: `torch.matmul`, or `torch._scaled_mm` for fp8) is timed on the same
 rotated inputs in windows that alternate with the mode's (`timing.time_paired`: cuBLAS, mode,
 cuBLAS, ..., `rounds` windows of the mode), or, where both calls are short (host-bound), in
-windows whose calls alternate one by one (`interleaved`), and the row keeps cuBLAS's median over its windows
-(`cublas_ms`), the ratio in each round (`x_rounds`) and how far cuBLAS's last window is from its
-first (`cublas_drift`): a GPU at its power limit changes clock with temperature over a run, so the
-ratio to a cuBLAS timed minutes apart moves by a few per cent, and to one timed alongside it does
-not. With `bias` set (`--bias`), every input set has a bias [N], which the mode adds in its
+windows whose calls alternate one by one (`interleaved`), and the row keeps cuBLAS's median over
+its windows (`cublas_ms`), the ratio in each round (`x_rounds`) and how far cuBLAS's last window
+is from its first (`cublas_drift`): a GPU at its power limit changes clock with temperature over a
+run, so the ratio to a cuBLAS timed minutes apart moves by a few per cent, and to one timed
+alongside it does not. With `bias` set (`--bias`), every input set has a bias [N], which the mode adds in its
 epilogue (`matmul(bias=)`) and cuBLAS through `torch.addmm` (fp8: `torch._scaled_mm(bias=)`),
 and the reference adds it too; the modes that add none are SKIPPED (`Provider.no_bias`). With
 `queued` set (`--gpu-time`), both are timed queued, in GPU time (`timing`'s module
