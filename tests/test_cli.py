@@ -129,6 +129,25 @@ def test_report_subcommand_rerenders_aresults_file(tmp_path, capsys):
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
 
 
+def test_report_plots_a_shapes_run_per_weight_on_request(tmp_path, monkeypatch, capsys):
+    from gluon_survey.driver import report
+
+    sample = results([row(mode, M=m, ms=ms) for m in (1, 16) for mode, ms in (("auto", 0.1), ("torch", 0.2))])
+    sample.header["settings"] = {**sample.settings, "shapes": "--shapes llm-dense"}
+    path = tmp_path / "r.jsonl"
+    with ResultsWriter(path, sample.header) as writer:
+        for r in sample.rows:
+            writer.append(r)
+    drawn = []
+    for name in ("plot_by_m", "plot_by_weight"):
+        monkeypatch.setattr(report, name, lambda results, plot, name=name: drawn.append(name) or 1)
+    assert main(["report", str(path), "--plot", str(tmp_path / "p.png")]) == 0
+    assert main(["report", str(path), "--plot", str(tmp_path / "p.png"), "--plot-by", "weight"]) == 0
+    assert drawn == ["plot_by_m", "plot_by_weight"]
+    assert main(["report", str(path), "--plot", str(tmp_path / "p.png"), "--plot-by", "shape"]) == 2
+    assert "--plot-by: invalid choice: 'shape'" in capsys.readouterr().err
+
+
 @pytest.fixture
 def fake_modes(monkeypatch):
     """The CLI in this process with the fake modes of `fakes.py` (CPU, crash, hang) installed."""

@@ -193,6 +193,37 @@ def test_a_shapes_run_plots_x_cublas_against_m(tmp_path, monkeypatch):
     assert not (tmp_path / "none.png").exists()
 
 
+def test_a_shapes_run_plots_each_weight_with_a_line_per_mode(tmp_path, monkeypatch):
+    """`by="weight"`: a panel per (dtype, layout, weight), a line per mode but cuBLAS at the
+    weight's token counts with its x cuBLAS, each mode in one colour across the panels."""
+    rows = [
+        row(mode, M=m, N=n, K=k, ms=ms)
+        for n, k in ((4096, 4096), (4096, 14336))
+        for m in (1, 16, 128)
+        for mode, ms in (("torch", 0.2), ("auto", 0.1), ("swapab", 0.4))
+    ]
+    rows.append(row("splitk", M=16, N=4096, K=14336, ms=0.8))  # a mode on one weight only
+    shapes = results(rows)
+    shapes.header["settings"] = {**shapes.settings, "shapes": "--shapes llm-dense"}
+    drawn = {}
+    monkeypatch.setattr(report, "_save", lambda fig, axes, *_, **__: drawn.update(fig=fig))
+    assert report.plot(shapes, tmp_path / "w.png", by="weight") == 2
+    panels = [ax for ax in drawn["fig"].axes if ax.get_visible()]
+    lines = {ax.get_title(): {ln.get_label(): ln for ln in ax.get_lines()} for ax in panels}
+    assert sorted(lines) == [
+        "4096x14336 fp16 B=row: a line per mode",
+        "4096x4096 fp16 B=row: a line per mode",
+    ]
+    wide = lines["4096x14336 fp16 B=row: a line per mode"]
+    assert [label for label in wide if not label.startswith("_")] == ["auto", "swapab", "splitk", "cuBLAS"]
+    assert list(wide["auto"].get_xdata()) == [1, 16, 128] and list(wide["auto"].get_ydata()) == [2.0] * 3
+    assert list(wide["splitk"].get_xdata()) == [16] and list(wide["splitk"].get_ydata()) == [0.25]
+    square = lines["4096x4096 fp16 B=row: a line per mode"]
+    assert "splitk" not in square and square["swapab"].get_color() == wide["swapab"].get_color()
+    with pytest.raises(ValueError, match="plot by one of mode, weight"):
+        report.plot(shapes, tmp_path / "x.png", by="shape")
+
+
 def test_paired_rounds_are_preferred_and_named_in_the_legend(sample):
     paired = results(
         [

@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_output_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    from gluon_survey.driver.report import FORMATS, PLOT_SUFFIXES
+    from gluon_survey.driver.report import FORMATS, PLOT_BY, PLOT_SUFFIXES
 
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
     parser.add_argument(
@@ -231,6 +231,13 @@ def _add_output_options(parser: argparse.ArgumentParser | argparse._ArgumentGrou
         metavar="FILE.png",
         help="also plot into FILE: TFLOP/s vs K per mode for a --m/--n/--k grid, x cuBLAS vs M per "
         f"weight for --shapes ({_plot_suffixes(PLOT_SUFFIXES)})",
+    )
+    parser.add_argument(
+        "--plot-by",
+        choices=PLOT_BY,
+        default=PLOT_BY[0],
+        help="a --shapes run's plot: a panel per mode with a line per weight, or a panel per weight "
+        "with a line per mode, the rungs side by side (default: %(default)s)",
     )
 
 
@@ -577,7 +584,7 @@ def _emit(measured: Results, args: argparse.Namespace) -> bool:
     if args.plot is None:
         return True
     try:
-        panels = report.plot(measured, args.plot)
+        panels = report.plot(measured, args.plot, by=args.plot_by)
     except OSError as exc:
         print(f"{PROG}: error: cannot write the plot {args.plot}: {exc.strerror or exc}", file=sys.stderr)
         return False

@@ -615,13 +615,20 @@ def _save(fig: Any, axes: Any, results: Results, path: str | Path, dpi: int) -> 
     fig.savefig(path, dpi=dpi)
 
 
-def plot(results: Results, path: str | Path) -> int:
+PLOT_BY = ("mode", "weight")  # a --shapes run's panels: one per mode, or one per weight
+
+
+def plot(results: Results, path: str | Path, by: str = "mode") -> int:
     """A grid (`--m/--n/--k`, the seed's K sweep): TFLOP/s vs K per mode, one panel per (dtype,
     layout, M, N): log2 K axis, a p20-p80 band, cuBLAS dashed, the dense peak as a dotted line.
-    A list of shapes (`--shapes llm|llm-dense|holdout|FILE.csv`): x cuBLAS vs M (`plot_by_m`).
-    Returns the number of panels (0: nothing measured, no file written)."""
+    A list of shapes (`--shapes llm|llm-dense|holdout|FILE.csv`): x cuBLAS vs M, a panel per mode
+    and a line per weight (`by` "mode", `plot_by_m`) or a panel per weight and a line per mode
+    (`by` "weight", `plot_by_weight`: a ladder's rungs side by side). Returns the number of panels
+    (0: nothing measured, no file written)."""
+    if by not in PLOT_BY:
+        raise ValueError(f"plot by one of {', '.join(PLOT_BY)}, got {by!r}")
     if str(results.settings.get("shapes", "")).startswith("--shapes"):
-        return plot_by_m(results, path)
+        return plot_by_weight(results, path) if by == "weight" else plot_by_m(results, path)
     groups: dict[tuple[str, str, int, int], list[Row]] = {}
     for r in results.rows:
         if r.measured:
@@ -652,14 +659,44 @@ def plot(results: Results, path: str | Path) -> int:
     return len(groups)
 
 
+def _x_cublas_rows(results: Results) -> list[Row]:
+    """The rows a `--shapes` plot draws: those with an x cuBLAS, cuBLAS's own rows left out."""
+    return [r for r in attach_x_cublas(results.rows) if r.x_cublas is not None and not is_baseline(r)]
+
+
+def _x_cublas_line(ax: Any, pts: list[Row], label: str, i: int, **style: Any) -> None:
+    """x cuBLAS vs tokens for `pts`, sorted by tokens: the i-th line's colour and dash, and the band
+    of its paired rounds where every point has them."""
+    pts = sorted(pts, key=lambda r: r.shape.tokens)
+    ms = [r.shape.tokens for r in pts]
+    (line,) = ax.plot(ms, [r.x_cublas for r in pts], marker="o", markersize=3, label=label,
+                      color=f"C{i % 10}", linestyle=("-", "--", ":")[i // 10 % 3], **style)  # fmt: skip
+    if all(r.x_rounds for r in pts):
+        low = [min(r.x_rounds) for r in pts]  # type: ignore[arg-type]
+        high = [max(r.x_rounds) for r in pts]  # type: ignore[arg-type]
+        ax.fill_between(ms, low, high, color=line.get_color(), alpha=0.08, linewidth=0)
+
+
+def _x_cublas_axes(ax: Any, group: list[Row], title: str) -> None:
+    """A `--shapes` panel's reference line at 1.0, log2 token axis, labels, title and legend."""
+    grouped = all(r.grouped for r in group)
+    reference = REFERENCE_NAMES[baseline_mode(group[0])]  # a panel is one dtype and kind
+    ax.axhline(1.0, color="gray", linestyle=":", label=reference)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("T (tokens; x has T * top-k rows)" if grouped else "M (tokens)")
+    ax.set_ylabel(f"x {reference}")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", ncols=2)
+
+
 def plot_by_m(results: Results, path: str | Path) -> int:
     """x cuBLAS vs M, one panel per (dtype, layout, mode) other than cuBLAS: a thin line per
     weight (N x K), the geomean over the weights measured at each M thick and black, the band of a
     weight's paired rounds where it has them, cuBLAS at 1.0 dotted. Returns the number of panels
     (0: no row has an x cuBLAS, no file written)."""
-    rows = [r for r in attach_x_cublas(results.rows) if r.x_cublas is not None and not is_baseline(r)]
     panels: dict[tuple[str, str, str], list[Row]] = {}
-    for r in rows:
+    for r in _x_cublas_rows(results):
         panels.setdefault((r.dtype, r.layouts_label, r.mode), []).append(r)
     if not panels:
         return 0
@@ -669,30 +706,35 @@ def plot_by_m(results: Results, path: str | Path) -> int:
         for r in group:
             weights.setdefault(r.shape.weight, []).append(r)
         for i, (weight, of_weight) in enumerate(weights.items()):
-            pts = sorted(of_weight, key=lambda r: r.shape.tokens)
-            ms = [r.shape.tokens for r in pts]
-            (line,) = ax.plot(ms, [r.x_cublas for r in pts], marker="o", markersize=3, linewidth=1,
-                              alpha=0.8, label=weight, color=f"C{i % 10}",
-                              linestyle=("-", "--", ":")[i // 10 % 3])  # fmt: skip
-            if all(r.x_rounds for r in pts):
-                low = [min(r.x_rounds) for r in pts]  # type: ignore[arg-type]
-                high = [max(r.x_rounds) for r in pts]  # type: ignore[arg-type]
-                ax.fill_between(ms, low, high, color=line.get_color(), alpha=0.08, linewidth=0)
+            _x_cublas_line(ax, of_weight, weight, i, linewidth=1, alpha=0.8)
         by_m: dict[int, list[float]] = {}
         for r in group:
             by_m.setdefault(r.shape.tokens, []).append(r.x_cublas)  # type: ignore[arg-type]
         ms = sorted(by_m)
-        grouped = all(r.grouped for r in group)
-        reference = REFERENCE_NAMES[baseline_mode(group[0])]  # a panel is one dtype and kind
         ax.plot(ms, [geomean(by_m[m]) for m in ms], color="black", linewidth=2.5, marker="s", label="geomean")
-        ax.axhline(1.0, color="gray", linestyle=":", label=reference)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("T (tokens; x has T * top-k rows)" if grouped else "M (tokens)")
-        ax.set_ylabel(f"x {reference}")
-        per_line = "N x K, E, top-k, routing" if grouped else "N x K"
-        ax.set_title(f"{mode} {dtype} {layout}: {per_line} per line")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small", ncols=2)
+        per_line = "N x K, E, top-k, routing" if all(r.grouped for r in group) else "N x K"
+        _x_cublas_axes(ax, group, f"{mode} {dtype} {layout}: {per_line} per line")
+    _save(fig, axes, results, path, dpi=110)
+    return len(panels)
+
+
+def plot_by_weight(results: Results, path: str | Path) -> int:
+    """x cuBLAS vs M, one panel per (dtype, layout, weight): a line per mode other than cuBLAS
+    (one colour per mode across the panels), the band of its paired rounds where it has them,
+    cuBLAS at 1.0 dotted: a ladder's rungs side by side on each weight. Returns the number of
+    panels (0: no row has an x cuBLAS, no file written)."""
+    rows = _x_cublas_rows(results)
+    panels: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        panels.setdefault((r.dtype, r.layouts_label, r.shape.weight), []).append(r)
+    if not panels:
+        return 0
+    modes = list(dict.fromkeys(r.mode for r in rows))
+    fig, axes = _panels(len(panels), 2, 8, 5.5)
+    for ((dtype, layout, weight), group), ax in zip(panels.items(), axes, strict=False):
+        for mode in dict.fromkeys(r.mode for r in group):
+            _x_cublas_line(ax, [r for r in group if r.mode == mode], mode, modes.index(mode), linewidth=1.5)
+        _x_cublas_axes(ax, group, f"{weight} {dtype} {layout}: a line per mode")
     _save(fig, axes, results, path, dpi=110)
     return len(panels)
 
