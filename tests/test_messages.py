@@ -186,7 +186,7 @@ def test_a_plot_that_cannot_be_written_is_named_as_the_plot(tmp_path, monkeypatc
     path = results_file(tmp_path, [row("Blocked", ms=0.1, config=BLOCKS)])
     plot = tmp_path / "plot.png"
 
-    def denied(results, where):
+    def denied(results, where, by="mode"):
         raise PermissionError(13, "Permission denied", str(where))
 
     monkeypatch.setattr(report, "plot", denied)
