@@ -800,18 +800,14 @@ def matmul(
         # fp8 through cuBLAS: `torch._scaled_mm` itself, which checks its arguments before it
         # launches; what it refuses goes on to the plan's path, whose checks say why (module
         # docstring, "The torch mode's fp8 call"). Every step here is host time on a host-bound
-        # call: the checks are attribute reads, and a bias is passed only when there is one.
+        # call: the checks are attribute reads.
         try:
             fp8 = a.dtype is FP8 and b.dtype is FP8 and out_dtype in _SCALED_MM_OUT
             if fp8 and a.is_cuda and scale_a.is_cuda and scale_b.is_cuda:
-                dtype = out_dtype or _FP8_OUT
-                if bias is None:
-                    return torch._scaled_mm(
-                        a, b, scale_a, scale_b, out_dtype=dtype, out=out, use_fast_accum=True
-                    )
                 return torch._scaled_mm(
-                    a, b, scale_a, scale_b, bias=bias, out_dtype=dtype, out=out, use_fast_accum=True
-                )
+                    a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype or _FP8_OUT, out=out,
+                    use_fast_accum=True,
+                )  # fmt: skip
         except (RuntimeError, TypeError, ValueError, AttributeError):
             pass
     try:
