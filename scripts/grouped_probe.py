@@ -17,6 +17,11 @@ over rung 0's rate (`of_rung0`) and the time 0.90 of it allows.
     PYTHONPATH=src python3 scripts/grouped_probe.py --output out/grouped-probe.csv [--tiles]
     PYTHONPATH=src python3 scripts/grouped_probe.py --tiles --tokens 512 --routing half,uniform,zipf \
         --output out/grouped-probe-512.csv
+    PYTHONPATH=src python3 scripts/grouped_probe.py --tiles --models mixtral-8x22b,phi-3.5-moe \
+        --projections down --tokens 320,448 --routing half,uniform,zipf --output out/holdout.csv
+
+`--models` takes the preset's four and five models outside it (`HOLDOUT`), to judge a rule drawn
+from the preset's runs on weights it has not seen.
 """
 
 from __future__ import annotations
@@ -44,14 +49,25 @@ MODELS = (
     ("deepseek-v3", 256, 8, 7168, 2048),
     ("gpt-oss-20b", 32, 4, 2880, 2880),
 )
+# Models outside `--shapes moe`, for judging a rule drawn from the preset's on weights it has not
+# seen (`--models`): Mixtral-8x22B, Phi-3.5-MoE, DBRX, Qwen2-57B-A14B (its routed experts), OLMoE-1B-7B.
+HOLDOUT = (
+    ("mixtral-8x22b", 8, 2, 6144, 16384),
+    ("phi-3.5-moe", 16, 2, 4096, 6400),
+    ("dbrx", 16, 4, 6144, 10752),
+    ("qwen2-57b-a14b", 64, 8, 3584, 2560),
+    ("olmoe-1b-7b", 64, 8, 2048, 1024),
+)
 TOKENS = (1, 4, 16, 64, 512, 4096)
+PROJECTIONS = ("gate_up", "down")
 
 
-def problems(tokens=TOKENS):
-    for name, E, topk, H, I in MODELS:
+def problems(tokens=TOKENS, models=MODELS, projections=PROJECTIONS):
+    for name, E, topk, H, I in models:
         for proj, N, K in (("gate_up", 2 * I, H), ("down", H, I)):
-            for T in tokens:
-                yield f"{name} {proj}", E, topk, N, K, T
+            if proj in projections:
+                for T in tokens:
+                    yield f"{name} {proj}", E, topk, N, K, T
 
 
 def split(E: int, topk: int, N: int, K: int, T: int, routing: str | None) -> torch.Tensor:
@@ -98,14 +114,26 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--routing", default=None, help=f"comma-separated, of {', '.join(ROUTINGS)} (default: an even split)"
     )
+    known = {m[0]: m for m in MODELS + HOLDOUT}
+    parser.add_argument(
+        "--models",
+        default=",".join(m[0] for m in MODELS),
+        help=f"comma-separated, of {', '.join(known)} (default: the --shapes moe preset's four)",
+    )
+    parser.add_argument("--projections", default=",".join(PROJECTIONS), help="gate_up, down or both")
     args = parser.parse_args(argv)
     routings = args.routing.split(",") if args.routing else [None]
     if unknown := [r for r in routings if r not in ROUTINGS and r is not None]:
         parser.error(f"unknown --routing {', '.join(unknown)}; use {', '.join(ROUTINGS)}")
+    if unknown := [m for m in args.models.split(",") if m not in known]:
+        parser.error(f"unknown --models {', '.join(unknown)}; use {', '.join(known)}")
+    if unknown := [p for p in args.projections.split(",") if p not in PROJECTIONS]:
+        parser.error(f"unknown --projections {', '.join(unknown)}; use {', '.join(PROJECTIONS)}")
+    models = [known[m] for m in args.models.split(",")]
     flush, sink = flush_buffers()
     rows: list[dict] = []
     for (label, E, topk, N, K, T), routing in itertools.product(
-        problems(tuple(map(int, args.tokens.split(",")))), routings
+        problems(tuple(map(int, args.tokens.split(","))), models, args.projections.split(",")), routings
     ):
         S = T * topk
         g = torch.Generator(device="cuda").manual_seed(0)

@@ -627,6 +627,37 @@ def test_the_wide_tile_from_wide_n_on():
     assert gk.config_for((9, 0), gk.WIDE_N) is gk.WIDE_CONFIGS[9]
 
 
+def test_the_narrow_tile_where_the_wide_ones_few_tiles_leave_the_sms_idle():
+    """Mixtral-8x7B's down projection (N 4096, 8 experts: 8 x 16 = 128 wide tiles at one row block
+    an expert) on 132 SMs takes the narrow tile up to 128 rows an expert, and the wide one past
+    them; its gate_up (N 28672: 896 wide tiles) keeps the wide tile."""
+    h100 = {"E": 8, "sm_count": 132}
+    assert gk.config_for((9, 0), 4096, S=1024, **h100) is gk.CONFIGS[9]
+    assert gk.config_for((9, 0), 4096, S=1025, **h100) is gk.WIDE_CONFIGS[9]  # 129 rows an expert
+    assert gk.config_for((9, 0), 28672, S=1024, **h100) is gk.WIDE_CONFIGS[9]
+    # the wave line: 16 experts x 16 column tiles = 256 <= 2 x 132; 17 experts make 272
+    assert gk.config_for((9, 0), 4096, S=16 * 128, E=16, sm_count=132) is gk.CONFIGS[9]
+    assert gk.config_for((9, 0), 4096, S=17 * 128, E=17, sm_count=132) is gk.WIDE_CONFIGS[9]
+    assert gk.config_for((9, 0), 4096, S=17 * 128, E=17, sm_count=148) is gk.CONFIGS[9]
+    # fp8 and the fused SwiGLU keep the line by N (the rule was measured on 16-bit products)
+    assert gk.config_for((9, 0), 4096, fp8=True, S=1024, **h100) is gk.FP8_WIDE_CONFIGS[9]
+    assert gk.config_for((9, 0), 4096, glu=True, S=1024, **h100) is gk.GLU_WIDE_CONFIGS[9]
+    why = gk.narrow_reason(1024, 4096, 8, 132)
+    assert "128 rows an expert" in why and "128 wide tiles" in why and "132 SMs" in why
+    assert gk.narrow_reason(1024, gk.WIDE_N - 1, 8, 132) is None  # narrow by N, not by this rule
+
+
+@pytest.mark.parametrize(("S", "block_n"), [(1024, 128), (1032, 256)])
+def test_the_launch_says_why_it_runs_the_narrow_tile(fake_h100, S, block_n):
+    x, w, offs = _operands(S=S, K=128, N=4096, E=8, device="cuda")
+    config = gg.prepare("grouped-auto", x, w, offs).config
+    assert config["mode"] == "grouped" and config["BLOCK_N"] == block_n
+    assert ("wide tiles" in config.get("tile", "")) == (block_n == 128)
+    gg.grouped_matmul(x, w, offs)
+    (launch,) = fake_h100
+    assert list(launch.args[1].block_shape) == [block_n, 64]
+
+
 def test_specs_only_for_hopper_16_bit_and_fp8_row_wise():
     assert [s.kernel for s in gk.compile_specs((9, 0), "bfloat16")] == [
         "grouped_kernel 128x128x64 s4 w8 E<=512 B=t",

@@ -41,7 +41,8 @@ most of a large batch) the groups bound the A rows in flight the same way, which
 would not (132 row tiles over one column block: A streamed once per column block).
 
 Tiles: 128x128 (8 warps), or from N = WIDE_N on persistent's 128x256 (two warpgroups of 64 x
-256), which reads each A box once for 256 columns instead of 128 and has half as many tiles.
+256), which reads each A box once for 256 columns instead of 128 and has half as many tiles; but
+the narrow tile where the wide one's few tiles would leave the SMs idle (`narrow_reason`).
 
 Reads and writes of other experts' rows: an A box starting at offs[e-1] + pid_m * BLOCK_M may run
 past offs[e] into the next expert's rows, and a B box of the last column tile runs past N into the
@@ -112,6 +113,8 @@ __all__ = [
     "GLU_CONFIGS",
     "GLU_WIDE_CONFIGS",
     "MAX_EXPERTS",
+    "NARROW_ROWS",
+    "NARROW_WAVES",
     "WIDE_CONFIGS",
     "WIDE_N",
     "GroupedConfig",
@@ -120,6 +123,7 @@ __all__ = [
     "config_for",
     "experts_pad",
     "grouped_kernel",
+    "narrow_reason",
     "plan",
     "plan_of",
     "prepare",
@@ -214,6 +218,19 @@ CONFIGS = {9: GroupedConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, STAGES=4, num_
 # epilogue's 32 KB of scratch (two 128-column slices) fit in 227 KB.
 WIDE_CONFIGS = {9: GroupedConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, STAGES=4, num_warps=8, EPILOGUE_N=128)}
 WIDE_N = 2048  # from this N on, the wide tile: 2048 columns make 8 column tiles an expert
+# ... except where the wide tile leaves the GPU mostly idle (16-bit, unfused): an expert's rows fit
+# one row block on average (S / E <= NARROW_ROWS), so either tile reads each weight once and the
+# call is bound by those bytes, and the wide tiles of one row block an expert, E * cdiv(N, 256),
+# fill at most NARROW_WAVES waves of the SMs, so its partial last wave is much of the time. There
+# the narrow tile's twice as many tiles fill the waves. Measured kernel-only on an H100 at 256-1024
+# tokens over four models' experts (results/experiments/h100-grouped-tiles-mid): on Mixtral-8x7B's
+# down projection (N 4096, K 14336, 8 experts: 128 wide tiles a row block) the narrow tile took
+# 0.93-0.97x the wide one's time at 384 tokens and 0.93-1.02x at 512, and 1.21-1.27x at 768 (192
+# rows an expert, near the compute roof, where the narrow tile's MMAs are the slower); where the
+# wide tiles fill several waves (Mixtral's gate_up, 896 tiles) it took 1.04-1.11x at 512 tokens.
+# The rule is drawn from those runs; docs/perf-notes.md, entries 71 and 80.
+NARROW_ROWS = 128
+NARROW_WAVES = 2
 # fp8 e4m3 operands (row-wise scales): the same tiles and stage bytes with K twice as deep, 128
 # elements (128-byte rows, as the dense fp8 rungs): a stage holds as many bytes and as many MMA
 # clocks (fp8 wgmma runs at twice the 16-bit rate), so the ring's balance is the 16-bit one. The
@@ -244,15 +261,41 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return f"the grouped kernel runs on Hopper (sm_90) and Blackwell (sm_100); this GPU is {gpu}"
 
 
-def config_for(capability: tuple[int, int], N: int, fp8: bool = False, glu: bool = False) -> GroupedConfig:
+def config_for(
+    capability: tuple[int, int],
+    N: int,
+    fp8: bool = False,
+    glu: bool = False,
+    *,
+    S: int | None = None,
+    E: int | None = None,
+    sm_count: int | None = None,
+) -> GroupedConfig:
     """The config a product with N output columns runs: the wide tile from N = WIDE_N on; with
     `fp8` operands, the fp8 config of that tile; with `glu` (16-bit only), the fused SwiGLU config
-    of that tile, N then being the weight's 2I rows an expert."""
+    of that tile, N then being the weight's 2I rows an expert. Given S token-slots over E experts
+    on `sm_count` SMs, 16-bit unfused products take the narrow tile at N >= WIDE_N too where
+    `narrow_reason` says the wide one leaves the GPU mostly idle."""
     if glu:
         return (GLU_WIDE_CONFIGS if N >= WIDE_N else GLU_CONFIGS)[capability[0]]
     if fp8:
         return (FP8_WIDE_CONFIGS if N >= WIDE_N else FP8_CONFIGS)[capability[0]]
-    return (WIDE_CONFIGS if N >= WIDE_N else CONFIGS)[capability[0]]
+    narrow = N < WIDE_N or (S is not None and narrow_reason(S, N, E, sm_count) is not None)
+    return (CONFIGS if narrow else WIDE_CONFIGS)[capability[0]]
+
+
+def narrow_reason(S: int, N: int, E: int, sm_count: int) -> str | None:
+    """Why a 16-bit unfused product with N >= WIDE_N output columns runs the narrow tile, or None
+    where the wide one runs (`NARROW_ROWS`, `NARROW_WAVES`): what the host knows, S, N, E and the
+    SMs, without reading the offsets."""
+    rows = triton.cdiv(S, E)
+    wide = E * triton.cdiv(N, WIDE_CONFIGS[9].BLOCK_N)
+    if N < WIDE_N or rows > NARROW_ROWS or wide > NARROW_WAVES * sm_count:
+        return None
+    return (
+        f"{rows} rows an expert (<= {NARROW_ROWS}) and {wide} wide tiles at one row block an expert "
+        f"(<= {NARROW_WAVES} waves of {sm_count} SMs): the 128-wide tile fills the waves"
+    )
 
 
 def experts_pad(E: int) -> int:
@@ -577,7 +620,12 @@ def plan(
     reason = unsupported_reason(target.capability)
     if reason:
         raise RuntimeError(reason)
-    cfg = cfg or config_for(target.capability, w.shape[2], scales is not None, glu)
+    S, E, N = x.shape[0], w.shape[0], w.shape[2]
+    narrow = None  # why the narrow tile runs at N >= WIDE_N, where config_for's rule says so
+    if cfg is None:
+        cfg = config_for(target.capability, N, scales is not None, glu, S=S, E=E, sm_count=target.sm_count)
+        if cfg is CONFIGS[target.capability[0]]:
+            narrow = narrow_reason(S, N, E, target.sm_count)
     check_operand_kind("grouped", cfg, x, scales)
     if bool(cfg.GLU) != glu:
         raise ValueError(
@@ -585,7 +633,8 @@ def plan(
             f"this launch is {'' if glu else 'not '}one (glu={glu})"
         )
     values = constexprs(cfg, target.capability, w.shape[0], scales.code if scales else 0)
-    return plan_of(grouped_kernel, values, x, w, target, cfg, scales)
+    chosen = plan_of(grouped_kernel, values, x, w, target, cfg, scales)
+    return replace(chosen, config={**chosen.config, "tile": narrow}) if narrow else chosen
 
 
 def prepare(
