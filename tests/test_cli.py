@@ -526,7 +526,8 @@ def test_moe_runs_the_grouped_modes_in_bf16_with_b_t(sweeps, tmp_path):
     path = tmp_path / "r.jsonl"
     assert main(["--shapes", "moe", "--dtype", "bf16", "--results", str(path)]) == 0
     ((modes, tasks, *_), _) = sweeps[0]
-    grouped = ["grouped", "grouped-swapab", "grouped-auto", "grouped_mm", "cublas-loop", "scaled_grouped_mm"]
+    grouped = ["grouped", "grouped-swapab", "grouped-gemv", "grouped-auto", "grouped_mm", "cublas-loop"]
+    grouped += ["scaled_grouped_mm"]
     assert modes == grouped == [m.name for m in registry.MODES if m.grouped]
     assert len(tasks) == 144 and {(t.dtype, t.b_layout) for t in tasks} == {("bf16", "t")}
     first = {"M": 2, "N": 28672, "K": 4096, "E": 8, "topk": 2, "routing": "uniform"}  # Mixtral gate_up, T = 1
@@ -578,7 +579,7 @@ def test_grouped_shapes_refuse_per_tensor_fp8_and_the_row_layout_before_the_gpu(
         (
             ["scaled_grouped_mm", "--dtype", "bf16,fp16"],
             "--dtype bf16,fp16: mode 'scaled_grouped_mm' takes fp8 e4m3 operands only; fp16 and bf16 "
-            "operands run in: grouped, grouped-swapab, grouped-auto, grouped_mm, cublas-loop",
+            "operands run in: grouped, grouped-swapab, grouped-gemv, grouped-auto, grouped_mm, cublas-loop",
         ),
     ],
 )

@@ -20,6 +20,7 @@ from gluon_survey import api, grouped_auto, registry
 from gluon_survey import grouped as gg
 from gluon_survey.kernels import common
 from gluon_survey.kernels import grouped as gk
+from gluon_survey.kernels import grouped_gemv as gv
 from gluon_survey.kernels import grouped_swapab as gs
 from gluon_survey.launch import Scales, Target
 from recording import Launched, Recorder
@@ -151,9 +152,10 @@ def test_cpu_tensors_on_a_cpu_only_torch_name_the_build():
 
 
 def _record_kernels(monkeypatch, log: list[Launched] | None) -> None:
-    """Both grouped kernels swapped for recorders into one log (their names tell them apart)."""
+    """The grouped kernels swapped for recorders into one log (their names tell them apart)."""
     monkeypatch.setattr(gk, "grouped_kernel", Recorder("grouped_kernel", log))
     monkeypatch.setattr(gs, "grouped_swapab_kernel", Recorder("grouped_swapab_kernel", log))
+    monkeypatch.setattr(gv, "grouped_gemv_kernel", Recorder("grouped_gemv_kernel", log))
 
 
 @pytest.fixture
@@ -184,6 +186,33 @@ def test_the_launch_is_one_persistent_program_per_sm_over_every_experts_tiles(fa
     assert list(a_desc.shape) == [1000, 256] and list(a_desc.block_shape) == [cfg.BLOCK_M, cfg.BLOCK_K]
     # the weight as its [E * N, K] reshape, read K-major
     assert list(b_desc.shape) == [8 * 300, 256] and list(b_desc.block_shape) == [cfg.BLOCK_N, cfg.BLOCK_K]
+
+
+def test_the_gemv_launch_is_a_program_per_token_slot_and_four_weight_rows(fake_h100):
+    """Qwen3-30B-A3B's down projection at one token: 8 token-slots over 128 experts, N 2048, K 768
+    in one chunk (gemv's one-chunk row: 1024 columns on two warps), the offsets read on the GPU."""
+    x, w, offs = _operands(S=8, K=768, N=2050, E=128, device="cuda")
+    out = torch.empty(8, 2050, dtype=BF16, device="cuda")
+    launch = gg.prepare("grouped-gemv", x, w, offs, out)
+    assert launch.config["BLOCK_N"] == 4 and launch.config["mma"] == "none (FMA)"
+    launch.fn()
+    (launched,) = fake_h100
+    assert launched.kernel == "grouped_gemv_kernel"
+    assert launched.grid == (8, 513)  # cdiv(2050, 4): the last program's rows past N are masked
+    assert launched.args[:4] == (x, w, offs, out) and launched.args[4:] == (8, 2050, 768, 128, 2050 * 768)
+    assert launched.kwargs == {"ROWS": 4, "BLOCK_K": 1024, "EXPERTS_PAD": 128, "num_warps": 2}
+
+
+def test_the_gemv_mode_refuses_what_it_cannot_take(fake_h100):
+    x, w, offs = _operands(S=2, K=16392, N=64, E=4, device="cuda")
+    with pytest.raises(ValueError, match=r"grouped-gemv reads K in one chunk, at most 16384 \(K is 16392\)"):
+        gg.prepare("grouped-gemv", x, w, offs)
+    x, w, offs, scale_x, scale_w = _fp8_operands(S=2, K=256, N=64, E=4, device="cuda")
+    with pytest.raises(TypeError, match="mode 'grouped-gemv' has no fp8 kernel"):
+        gg.prepare("grouped-gemv", x, w, offs, scale_x=scale_x, scale_w=scale_w)
+    assert fake_h100 == []
+    with pytest.raises(ValueError, match="ROWS"):
+        gv.GroupedGemvConfig(ROWS=3)
 
 
 def test_a_problem_is_planned_once_and_each_call_launches_on_its_own_tensors(fake_h100, monkeypatch):
@@ -755,14 +784,21 @@ def test_the_grouped_modes_of_the_registry():
     assert [m.name for m in grouped] == [
         "grouped",
         "grouped-swapab",
+        "grouped-gemv",
         "grouped-auto",
         "grouped_mm",
         "cublas-loop",
         "scaled_grouped_mm",
     ]
-    assert [m.kind for m in grouped[:3]] == ["gluon", "gluon", "choice"]
+    assert [m.kind for m in grouped[:4]] == ["gluon", "gluon", "gluon", "choice"]
     assert gg.MODE == "grouped-auto"
     assert registry.get("grouped-swapab").provider() is gs
+    assert registry.get("grouped-gemv").provider() is gv
+    # the decoding mode is timed up to two token-slots an expert on average
+    gemv = registry.get("grouped-gemv")
+    assert registry.too_many_rows_reason(gemv, 256, 128) is None
+    assert "at most 2 token-slots an expert" in registry.too_many_rows_reason(gemv, 257, 128)
+    assert all(registry.too_many_rows_reason(m, 10**6, 1) is None for m in grouped if m is not gemv)
     assert registry.get("grouped-auto").provider() is grouped_auto
 
 

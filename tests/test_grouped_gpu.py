@@ -15,6 +15,8 @@ same buffer (the tile count changes between replays), and the errors of bad argu
 swap-AB kernel also: decode routings (one or two rows an expert over 128 experts, Mixtral down at
 one token), an expert with many more rows than the token tile (several chunk tiles) beside
 one-row experts, K and N tails on long K, and every token tile (16, 32, 64) on the same problems.
+The gemv kernel for one token (`grouped-gemv`, 16-bit, not yet run on a GPU) takes every 16-bit
+case, the captures and the bad offsets too: it is correct at any S, only slow at many.
 
 fp8 e4m3 with row-wise scales (scale_x [S], scale_w [E, N]; the 128-row kernel's cases passed on
 an H100, the swap-AB kernel's fp8 path is not yet run on a GPU): each expert's rows against the
@@ -48,6 +50,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("hopper_only")]
 DTYPES = [torch.float16, torch.bfloat16]
 # None: grouped_matmul (the 128-row or the swap-AB kernel, by S); else that kernel alone, at any S.
 MODES = [None, "grouped", "grouped-swapab"]
+# and the 16-bit-only kernel for one token (grouped-gemv), which takes any S all the same
+SIXTEEN_BIT_MODES = [*MODES, "grouped-gemv"]
 
 
 def _run(mode, x, w, offs, out):
@@ -129,7 +133,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "grouped_matmul")
+@pytest.mark.parametrize("mode", SIXTEEN_BIT_MODES, ids=lambda m: m or "grouped_matmul")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("counts", "K", "N"), CASES)
 def test_every_expert_matches_its_fp32_product(counts, K, N, dtype, mode):
@@ -200,7 +204,7 @@ def test_s_0_and_k_0_in_every_grouped_kernel(fp8):
     given = torch.empty(0, 96, device="cuda", dtype=torch.bfloat16)
     assert gg.grouped_matmul(x, w, offs, out=given, **scales) is given
     assert gg.grouped_matmul(x, w, offs, **scales).shape == (0, 96)
-    for mode in ("grouped", "grouped-swapab", "grouped-auto"):
+    for mode in ("grouped", "grouped-swapab", "grouped-auto") + (() if fp8 else ("grouped-gemv",)):
         gg.prepare(mode, x, w, offs, given, **scales).fn()
     if not fp8:
         x = torch.empty(7, 0, device="cuda", dtype=torch.bfloat16)
@@ -222,8 +226,11 @@ BAD_OFFSETS = [
 ]
 
 
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("mode", ["grouped", "grouped-swapab"])
+@pytest.mark.parametrize(
+    ("mode", "fp8"),
+    [(m, fp8) for m in ("grouped", "grouped-swapab") for fp8 in (False, True)] + [("grouped-gemv", False)],
+    ids=lambda v: {False: "bf16", True: "fp8"}.get(v, v) if isinstance(v, bool) else v,
+)
 @pytest.mark.parametrize(("ends", "written", "complaint"), BAD_OFFSETS)
 def test_offsets_out_of_range_are_clamped_and_write_nothing_outside(ends, written, complaint, mode, fp8):
     """x and out are the first 8 rows of larger buffers: the rows past them stay NaN (nothing is
@@ -264,7 +271,7 @@ def test_offsets_out_of_range_are_clamped_and_write_nothing_outside(ends, writte
         gg.check_offsets(offs, rows=S)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m or "grouped_matmul")
+@pytest.mark.parametrize("mode", SIXTEEN_BIT_MODES, ids=lambda m: m or "grouped_matmul")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     ("S", "K", "N", "E"),

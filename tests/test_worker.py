@@ -445,6 +445,30 @@ def test_an_fp8_only_mode_skips_16_bit_tasks_and_a_16_bit_mode_fp8_ones():
     assert row == {"status": "SKIPPED", "error": "mode 'grouped_mm' has no fp8 kernel"}
 
 
+def test_a_decoding_mode_skips_tasks_with_more_token_slots_an_expert_than_it_is_for():
+    def never(*args, **scales):
+        raise AssertionError("a skipped task is never prepared")
+
+    seen = []
+
+    def most_one(S, E):
+        seen.append((S, E))
+        return "too many" if S > E else None
+
+    decoding = grouped_cpu(never, too_many_rows=most_one)
+    S, E = GROUPED_TASK["M"] * GROUPED_TASK["topk"], GROUPED_TASK["E"]
+    assert S > E and run_task(decoding, GROUPED_TASK, SETTINGS, lambda _: None) == {
+        "status": "SKIPPED",
+        "error": "too many",
+    }
+    assert seen == [(S, E)]  # the token-slots are T x top-k
+    from gluon_survey.driver.worker import cuda_provider
+
+    assert "at most 2 token-slots an expert" in cuda_provider("grouped-gemv").too_many_rows(17, 8)
+    assert cuda_provider("grouped-gemv").too_many_rows(16, 8) is None
+    assert cuda_provider("grouped").too_many_rows(10**6, 1) is None
+
+
 def test_the_cuda_provider_skips_by_the_registry():
     """The real providers' reasons come from the registry (no GPU here: every task is SKIPPED for
     that first, so the reasons are read off the provider)."""

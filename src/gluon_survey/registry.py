@@ -79,6 +79,9 @@ class Mode:
     sixteen_bit: bool = True  # takes fp16/bf16 operands (False: fp8 only)
     grouped: bool = False  # a grouped GEMM (mixture-of-experts), not a dense one (module docstring)
     bias: bool = False  # adds a bias in its epilogue (module docstring)
+    # A grouped mode for decoding, which reads an expert's weight once per token-slot: the driver
+    # times it only where the S token-slots average at most this many an expert (0: at any S).
+    rows_an_expert: int = 0
 
     def module_for(self, capability: tuple[int, int] | None) -> str:
         """The provider module's name for a GPU of this capability (the default one without a GPU)."""
@@ -195,6 +198,16 @@ MODES: tuple[Mode, ...] = (
         "gluon_survey.kernels.grouped_swapab",
         fp8=True,
         grouped=True,
+    ),
+    Mode(
+        "grouped-gemv",
+        "grouped + gemv's read, for one token: program (token-slot, 4 weight rows) finds its expert in the "
+        "offsets and reads those rows in one chunk of K, as gemv does (fp16/bf16, K <= 16384)",
+        "gluon",
+        ("sm_90", "sm_100"),
+        "gluon_survey.kernels.grouped_gemv",
+        grouped=True,
+        rows_an_expert=2,
     ),
     Mode(
         "grouped-auto",
@@ -325,6 +338,18 @@ def no_fp8_reason(mode: Mode) -> str | None:
     if mode.fp8:
         return None
     return f"mode {mode.name!r} has no fp8 kernel; fp8 operands run in: {', '.join(fp8_names(mode.grouped))}"
+
+
+def too_many_rows_reason(mode: Mode, S: int, E: int) -> str | None:
+    """Why the driver does not time grouped `mode` on S token-slots over E experts (`rows_an_expert`),
+    None where it does."""
+    most = mode.rows_an_expert * E
+    if not most or most >= S:
+        return None
+    return (
+        f"mode {mode.name!r} is for decoding, at most {mode.rows_an_expert} token-slots an expert on "
+        f"average (here {S} over {E} experts): it reads an expert's weight once per slot"
+    )
 
 
 def no_16bit_reason(mode: Mode) -> str | None:
