@@ -1,8 +1,10 @@
-"""The routed decode kernels (kernels/routed.py) without a GPU: both compile for sm_90a and sm_100a
-in fp16 and bf16 at the surveyed models' H and I, with one row a program and with the most rows
-each program's warps hold, and their SASS is what the docstring claims:
-16-byte loads straight into registers, CUDA-core FMAs, no MMA, no TMA, no shared-memory ring, no
-spills. The triton-3.9 pass compiles the first spec of each kernel and architecture."""
+"""The mixture-of-experts kernels that stream weights on the CUDA cores, without a GPU: the routed
+decode kernels (kernels/routed.py) and the grouped one-token kernel (kernels/grouped_gemv.py).
+Each compiles for sm_90a and sm_100a in fp16 and bf16 at the surveyed models' H and I (the routed
+ones with one row a program and with the most rows each program's warps hold; the grouped one for
+the most experts), and their SASS is what the docstrings claim: 16-byte loads straight into
+registers, CUDA-core FMAs, no MMA, no TMA, no shared-memory ring, no spills. The triton-3.9 pass
+compiles the first spec of each kernel and architecture."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import functools
 
 import pytest
 
+from gluon_survey import registry
 from gluon_survey.driver import inspect as gs_inspect
-from gluon_survey.kernels import routed
+from gluon_survey.kernels import gemv, routed
+from gluon_survey.kernels import grouped_gemv as gv
 from kernel_reports import assert_streams_into_registers
 
 pytestmark = pytest.mark.compile
@@ -28,7 +32,7 @@ def _specs(arch: str, dtype: str):
     for config in CONFIGS:
         for spec in routed.compile_specs(capability, dtype, config):
             specs.setdefault(spec.kernel, spec)
-    return list(specs.values())
+    return list(specs.values()) + gv.compile_specs(capability, dtype)
 
 
 def _marks(arch: str, dtype: str, index: int) -> tuple:
@@ -59,7 +63,7 @@ def _report(arch: str, dtype: str, index: int):
 
 
 @pytest.mark.parametrize(("arch", "dtype", "index"), CASES)
-def test_routed_machine_code(arch, dtype, index):
+def test_streaming_machine_code(arch, dtype, index):
     spec, r = _report(arch, dtype, index)
     assert_streams_into_registers(spec, r)
 
@@ -69,3 +73,11 @@ def test_both_kernels_are_compiled_at_every_surveyed_width():
     for kernel in ("routed_gate_up_kernel", "routed_down_kernel"):
         for K in (768, 2048, 4096, 7168, 14336, routed.max_k()):
             assert f"{kernel} K={K}" in labels
+
+
+def test_the_grouped_kernel_is_compiled_at_every_surveyed_width_in_16_bit_only():
+    labels = [s.kernel for s in _specs("sm_90a", "bfloat16")]
+    for K in (768, 2048, 2880, 4096, 14336, gemv.one_chunk_max_k(2)):
+        assert any(label.startswith(f"grouped_gemv_kernel K={K} ROWS=4 ") for label in labels), labels
+    assert gv.compile_specs((9, 0), "float8_e4m3fn") == [] and gv.compile_specs((8, 0), "float16") == []
+    assert registry.get("grouped-gemv").provider((9, 0)) is gv
