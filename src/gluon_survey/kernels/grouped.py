@@ -311,16 +311,25 @@ def _add(a, b):
 
 
 @gluon.jit
-def _schedule(offs, S, E, tiles_n, BLOCK_M: gl.constexpr, EXPERTS_PAD: gl.constexpr):
-    """The inclusive prefix sum of the experts' tile counts (EXPERTS_PAD entries, the padding
-    repeating the total) and the total, the number of real tiles. Every warp holds the whole
-    vector, so later reductions over it stay inside a warp."""
+def _expert_ranges(offs, S, E, EXPERTS_PAD: gl.constexpr):
+    """(e, starts, ends), EXPERTS_PAD entries each: the experts' indices and their rows offs[e-1]
+    (0 for e = 0) to offs[e], both clamped to [0, S] (0 past E), in a layout where every warp holds
+    the whole vector, so reductions over it stay inside a warp."""
     layout: gl.constexpr = gl.BlockedLayout([EXPERTS_PAD // 32], [32], [gl.num_warps()], [0])
     e = gl.arange(0, EXPERTS_PAD, layout=layout)
     ends = gl.load(offs + e, mask=e < E, other=0)
     starts = gl.load(offs + e - 1, mask=(e > 0) & (e < E), other=0)
     ends = gl.minimum(gl.maximum(ends, 0), S)
     starts = gl.minimum(gl.maximum(starts, 0), S)
+    return e, starts, ends
+
+
+@gluon.jit
+def _schedule(offs, S, E, tiles_n, BLOCK_M: gl.constexpr, EXPERTS_PAD: gl.constexpr):
+    """The inclusive prefix sum of the experts' tile counts (EXPERTS_PAD entries, the padding
+    repeating the total) and the total, the number of real tiles. Every warp holds the whole
+    vector (`_expert_ranges`), so later reductions over it stay inside a warp."""
+    _, starts, ends = _expert_ranges(offs, S, E, EXPERTS_PAD)
     counts = gl.maximum(ends - starts, 0)
     tiles = (counts + (BLOCK_M - 1)) // BLOCK_M * tiles_n
     prefix = gl.associative_scan(tiles, 0, _add)

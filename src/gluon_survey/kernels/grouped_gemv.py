@@ -13,7 +13,7 @@ those rows of the expert's weight in one chunk of K, as gemv's one-chunk row (ke
 does, and multiplies them by x[s], held in registers for all ROWS rows.
 
 * The expert of a slot: each program loads the E offsets once as a vector (EXPERTS_PAD entries, a
-  lane's few), clamped to [0, S] as the grouped kernel clamps them, and takes the first expert
+  lane's few), clamped to [0, S] by the grouped kernel's own `_expert_ranges`, and takes the first expert
   e with offs[e-1] <= s < offs[e]: a compare and a min reduction, no host sync, so a capture
   replays with other offsets. A slot no expert owns (at or past offs[-1]) reads and writes
   nothing; with decreasing offsets a slot two experts claim goes to the first.
@@ -44,7 +44,8 @@ from triton.experimental.gluon import language as gl
 
 from ..launch import CompileSpec, Launch, Scales, Target
 from . import gemv
-from .grouped import MAX_EXPERTS, experts_pad
+from .gemv import _VECTOR_BITS
+from .grouped import _POINTER_TYPES, MAX_EXPERTS, _expert_ranges, experts_pad
 from .plan import Launcher
 
 __all__ = [
@@ -58,9 +59,6 @@ __all__ = [
     "unsupported_reason",
 ]
 
-_VECTOR_BITS = gl.constexpr(8 * gemv.VECTOR_BYTES)
-_POINTER_TYPES = {"float16": "*fp16", "bfloat16": "*bf16"}
-
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
     """Plain loads and FMAs, as gemv: Hopper and Blackwell."""
@@ -70,10 +68,7 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
 @gluon.jit
 def _expert_of(offs, s, S, E, EXPERTS_PAD: gl.constexpr):
     """The first expert e whose clamped rows offs[e-1] .. offs[e] - 1 hold slot s; E if none."""
-    layout: gl.constexpr = gl.BlockedLayout([EXPERTS_PAD // 32], [32], [gl.num_warps()], [0])
-    e = gl.arange(0, EXPERTS_PAD, layout=layout)
-    ends = gl.minimum(gl.maximum(gl.load(offs + e, mask=e < E, other=0), 0), S)
-    starts = gl.minimum(gl.maximum(gl.load(offs + e - 1, mask=(e > 0) & (e < E), other=0), 0), S)
+    e, starts, ends = _expert_ranges(offs, S, E, EXPERTS_PAD)
     owner = (starts <= s) & (s < ends) & (e < E)
     return gl.min(gl.where(owner, e, E), axis=0)
 
