@@ -664,10 +664,13 @@ def test_the_narrow_tile_where_the_wide_ones_few_tiles_leave_the_sms_idle():
     assert gk.config_for((9, 0), 4096, S=1024, **h100) is gk.CONFIGS[9]
     assert gk.config_for((9, 0), 4096, S=1025, **h100) is gk.WIDE_CONFIGS[9]  # 129 rows an expert
     assert gk.config_for((9, 0), 28672, S=1024, **h100) is gk.WIDE_CONFIGS[9]
-    # the wave line: 16 experts x 16 column tiles = 256 <= 2 x 132; 17 experts make 272
-    assert gk.config_for((9, 0), 4096, S=16 * 128, E=16, sm_count=132) is gk.CONFIGS[9]
-    assert gk.config_for((9, 0), 4096, S=17 * 128, E=17, sm_count=132) is gk.WIDE_CONFIGS[9]
-    assert gk.config_for((9, 0), 4096, S=17 * 128, E=17, sm_count=148) is gk.CONFIGS[9]
+    # the wave line: 8 experts x 16 column tiles = 128 <= 132 SMs; 9 experts make 144, one wave of
+    # 148 SMs. Mixtral-8x22B's down (N 6144: 8 x 24 = 192) and Phi-3.5-MoE's (16 x 16 = 256) keep
+    # the wide tile, which was the faster there on an H200
+    assert gk.config_for((9, 0), 4096, S=9 * 128, E=9, sm_count=132) is gk.WIDE_CONFIGS[9]
+    assert gk.config_for((9, 0), 4096, S=9 * 128, E=9, sm_count=148) is gk.CONFIGS[9]
+    assert gk.config_for((9, 0), 6144, S=640, **h100) is gk.WIDE_CONFIGS[9]
+    assert gk.config_for((9, 0), 4096, S=640, E=16, sm_count=132) is gk.WIDE_CONFIGS[9]
     # fp8 and the fused SwiGLU keep the line by N (the rule was measured on 16-bit products)
     assert gk.config_for((9, 0), 4096, fp8=True, S=1024, **h100) is gk.FP8_WIDE_CONFIGS[9]
     assert gk.config_for((9, 0), 4096, glu=True, S=1024, **h100) is gk.GLU_WIDE_CONFIGS[9]

@@ -221,16 +221,21 @@ WIDE_N = 2048  # from this N on, the wide tile: 2048 columns make 8 column tiles
 # ... except where the wide tile leaves the GPU mostly idle (16-bit, unfused): an expert's rows fit
 # one row block on average (S / E <= NARROW_ROWS), so either tile reads each weight once and the
 # call is bound by those bytes, and the wide tiles of one row block an expert, E * cdiv(N, 256),
-# fill at most NARROW_WAVES waves of the SMs, so its partial last wave is much of the time. There
-# the narrow tile's twice as many tiles fill the waves. Measured kernel-only on an H100 at 256-1024
-# tokens over four models' experts (results/experiments/h100-grouped-tiles-mid): on Mixtral-8x7B's
-# down projection (N 4096, K 14336, 8 experts: 128 wide tiles a row block) the narrow tile took
-# 0.93-0.97x the wide one's time at 384 tokens and 0.93-1.02x at 512, and 1.21-1.27x at 768 (192
-# rows an expert, near the compute roof, where the narrow tile's MMAs are the slower); where the
-# wide tiles fill several waves (Mixtral's gate_up, 896 tiles) it took 1.04-1.11x at 512 tokens.
-# The rule is drawn from those runs; docs/perf-notes.md, entries 71 and 80.
+# fit NARROW_WAVES wave of the SMs, so much of the GPU waits on them. There the narrow tile's twice
+# as many tiles fill the SMs. Measured kernel-only on an H100 at 256-1024 tokens over four models'
+# experts (results/experiments/h100-grouped-tiles-mid): on Mixtral-8x7B's down projection (N 4096,
+# K 14336, 8 experts: 128 wide tiles a row block) the narrow tile took 0.93-0.97x the wide one's
+# time at 384 tokens and 0.93-1.02x at 512, and 1.21-1.27x at 768 (192 rows an expert, near the
+# compute roof, where the narrow tile's MMAs are the slower); where the wide tiles fill several
+# waves (Mixtral's gate_up, 896 tiles) it took 1.04-1.11x at 512 tokens. Up to two waves of wide
+# tiles, the line first drawn, did not hold on an H200 on other models' experts
+# (results/experiments/h200-grouped-tiles-holdout): on Mixtral-8x22B's and Phi-3.5-MoE's down
+# projections (192 and 256 wide tiles) the narrow tile was the slower in 25 of the rule's 28 cells
+# at 320-1024 tokens, taking up to 1.22x the wide one's time; on Mixtral-8x7B's the faster in 7 of
+# 12.
+# docs/perf-notes.md, entries 71, 80 and 82.
 NARROW_ROWS = 128
-NARROW_WAVES = 2
+NARROW_WAVES = 1
 # fp8 e4m3 operands (row-wise scales): the same tiles and stage bytes with K twice as deep, 128
 # elements (128-byte rows, as the dense fp8 rungs): a stage holds as many bytes and as many MMA
 # clocks (fp8 wgmma runs at twice the 16-bit rate), so the ring's balance is the 16-bit one. The
@@ -294,7 +299,7 @@ def narrow_reason(S: int, N: int, E: int, sm_count: int) -> str | None:
         return None
     return (
         f"{rows} rows an expert (<= {NARROW_ROWS}) and {wide} wide tiles at one row block an expert "
-        f"(<= {NARROW_WAVES} waves of {sm_count} SMs): the 128-wide tile fills the waves"
+        f"(<= {NARROW_WAVES} wave of {sm_count} SMs): the 128-wide tile fills the SMs"
     )
 
 

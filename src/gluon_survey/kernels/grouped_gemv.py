@@ -29,9 +29,15 @@ does, and multiplies them by x[s], held in registers for all ROWS rows.
 ROWS = 4 a program, as the routed kernels (kernels/routed.py) measured best for the same loads
 (docs/perf-notes.md, entry 68: four rows 0.91-0.97x one row's time at Qwen3's 2-24 tokens).
 
-Status: compile-checked for sm_90a and sm_100a (triton 3.6 and 3.9, no spills); written for the
-one-token cells that miss 0.85 of rung 0 and not yet run on a GPU, so `grouped_matmul` does not
-choose it (docs/perf-notes.md, entry 81: the prediction). 16-bit operands only.
+Status, measured (an H200, GPU time, bf16, the 72 decode cells of results/h100-moe-decode/
+shapes.csv; results/h200-moe-decode, docs/perf-notes.md entries 81 and 83): correct on every
+16-bit case of the grouped GPU tests, and slower than the swap-AB kernel at one token on 17 of
+24 cells (0.62-0.97x its speed: 0.70x on Mixtral-8x7B's down, K = 14336, where one chunk of K
+per program leaves few loads in flight), within 1.5 % on 5 and faster on 2 (Qwen3-30B-A3B's
+gate_up, 1.04-1.07x). Both reach only 0.30-0.67 of rung 0 on Qwen3's one-token cells, so the reads of a
+few KB a program did not buy what the plain reads promised. `grouped_matmul` does not choose it;
+it stays on the ladder as the measured answer to "read the experts as gemv reads a weight".
+16-bit operands only.
 """
 
 from __future__ import annotations
