@@ -12,7 +12,7 @@ the 128-row kernel above), `gluon 128-row` and `gluon swap-AB` (each kernel alon
 where the threshold belongs), `torch._grouped_mm`, `loop`. `--tiles` also times each config of
 both kernels (`gluon 128x128`, `gluon 128x256`, `gluon swap-AB T16` / `T32` / `T64`), not only the
 ones they pick. Each row has the bytes of the touched experts' weights, the tokens and the output
-over rung 0's rate (`of_rung0`) and the time 0.90 of it allows.
+over this GPU's rung 0 (`of_rung0`, kernel_time.RUNG0_GBPS) and the time 0.90 of it allows.
 
     PYTHONPATH=src python3 scripts/grouped_probe.py --output out/grouped-probe.csv [--tiles]
     PYTHONPATH=src python3 scripts/grouped_probe.py --tiles --tokens 512 --routing half,uniform,zipf \

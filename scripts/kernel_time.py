@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import statistics
 import sys
 from dataclasses import replace
@@ -41,7 +42,10 @@ from gluon_survey.driver.shapes import read_csv
 DTYPES = ("fp16", "bf16", "fp8")  # fp8 with --scaling tensor or row
 FLUSH = "l2_flush"
 READ_BLOCK = 8192
-RUNG0_GBPS = 3015.0  # results/h100-memcpy, the best of the copy ladder
+# Rung 0 (the best of the copy ladder, GB/s) of each GPU the probes have run on: the H100's from
+# results/h100-memcpy, the H200's from results/h200-moe-decode/memcpy-bf16.md. A row's `of_rung0`
+# is against this GPU's; on a GPU not named here the columns are left empty.
+RUNG0_GBPS = {"H100": 3015.0, "H200": 4258.0}
 
 
 # Two kernels with one body: the flush before each call and the read reference must have different
@@ -141,12 +145,22 @@ def timed(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> tuple[float
     return med, {"us_median": round(med, 2), "us_p20": round(p20, 2), "us_p80": round(p80, 2)}
 
 
-def against_rung0(nbytes: int, med: float) -> dict[str, float]:
-    """A result row's columns for `nbytes` moved in `med` µs: the rate over rung 0's (of_rung0)
-    and the time 0.90 of rung 0 allows (us_at_0.90)."""
+@functools.cache
+def rung0_gbps() -> float | None:
+    """This GPU's rung 0 (`RUNG0_GBPS`), or None where it was not measured."""
+    name = torch.cuda.get_device_name()
+    return next((rate for gpu, rate in RUNG0_GBPS.items() if gpu in name), None)
+
+
+def against_rung0(nbytes: int, med: float) -> dict[str, float | str]:
+    """A result row's columns for `nbytes` moved in `med` µs: the rate over this GPU's rung 0
+    (of_rung0) and the time 0.90 of it allows (us_at_0.90); empty where rung 0 is not known."""
+    rate = rung0_gbps()
+    if rate is None:
+        return {"of_rung0": "", "us_at_0.90": ""}
     return {
-        "of_rung0": round(nbytes / med / 1e3 / RUNG0_GBPS, 3),
-        "us_at_0.90": round(nbytes / (0.9 * RUNG0_GBPS) / 1e3, 2),
+        "of_rung0": round(nbytes / med / 1e3 / rate, 3),
+        "us_at_0.90": round(nbytes / (0.9 * rate) / 1e3, 2),
     }
 
 
