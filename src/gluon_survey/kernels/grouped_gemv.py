@@ -34,10 +34,10 @@ shapes.csv; results/h200-moe-decode, docs/perf-notes.md entries 81 and 83): corr
 16-bit case of the grouped GPU tests, and slower than the swap-AB kernel at one token on 17 of
 24 cells (0.62-0.97x its speed: 0.70x on Mixtral-8x7B's down, K = 14336, where one chunk of K
 per program leaves few loads in flight), within 1.5 % on 5 and faster on 2 (Qwen3-30B-A3B's
-gate_up, 1.04-1.07x). Both reach only 0.30-0.67 of rung 0 on Qwen3's one-token cells, so the reads of a
-few KB a program did not buy what the plain reads promised. `grouped_matmul` does not choose it;
-it stays on the ladder as the measured answer to "read the experts as gemv reads a weight".
-16-bit operands only.
+gate_up, 1.04-1.07x). On Qwen3's one-token cells both kernels reach only 0.30-0.67 of rung 0: a
+fixed cost of 6-7 µs against 6-12 µs of bytes, which no way of reading the bytes removes.
+`grouped_matmul` does not choose it; it stays on the ladder as the measured answer to "read the
+experts as gemv reads a weight". 16-bit operands only.
 """
 
 from __future__ import annotations
