@@ -820,8 +820,7 @@ def test_the_bias_is_each_launchs_argument_and_a_constexpr_says_so(host, kernel)
     assert len(host.builds) == 2, "one plan with a bias, one without"
     first, second, plain = host.launches
     assert first.kwargs["HAS_BIAS"] is True and plain.kwargs["HAS_BIAS"] is False
-    # swapab's bias comes before its split-K workspace, warpspec's before its tail split's
-    at = {None: 2, "warpspec": 2}.get(kernel, -1)
+    at = 2 if kernel is None else -1  # swapab's bias comes before its split-K workspace
     assert first.rest[at] is biases[0] and second.rest[at] is biases[1]
     assert plain.rest[at] is None
     launch = api.prepare(kernel or "auto", a, b, out, bias=biases[0])

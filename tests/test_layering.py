@@ -75,14 +75,12 @@ def test_the_library_does_not_import_the_driver():
 def test_leaf_modules_import_nothing_of_the_package():
     assert GRAPH["gluon_survey.launch"] == set()
     assert GRAPH["gluon_survey.compat"] == set()
-    assert GRAPH["gluon_survey.memory"] == set()
 
 
 def test_the_launch_path_imports_only_what_is_below_it():
     """kernels/plan.py (descriptors, Launcher, Plan, Rung) builds on the device code and the leaves:
     no rung, no API, registry, auto mode or driver."""
-    below = {"gluon_survey.launch", "gluon_survey.compat", "gluon_survey.memory"}
-    below |= {"gluon_survey.kernels.common"}
+    below = {"gluon_survey.launch", "gluon_survey.compat", "gluon_survey.kernels.common"}
     assert GRAPH["gluon_survey.kernels.plan"] <= below, sorted(GRAPH["gluon_survey.kernels.plan"] - below)
 
 

@@ -242,31 +242,6 @@ def grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def work_items(tiles, tail_from, tail_split):
-    """How many work items a persistent launch over `tiles` output tiles has when every tile from
-    `tail_from` on is cut into `tail_split` slices of its K steps (`work_item`)."""
-    return tail_from + (tiles - tail_from) * tail_split
-
-
-@gluon.jit
-def work_item(i, tail_from, tail_split, k_steps):
-    """Work item i of a persistent launch: (tile, first K step, K steps). Items below `tail_from`
-    are whole tiles (item i is tile i, all of K); from there on each tile is `tail_split` items,
-    slice s of it the s-th run of cdiv(k_steps, tail_split) K steps (the host picks a split that
-    leaves no slice empty: `warpspec.tail_plan`). tail_from 0 and tail_split 1 are the plain
-    schedule: item i is tile i."""
-    per = gl.cdiv(k_steps, tail_split)
-    unit = i - tail_from
-    tile = tail_from + unit // tail_split
-    first = (unit % tail_split) * per
-    if i < tail_from:
-        tile = i
-        first = i * 0
-        per = k_steps
-    return tile, first, gl.minimum(per, k_steps - first)
-
-
-@gluon.jit
 def load_partition(
     a_desc,
     b_desc,
@@ -277,12 +252,9 @@ def load_partition(
     B_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
     A_KMAJOR: gl.constexpr = True,
-    tail_from=0,
-    tail_split=1,
 ):
     """The TMA-load partition of the warp-specialized kernels (Hopper and Blackwell): fill the ring
-    for every (tile, K step) of this program's work items (`work_item`: whole tiles, or from
-    `tail_from` on slices of K of a tile) in grouped order, each fill once whoever read the
+    for every (tile, K step) of this program in grouped order, each fill once whoever read the
     stage's previous contents has released it on `empty`. A tile is BOXES A boxes tall (a_bufs has
     BOXES buffers per stage of b_bufs), and stage s holds them in a_bufs[s * BOXES + i]. An A box
     is [BOX_M, BLOCK_K], or with A_KMAJOR False [BLOCK_K, BOX_M] of the [K, M] matrix (`load_a`)."""
@@ -295,11 +267,9 @@ def load_partition(
     num_pid_n = gl.cdiv(b_desc.shape[0] if B_KMAJOR else b_desc.shape[1], BLOCK_N)
     k_steps = gl.cdiv(a_desc.shape[1] if A_KMAJOR else a_desc.shape[0], BLOCK_K)
     ring = Ring.start(STAGES)
-    items = work_items(num_pid_m * num_pid_n, tail_from, tail_split)
-    for item in range(gl.program_id(0), items, gl.num_programs(0)):
-        tile, first, steps = work_item(item, tail_from, tail_split, k_steps)
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        for k in range(first, first + steps):
+        for k in range(k_steps):
             ring.wait_free(empty)
             slot = ring.slot()
             bar = ready.index(slot)

@@ -17,8 +17,7 @@ it calls `Launcher.__call__` again, which calls the compiled kernel without Trit
 The same `Rung` gives `gluon-survey inspect` its compile specs (`Rung.compile_specs`,
 `desc_signature`) from the same constexprs, so what is compiled is what is launched. Rungs with a
 host side of their own use the parts: splitk (and swapab through it) builds its `Plan`, gemv
-calls a `Launcher`. The kernels that sum fp32 partial tiles in the launch (split-K, warpspec's tail
-split) share one `Workspace` of partial slots and tile counters (`WORKSPACE`).
+calls a `Launcher`.
 """
 
 from collections.abc import Callable, Mapping
@@ -31,7 +30,6 @@ from triton import knobs
 from triton.experimental.gluon import language as gl
 from triton.runtime.driver import driver
 
-from .. import memory
 from ..compat import RawLaunch, raw_launch
 from ..launch import (
     ALIGN,
@@ -503,9 +501,6 @@ class Rung:
     # The kernel takes A_KMAJOR (right after B_KMAJOR), and `constexprs` an A layout: it reads a
     # transposed A in place on Hopper (16-bit operands), and its compile specs include one.
     transposed_a: bool = False
-    # The kernel's arguments after the bias (a workspace, schedule values): their Triton types, for
-    # the compile specs; `launch` takes their values (`extra`).
-    extra_args: Mapping[str, str] = field(default_factory=dict)
 
     def configs_of(self, fp8: bool) -> Mapping[int, GemmConfig]:
         return self.fp8_configs if fp8 else self.configs
@@ -547,29 +542,19 @@ class Rung:
         )
 
     def plan(
-        self,
-        a,
-        b,
-        out,
-        target: Target,
-        cfg: GemmConfig,
-        scales: Scales | None = None,
-        has_bias: bool = False,
-        extra: tuple[object, ...] = (),
-        programs: int | None = None,
+        self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None, has_bias: bool = False
     ) -> Plan:
         """The launch plan for tensors like these (only their shapes, strides and dtype are read;
         bases must be 16-byte aligned): descriptors' block shapes and layouts, grid, constexprs
-        (HAS_BIAS: `has_bias`; the bias itself is an argument of each launch), the `extra_args`'
-        values; `programs` instead of the rung's grid."""
+        (HAS_BIAS: `has_bias`; the bias itself is an argument of each launch)."""
         layout, alayout = b_layout(b), a_layout(a)
         check_a_layout(self.mode, alayout, target.capability, scales is not None)
         kw = self.kernel_constexprs(cfg, target.capability, layout, scaling_code(scales), has_bias, alayout)
         templates = templates_of(make_descriptors(a, b, out, cfg, layout, a_layout=alayout))
         tiles = num_tiles(*out.shape, cfg)
-        grid = (programs or (min(target.sm_count, tiles) if self.persistent else tiles),)
+        grid = (min(target.sm_count, tiles) if self.persistent else tiles,)
         launcher = Launcher(self.kernel, grid, kw, cfg.num_warps)
-        return Plan(launcher, templates, cfg, tuple(extra), scaled=self.scaled, biased=True)
+        return Plan(launcher, templates, cfg, scaled=self.scaled, biased=True)
 
     def kernel_constexprs(
         self, cfg, capability, layout: str, scaling: int, has_bias: bool = False, a_layout: str = "row"
@@ -587,23 +572,13 @@ class Rung:
         return kw | {"HAS_BIAS": has_bias}
 
     def launch(
-        self,
-        a,
-        b,
-        out,
-        target: Target,
-        cfg: GemmConfig,
-        scales: Scales | None = None,
-        bias=None,
-        extra: tuple[object, ...] = (),
-        programs: int | None = None,
-        table: dict[str, object] | None = None,
+        self, a, b, out, target: Target, cfg: GemmConfig, scales: Scales | None = None, bias=None
     ) -> Launch:
         """A ready launch of out = a @ b (+ bias); `Launch.fn.plan` launches the same on other
-        tensors. `extra`, `programs`: as `plan`'s; `table`: more for the results row."""
+        tensors."""
         check_config_kind(self.mode, cfg, scales)
-        plan = self.plan(a, b, out, target, cfg, scales, bias is not None, extra, programs)
-        return Launch(plan.bind(a, b, out, scales, bias), cfg.table() | (table or {}) | bias_table(bias))
+        plan = self.plan(a, b, out, target, cfg, scales, bias is not None)
+        return Launch(plan.bind(a, b, out, scales, bias), cfg.table() | bias_table(bias))
 
     def compile_specs(
         self, capability: tuple[int, int], dtype: str, configs, transposed=()
@@ -632,20 +607,16 @@ class Rung:
                     signature |= {"scale_a": "*fp32", "scale_b": "*fp32"} if fp8 else {}
                     none = ({} if fp8 else {"scale_a": None, "scale_b": None}) | none
                 values = none | values  # the kernel's order: scales, bias, then the constexprs
-                signature = signature | dict(self.extra_args) | dict.fromkeys(values, "constexpr")
-                signature = {name: signature[name] for name in self.kernel.arg_names}
                 specs.append(
                     CompileSpec(
                         self.mode,
                         f"{self.kernel.__name__} {cfg.label}{' A=t' if alayout == 't' else ''} B={layout}"
                         + (" scales=row" if fp8 else ""),
                         self.kernel,
-                        signature,
+                        signature | dict.fromkeys(values, "constexpr"),
                         values,
                         {"num_warps": cfg.num_warps},
                         config=cfg,
-                        # a workspace's buffers are 16-byte aligned, as a launch specializes them
-                        divisible=tuple(n for n, t in self.extra_args.items() if t.startswith("*")),
                     )
                 )
         return specs
@@ -675,48 +646,3 @@ def provider_functions(rung: Callable[[], Rung]):
 
 def num_tiles(M: int, N: int, cfg: GemmConfig) -> int:
     return triton.cdiv(M, cfg.a_rows) * triton.cdiv(N, cfg.BLOCK_N)
-
-
-class Workspace:
-    """fp32 partial slots and zeroed tile counters for the launches that sum partial tiles (split-K,
-    warpspec's tail split) on one device, grown on demand and reused: the kernels leave every
-    counter at 0, so nothing is cleared between calls.
-    (One stream at a time: two concurrent launches must not share it.)
-
-    The buffers come from `memory.persistent`, never a CUDA graph's pool (a plan built in
-    CUDA-graph trees' warm-up keeps them), and are never freed: a captured graph launches on
-    their addresses, so buffers replaced by larger ones are kept too (`retired`; each growth at
-    least doubles). The first buffers hold at least `least_floats` partials (a full wave's slots),
-    so that later shapes seldom grow them. Creating or growing them needs counters zeroed now,
-    which a stream capture cannot do (the fill would be recorded, not run): inside one, `get`
-    raises a RuntimeError that asks for one call of the shape before the capture."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.retired: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def get(
-        self, device: torch.device, partial_floats: int, tiles: int, least_floats: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        partials, counters = self._buffers.get(device, (None, None))
-        if partials is not None and partials.numel() >= partial_floats and counters.numel() >= tiles:
-            return partials, counters
-        if memory.capturing():
-            raise RuntimeError(
-                f"split-K needs a workspace of {partial_floats} fp32 partials and {tiles} zeroed tile "
-                "counters, which cannot be made inside a CUDA graph capture (zeroing is recorded, not "
-                "run): call matmul (or the model) once with this shape before capturing, as CUDA-graph "
-                "warm-up does"
-            )
-        floats, count = max(partial_floats, least_floats, 1), max(tiles, 1)
-        if partials is not None:
-            self.retired.append((partials, counters))
-            floats, count = max(floats, 2 * partials.numel()), max(count, 2 * counters.numel())
-        with memory.persistent(device):
-            partials = torch.empty(floats, dtype=torch.float32, device=device)
-            counters = torch.zeros(count, dtype=torch.int32, device=device)
-        self._buffers[device] = (partials, counters)
-        return partials, counters
-
-
-WORKSPACE = Workspace()

@@ -54,10 +54,8 @@ from .pipelined import operands, ring_mma
 from .plan import (
     FP8,
     FP8_OUT,
-    WORKSPACE,
     Launcher,
     Plan,
-    Workspace,
     bias_table,
     block_shapes,
     check_a_layout,
@@ -132,9 +130,7 @@ __all__ = [
     "CONFIGS",
     "FP8_CONFIGS",
     "MID_M",
-    "WORKSPACE",
     "SplitKConfig",
-    "Workspace",
     "candidates",
     "compile_specs",
     "config_for",
@@ -291,6 +287,50 @@ def splitk_kernel(
 
 # --------------------------------------------------------------------------------------------------
 # Host side.
+
+
+class Workspace:
+    """fp32 partial slots and zeroed tile counters for split-K launches on one device, grown on
+    demand and reused: the kernels leave every counter at 0, so nothing is cleared between calls.
+    (One stream at a time: two concurrent split-K launches must not share it.)
+
+    The buffers come from `memory.persistent`, never a CUDA graph's pool (a plan built in
+    CUDA-graph trees' warm-up keeps them), and are never freed: a captured graph launches on
+    their addresses, so buffers replaced by larger ones are kept too (`retired`; each growth at
+    least doubles). The first buffers hold at least `least_floats` partials (a full wave's slots),
+    so that later shapes seldom grow them. Creating or growing them needs counters zeroed now,
+    which a stream capture cannot do (the fill would be recorded, not run): inside one, `get`
+    raises a RuntimeError that asks for one call of the shape before the capture."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.retired: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def get(
+        self, device: torch.device, partial_floats: int, tiles: int, least_floats: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        partials, counters = self._buffers.get(device, (None, None))
+        if partials is not None and partials.numel() >= partial_floats and counters.numel() >= tiles:
+            return partials, counters
+        if memory.capturing():
+            raise RuntimeError(
+                f"split-K needs a workspace of {partial_floats} fp32 partials and {tiles} zeroed tile "
+                "counters, which cannot be made inside a CUDA graph capture (zeroing is recorded, not "
+                "run): call matmul (or the model) once with this shape before capturing, as CUDA-graph "
+                "warm-up does"
+            )
+        floats, count = max(partial_floats, least_floats, 1), max(tiles, 1)
+        if partials is not None:
+            self.retired.append((partials, counters))
+            floats, count = max(floats, 2 * partials.numel()), max(count, 2 * counters.numel())
+        with memory.persistent(device):
+            partials = torch.empty(floats, dtype=torch.float32, device=device)
+            counters = torch.zeros(count, dtype=torch.int32, device=device)
+        self._buffers[device] = (partials, counters)
+        return partials, counters
+
+
+WORKSPACE = Workspace()
 
 
 def plan_split(cfg: SplitKConfig, tiles: int, K: int, sm_count: int) -> int:

@@ -30,12 +30,10 @@ warp-specialized rung is `warpspec_tcgen05.py` (the registry picks it on sm_100)
 
 from dataclasses import dataclass, replace
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .. import memory
-from ..compat import aggregate, cta_barrier
+from ..compat import aggregate
 from ..launch import CompileSpec, Launch, Scales, Target, is_a_kmajor, is_kmajor
 from .common import (
     GemmConfig,
@@ -44,7 +42,6 @@ from .common import (
     b_operand,
     boxes_bias,
     boxes_scales,
-    column_slice,
     deferred_store_spacing,
     grouped_tile,
     init_barriers,
@@ -55,11 +52,9 @@ from .common import (
     store_staged_rest,
     store_staged_slice,
     tma,
-    work_item,
-    work_items,
 )
 from .hopper import WGMMA, wgmma_layout
-from .plan import FP8, WORKSPACE, Rung, reads_transposed_a
+from .plan import FP8, Rung, reads_transposed_a
 
 
 @dataclass(frozen=True)
@@ -70,17 +65,12 @@ class WarpSpecConfig(GemmConfig):
     # of the TMA warp, which needs only addresses and counters. 2 x 128 x 232 + 128 x 40 <= 64 K.
     CONSUMER_REGS: int = 232
     PRODUCER_REGS: int = 40
-    # Cut the tiles of a last, partial wave into slices of K spread over the idle SMs (`tail_plan`);
-    # ping-pong only.
-    TAIL: bool = False
 
     def __post_init__(self):
         if not 1 <= self.BOXES <= 3:
             raise ValueError("BOXES is 1 to 3: a consumer holds at most three accumulators")
         if (self.CONSUMERS, self.EPILOGUE) not in ((2, "sliced"), (1, "deferred")):
             raise ValueError("ping-pong (CONSUMERS=2) stores C sliced, cooperative (1) deferred")
-        if self.TAIL and self.CONSUMERS != 2:
-            raise ValueError("TAIL: the tail split is ping-pong's (CONSUMERS=2)")
         super().__post_init__()
 
     @property
@@ -202,25 +192,6 @@ def fp8_slots_used(M: int, N: int, sm_count: int) -> float:
     return tiles / (-(-tiles // sm_count) * sm_count)
 
 
-# A slice of a tail tile runs at least this many K steps: below that its ring's fill and drain and
-# the partials' round trip through L2 are a large share of it.
-TAIL_MIN_STEPS = 4
-
-
-def tail_plan(tiles: int, sm_count: int, k_steps: int) -> tuple[int, int]:
-    """(tail_from, tail_split) of a persistent launch of `tiles` tiles on `sm_count` programs: the
-    tiles of the last, partial wave (from `tail_from`, a whole number of waves) are each cut into
-    `tail_split` slices of K, as many as the idle SMs take (tail tiles x split <= sm_count, so a
-    program gets at most one slice, its last item) and that leave every slice at least
-    TAIL_MIN_STEPS K steps and none empty. (tiles, 1) where there is no partial wave or no split
-    pays: every item a whole tile."""
-    waves, tail = divmod(tiles, sm_count)
-    split = min(sm_count // tail, k_steps // TAIL_MIN_STEPS) if tail else 1
-    while split > 1 and (split - 1) * -(-k_steps // split) >= k_steps:  # the last slice would be empty
-        split -= 1
-    return (waves * sm_count, split) if split > 1 else (tiles, 1)
-
-
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
     if capability[0] == 9:
         return None
@@ -292,172 +263,11 @@ def _boxes_take(mmas):
 
 
 @gluon.jit
-def _offsets(part, ROW: gl.constexpr):
-    """Element offsets of `part` [rows, cols], in its layout, in a row-major block of ROW columns."""
-    rows = gl.arange(0, part.shape[0], layout=gl.SliceLayout(1, part.type.layout))
-    cols = gl.arange(0, part.shape[1], layout=gl.SliceLayout(0, part.type.layout))
-    return gl.expand_dims(rows, 1) * ROW + gl.expand_dims(cols, 0)
-
-
-@gluon.jit
-def _tail_sum_store(
-    c_desc,
-    c_bufs,
-    accs,
-    partials,
-    counters,
-    unit,
-    tail_split,
-    off_m,
-    off_n,
-    BUFFERS: gl.constexpr,
-    BASE: gl.constexpr,
-    scales,
-    SCALING: gl.constexpr,
-    biases,
-    HAS_BIAS: gl.constexpr,
-):
-    """The epilogue of a slice of K of a tail tile (work unit `unit` past `tail_from`): write the
-    partial accumulators to the unit's fp32 slot of `partials`, then arrive on the tile's counter;
-    the slice that arrives last sums the tile's `tail_split` partials in slice order (the sum does
-    not depend on who arrives last), stores them as a whole tile's C is stored
-    (`store_boxes_sliced`: scales, bias) and resets the counter, so the workspace is never cleared
-    between launches. A partial is written row-major from the accumulators' layout and summed in
-    C's column slices (a slice of an accumulator is a register renaming): the sum holds one slice
-    and one partial slice, not a tile's accumulators as well."""
-    BOX_M: gl.constexpr = accs[0].shape[0]
-    BLOCK_N: gl.constexpr = accs[0].shape[1]
-    SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
-    SLICES: gl.constexpr = BLOCK_N // SLICE_N
-    BOXES: gl.constexpr = len(accs)
-    BOX: gl.constexpr = BOX_M * BLOCK_N
-    TILE: gl.constexpr = BOXES * BOX
-    mine = partials + unit * TILE
-    for b in gl.static_range(BOXES):
-        gl.store(mine + b * BOX + _offsets(accs[b], BLOCK_N), accs[b])
-    cta_barrier()  # this consumer's whole partial is written before it arrives
-    tile = unit // tail_split
-    arrived = gl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == tail_split - 1:  # the last: every partial is visible (acquire)
-        product, rows, columns = scales
-        first = partials + tile * tail_split * TILE
-        for b in gl.static_range(BOXES):
-            for j in gl.static_range(SLICES):
-                like = column_slice(accs[b], j, SLICE_N)
-                offs = _offsets(like, BLOCK_N) + (b * BOX + j * SLICE_N)
-                total = gl.zeros_like(like)
-                for split in range(tail_split):
-                    total += gl.load(first + split * TILE + offs, cache_modifier=".cg")
-                box_scales = (product, (), ())
-                if SCALING == 2:  # the box's row scales in the slice's row layout (the same rows a thread)
-                    box_rows = gl.convert_layout(rows[b], gl.SliceLayout(1, like.type.layout))
-                    box_scales = (product, (box_rows,), (columns[j],))
-                store_boxes_sliced(
-                    c_desc,
-                    c_bufs,
-                    (total,),
-                    off_m + b * BOX_M,
-                    off_n + j * SLICE_N,
-                    BUFFERS,
-                    BASE,
-                    box_scales,
-                    SCALING,
-                    (biases[j],) if HAS_BIAS else (),
-                    HAS_BIAS,
-                )
-        gl.store(counters + tile, 0)  # ready for the next launch
-
-
-@gluon.jit
-def _tail_item(
-    c_desc,
-    scale_a,
-    scale_b,
-    bias,
-    partials,
-    counters,
-    tail_from,
-    tail_split,
-    s,
-    mmas,
-    t,
-    items,
-    k_steps,
-    B_KMAJOR: gl.constexpr,
-    A_KMAJOR: gl.constexpr,
-    GROUP_M: gl.constexpr,
-    ME: gl.constexpr,
-    SCALING: gl.constexpr,
-    HAS_BIAS: gl.constexpr,
-):
-    """A ping-pong consumer's slice of a tail tile: the program's t-th item, its last, where t <
-    `items` (the program has one) and the item is this consumer's turn. A whole tile's turn, K loop
-    and hand-over over the slice's K steps, then `_tail_sum_store`. Run after the loop over whole
-    tiles, so that no next tile's MMA keeps the accumulators alive while the partials are summed
-    (a consumer holding three of them would spill)."""
-    BOX_M: gl.constexpr = s.a_bufs.shape[1] if A_KMAJOR else s.a_bufs.shape[2]
-    BLOCK_N: gl.constexpr = s.b_bufs.shape[1] if B_KMAJOR else s.b_bufs.shape[2]
-    STAGES: gl.constexpr = s.b_bufs.shape[0]
-    BOXES: gl.constexpr = s.a_bufs.shape[0] // STAGES
-    BUFFERS: gl.constexpr = s.c_bufs.shape[0] // 2
-    SLICE_N: gl.constexpr = c_desc.block_type.shape[1]
-    SLICES: gl.constexpr = BLOCK_N // SLICE_N
-    layout: gl.constexpr = wgmma_layout(BOX_M, BLOCK_N, gl.num_warps(), s.a_bufs.dtype.primitive_bitwidth)
-    if (t < items) & (t % 2 == ME):
-        num_pid_m = gl.cdiv(c_desc.shape[0], BOX_M * BOXES)
-        num_pid_n = gl.cdiv(c_desc.shape[1], BLOCK_N)
-        item = gl.program_id(0) + t * gl.num_programs(0)
-        tile, _, steps = work_item(item, tail_from, tail_split, k_steps)
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BOXES * BOX_M
-        off_n = pid_n * BLOCK_N
-        M = c_desc.shape[0]
-        N = c_desc.shape[1]
-        scales = boxes_scales(
-            scale_a, scale_b, off_m, off_n, M, N, BOXES, BOX_M, SLICES, SLICE_N, layout, SCALING
-        )
-        mbarrier.wait(s.turns.index(ME), ((t // 2) & 1) ^ (1 - ME))
-        ring = Ring(t * k_steps, STAGES)  # the items before this one are whole tiles
-        for k in range(steps):
-            ring.wait_filled(s.ready)
-            b = b_operand(s.b_bufs.index(ring.slot()), B_KMAJOR)
-            mmas = _boxes_issue(mmas, s.a_bufs, ring.slot() * BOXES, b, A_KMAJOR)
-            mmas = _boxes_wait(mmas)
-            mbarrier.arrive(s.empty.index(ring.previous_slot()), pred=k > 0)
-            ring = ring.next()
-        mbarrier.arrive(s.turns.index((ME + 1) % 2))
-        accs, mmas = _boxes_take(mmas)
-        mbarrier.arrive(s.empty.index(ring.previous_slot()))
-        biases = boxes_bias(bias, off_n, N, SLICES, SLICE_N, HAS_BIAS)
-        _tail_sum_store(
-            c_desc,
-            s.c_bufs,
-            accs,
-            partials,
-            counters,
-            item - tail_from,
-            tail_split,
-            off_m,
-            off_n,
-            BUFFERS,
-            ME * BUFFERS,
-            scales,
-            SCALING,
-            biases,
-            HAS_BIAS,
-        )
-
-
-@gluon.jit
 def _consumer(
     c_desc,
     scale_a,
     scale_b,
     bias,
-    partials,
-    counters,
-    tail_from,
-    tail_split,
     s,
     K,
     B_KMAJOR: gl.constexpr,
@@ -493,12 +303,7 @@ def _consumer(
     spacing = deferred_store_spacing(k_steps)
     prev_m = gl.program_id(0) * 0  # cooperative: where the staged tile goes (none before the first)
     prev_n = prev_m
-    # This program's items: whole tiles (the items below tail_from), then at most one slice of a
-    # tail tile (`tail_plan`), which `_tail_item` runs after the loop.
-    items = work_items(num_pid_m * num_pid_n, tail_from, tail_split)
-    items = gl.cdiv(items - gl.program_id(0), gl.num_programs(0))
-    whole = gl.cdiv(tail_from - gl.program_id(0), gl.num_programs(0))
-    for t in range(ME, whole, CONSUMERS):
+    for t in range(ME, gl.cdiv(num_pid_m * num_pid_n - gl.program_id(0), gl.num_programs(0)), CONSUMERS):
         tile = gl.program_id(0) + t * gl.num_programs(0)
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BOXES * BOX_M
@@ -572,34 +377,12 @@ def _consumer(
             )
             prev_m = off_m
             prev_n = off_n
-    if PINGPONG:  # the program's item after its whole tiles, if it has one
-        _tail_item(
-            c_desc,
-            scale_a,
-            scale_b,
-            bias,
-            partials,
-            counters,
-            tail_from,
-            tail_split,
-            s,
-            mmas,
-            whole,
-            items,
-            k_steps,
-            B_KMAJOR,
-            A_KMAJOR,
-            GROUP_M,
-            ME,
-            SCALING,
-            HAS_BIAS,
-        )
     if not PINGPONG:
         store_staged_rest(c_desc, s.c_bufs, prev_m, prev_n, 0, spacing, True)
     tma.store_wait(0)
 
 
-@gluon.jit(do_not_specialize=["tail_from", "tail_split"], do_not_specialize_on_alignment=["bias"])
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
 def warpspec_kernel(
     a_desc,
     b_desc,
@@ -607,10 +390,6 @@ def warpspec_kernel(
     scale_a,
     scale_b,
     bias,
-    partials,
-    counters,
-    tail_from,
-    tail_split,
     B_KMAJOR: gl.constexpr,
     A_KMAJOR: gl.constexpr,
     GROUP_M: gl.constexpr,
@@ -651,10 +430,6 @@ def warpspec_kernel(
                         scale_a,
                         scale_b,
                         bias,
-                        partials,
-                        counters,
-                        tail_from,
-                        tail_split,
                         s,
                         K,
                         B_KMAJOR,
@@ -673,10 +448,6 @@ def warpspec_kernel(
                         scale_a,
                         scale_b,
                         bias,
-                        partials,
-                        counters,
-                        tail_from,
-                        tail_split,
                         s,
                         K,
                         B_KMAJOR,
@@ -688,11 +459,7 @@ def warpspec_kernel(
                         HAS_BIAS,
                     ),
                 ),
-                (
-                    load_partition,
-                    (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, A_KMAJOR)
-                    + (tail_from, tail_split),
-                ),
+                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, A_KMAJOR)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -707,10 +474,6 @@ def warpspec_kernel(
                         scale_a,
                         scale_b,
                         bias,
-                        partials,
-                        counters,
-                        tail_from,
-                        tail_split,
                         s,
                         K,
                         B_KMAJOR,
@@ -722,11 +485,7 @@ def warpspec_kernel(
                         HAS_BIAS,
                     ),
                 ),
-                (
-                    load_partition,
-                    (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, A_KMAJOR)
-                    + (tail_from, tail_split),
-                ),
+                (load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, B_KMAJOR, GROUP_M, A_KMAJOR)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -749,15 +508,7 @@ def _constexprs(
     }
 
 
-RUNG = Rung(
-    "warpspec",
-    warpspec_kernel,
-    _constexprs,
-    persistent=True,
-    scaled=True,
-    transposed_a=True,
-    extra_args={"partials": "*fp32", "counters": "*i32", "tail_from": "i32", "tail_split": "i32"},
-)
+RUNG = Rung("warpspec", warpspec_kernel, _constexprs, persistent=True, scaled=True, transposed_a=True)
 
 
 def _designs(fp8: bool) -> tuple[WarpSpecConfig, WarpSpecConfig]:
@@ -782,22 +533,7 @@ def prepare(
     cfg = cfg or config_for(target.capability, a.shape[1], scales is not None)
     if bias is not None and scales is not None and scales.kind == "row" and cfg.CONSUMERS == 2:
         cfg = replace(COOPERATIVE_FP8, BLOCK_K=cfg.BLOCK_K)
-    tiles = _tiles(cfg, *out.shape)
-    k_steps = -(-a.shape[1] // cfg.BLOCK_K)
-    tail_from, split = tail_plan(tiles, target.sm_count, k_steps) if cfg.TAIL else (tiles, 1)
-    if split > 1:
-        tile_floats = cfg.a_rows * cfg.BLOCK_N
-        units = (tiles - tail_from) * split
-        partials, counters = WORKSPACE.get(
-            a.device, units * tile_floats, tiles - tail_from, target.sm_count * tile_floats
-        )
-    else:  # no tail split reads neither: stand-ins of their dtypes
-        partials = memory.one_element(torch.float32, a.device)
-        counters = memory.one_element(torch.int32, a.device)
-    extra = (partials, counters, tail_from, split)
-    programs = target.sm_count if split > 1 else None
-    table = {"tail_from": tail_from, "tail_split": split} if split > 1 else {}
-    return RUNG.launch(a, b, out, target, cfg, scales, bias, extra, programs, table)
+    return RUNG.launch(a, b, out, target, cfg, scales, bias)
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
