@@ -469,6 +469,28 @@ def test_a_decoding_mode_skips_tasks_with_more_token_slots_an_expert_than_it_is_
     assert cuda_provider("grouped").too_many_rows(10**6, 1) is None
 
 
+def test_a_few_token_mode_skips_dense_tasks_past_its_tokens():
+    def never(*args, **scales):
+        raise AssertionError("a skipped task is never prepared")
+
+    seen = []
+
+    def most_32(M):
+        seen.append(M)
+        return "too many" if M > 32 else None
+
+    few = cpu(never, too_many_tokens=most_32)
+    assert run_task(few, TASK, SETTINGS, lambda _: None) == {"status": "SKIPPED", "error": "too many"}
+    assert seen == [TASK["M"]]
+    from gluon_survey.driver.worker import cuda_provider
+
+    assert "timed at M <= 16 (here 17)" in cuda_provider("gemv").too_many_tokens(17)
+    assert cuda_provider("gemv").too_many_tokens(16) is None
+    assert cuda_provider("slab").too_many_tokens(65) and cuda_provider("swapab").too_many_tokens(129)
+    assert cuda_provider("splitk").too_many_tokens(513) and not cuda_provider("splitk").too_many_tokens(512)
+    assert all(cuda_provider(m).too_many_tokens(10**6) is None for m in ("warpspec", "auto", "torch"))
+
+
 def test_the_cuda_provider_skips_by_the_registry():
     """The real providers' reasons come from the registry (no GPU here: every task is SKIPPED for
     that first, so the reasons are read off the provider)."""

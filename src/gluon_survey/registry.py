@@ -82,6 +82,9 @@ class Mode:
     # A grouped mode for decoding, which reads an expert's weight once per token-slot: the driver
     # times it only where the S token-slots average at most this many an expert (0: at any S).
     rows_an_expert: int = 0
+    # A dense mode for few tokens, whose tiles stream the weight once per tile of tokens: the driver
+    # and `tune` time it only at M up to this many tokens (0: at any M).
+    tokens: int = 0
 
     def module_for(self, capability: tuple[int, int] | None) -> str:
         """The provider module's name for a GPU of this capability (the default one without a GPU)."""
@@ -148,6 +151,7 @@ MODES: tuple[Mode, ...] = (
         "gluon_survey.kernels.splitk",
         fp8=True,
         bias=True,
+        tokens=512,
     ),
     Mode(
         "swapab",
@@ -157,6 +161,7 @@ MODES: tuple[Mode, ...] = (
         "gluon_survey.kernels.swapab",
         fp8=True,
         bias=True,
+        tokens=128,
     ),
     Mode(
         "slab",
@@ -167,6 +172,7 @@ MODES: tuple[Mode, ...] = (
         "gluon_survey.kernels.slab",
         fp8=True,
         bias=True,
+        tokens=64,
     ),
     Mode(
         "gemv",
@@ -177,6 +183,7 @@ MODES: tuple[Mode, ...] = (
         "gluon_survey.kernels.gemv",
         fp8=True,
         bias=True,
+        tokens=16,
     ),
     Mode(
         "grouped",
@@ -349,6 +356,16 @@ def too_many_rows_reason(mode: Mode, S: int, E: int) -> str | None:
     return (
         f"mode {mode.name!r} is for decoding, at most {mode.rows_an_expert} token-slots an expert on "
         f"average (here {S} over {E} experts): it reads an expert's weight once per slot"
+    )
+
+
+def too_many_tokens_reason(mode: Mode, M: int) -> str | None:
+    """Why the driver does not time dense `mode` at M tokens (`tokens`), None where it does."""
+    if not mode.tokens or mode.tokens >= M:
+        return None
+    return (
+        f"mode {mode.name!r} is for few tokens, timed at M <= {mode.tokens} (here {M}): its tiles "
+        "stream the weight once per tile of tokens"
     )
 
 

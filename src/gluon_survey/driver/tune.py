@@ -84,16 +84,12 @@ def candidates_for(
         return {"cuBLAS": None}
     if fp8 and registry.no_fp8_reason(registry.get(mode)):
         return {}
+    if registry.too_many_tokens_reason(registry.get(mode), M):  # a few-token mode past its tokens
+        return {}
     configs = _provider(mode, capability).candidates(capability, fp8)
     if mode == "swapab":
-        if M > 128:
-            return {}
         width = min(128, max(16, 1 << (M - 1).bit_length()))  # the narrowest tile that holds M
         return {k: c for k, c in configs.items() if width == c.BLOCK_N}
-    if mode == "splitk" and M > 512:
-        return {}
-    if mode == "slab" and M > 64:  # beyond one 64-token tile every tile streams the weight again
-        return {}
     return dict(configs)
 
 

@@ -58,7 +58,8 @@ one, is SKIPPED saying which modes take it (`Provider.wrong_shape`); a grouped t
 per-tensor fp8 scales is SKIPPED as having no grouped form (`check.GROUPED_FP8`), and the fp16/bf16
 tasks of a mode that takes fp8 only (`registry.Mode.sixteen_bit`) as such (`Provider.no_16bit`),
 and a decoding mode's grouped tasks with more token-slots an expert than it is for
-(`registry.Mode.rows_an_expert`) likewise (`Provider.too_many_rows`).
+(`registry.Mode.rows_an_expert`) likewise (`Provider.too_many_rows`), as are a few-token mode's
+dense tasks past its tokens (`registry.Mode.tokens`, `Provider.too_many_tokens`).
 
 How a mode is run is a `Provider`, made once per worker by the factory `main` is given:
 `cuda_provider` (the default: a registered mode through `gluon_survey.api` on the current CUDA
@@ -120,6 +121,8 @@ class Provider:
     no_16bit: str | None = None  # why the mode cannot take fp16/bf16 operands (those tasks SKIPPED)
     # why a grouped task of S token-slots over E experts is too many for the mode (SKIPPED), or None
     too_many_rows: Callable[[int, int], str | None] = lambda S, E: None
+    # why a dense task of M tokens is too many for the mode (SKIPPED), or None
+    too_many_tokens: Callable[[int], str | None] = lambda M: None
 
 
 def cuda_provider(mode_name: str) -> Provider:
@@ -158,6 +161,7 @@ def cuda_provider(mode_name: str) -> Provider:
         "wrong_shape": registry.wrong_shape_reason(mode, not mode.grouped),
         "no_16bit": registry.no_16bit_reason(mode),
         "too_many_rows": lambda S, E: registry.too_many_rows_reason(mode, S, E),
+        "too_many_tokens": lambda M: registry.too_many_tokens_reason(mode, M),
     }
     run = prepare_grouped if mode.grouped else prepare
     capability = api.capability()
@@ -481,8 +485,9 @@ def run_task(
     """`measure`, with an unsupported mode, a task of the kind of problem the mode does not compute
     (dense or grouped), a grouped task with per-tensor fp8 scales, an fp8 task of a mode without
     fp8 kernels or in A layout "t", an fp16/bf16 task of a mode that takes fp8 only, a grouped task
-    with more token-slots an expert than a decoding mode takes, or with a bias a mode that adds none
-    SKIPPED, and an exception turned into an ERROR row."""
+    with more token-slots an expert than a decoding mode takes, a dense task with more tokens than a
+    few-token mode is timed at, or with a bias a mode that adds none SKIPPED, and an exception turned
+    into an ERROR row."""
     if provider.unsupported:
         return {"status": "SKIPPED", "error": provider.unsupported}
     grouped = task.get("E") is not None
@@ -503,6 +508,8 @@ def run_task(
     if provider.no_16bit and _scaling(task["dtype"]) is None:
         return {"status": "SKIPPED", "error": provider.no_16bit}
     if grouped and (reason := provider.too_many_rows(task["M"] * task["topk"], task["E"])):
+        return {"status": "SKIPPED", "error": reason}
+    if not grouped and (reason := provider.too_many_tokens(task["M"])):
         return {"status": "SKIPPED", "error": reason}
     with_bias = settings.bias if isinstance(settings, Settings) else settings.get("bias", False)
     if provider.no_bias and with_bias:
