@@ -63,6 +63,35 @@ def test_a_results_file_holds_one_run(tmp_path):
         load(path)
 
 
+def test_runs_of_one_gpu_and_commit_merge_and_report_as_one(tmp_path, capsys):
+    """A sweep split over device calls: `merge` joins runs of one GPU and commit, refusing runs of
+    another GPU or commit and a cell measured twice; `report A B` renders them as one, and a
+    README block may name both, joined by a comma."""
+    from gluon_survey.driver.report import embed_reports
+    from gluon_survey.driver.results import merge
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    _write(a, [row(ms=0.1), row(mode="torch", ms=0.2)])
+    _write(b, [row(K=1024, ms=0.3)])
+    merged = merge([load(a), load(b)], ["a", "b"])
+    assert [(r.mode, r.K) for r in merged.rows] == [("Blocked", 512), ("torch", 512), ("Blocked", 1024)]
+    assert merged.header == load(a).header
+    with pytest.raises(ValueError, match="both measured"):
+        merge([load(a), load(a)], ["a", "a2"])
+    other = tmp_path / "other.jsonl"
+    with ResultsWriter(other, make_header("run", ENV | {"name": "NVIDIA H200"}, SETTINGS)) as writer:
+        writer.append(row(K=2048, ms=0.1))
+    with pytest.raises(ValueError, match="one GPU and one commit"):
+        merge([load(a), load(other)], ["a", "other"])
+    assert main(["report", str(a), str(b), "--format", "csv"]) == 0
+    data = [line for line in capsys.readouterr().out.splitlines() if line and not line.startswith("#")]
+    assert len(data) == 1 + 3  # the CSV's header and the three rows
+    assert main(["report", str(a), str(other)]) == 2
+    assert "one GPU and one commit" in capsys.readouterr().err
+    block = "<!-- report a.jsonl,b.jsonl summary -->\n<!-- end report -->"
+    assert "Blocked" in embed_reports(block, tmp_path)
+
+
 def test_load_skips_a_cut_last_line_saying_so_and_rejects_other_damage(tmp_path):
     path = tmp_path / "r.jsonl"
     _write(path, [row(ms=0.1)])

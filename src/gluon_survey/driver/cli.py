@@ -4,7 +4,7 @@
                                         mode that computes the sweep's kind of GEMM, dense or grouped)
     gluon-survey list                   every mode, what it is, and whether this machine can run it
     gluon-survey compare OLD NEW        two results files side by side [--fail-on-regression PCT]
-    gluon-survey report RESULTS         re-render a results file [--format, --output, --plot]
+    gluon-survey report RESULTS ...     re-render results files (of one GPU and commit) [--format, --plot]
     gluon-survey inspect ...            compile the kernels for sm_90a / sm_100a, no GPU needed
     gluon-survey memcpy ...             rung 0: the copy ladder, this GPU's bandwidth floor
     gluon-survey overhead ...           host time per call: matmul against its bare launch and cuBLAS
@@ -707,26 +707,36 @@ def _where(row: Row) -> str:
 
 
 def report_run(argv: Sequence[str]) -> int:
-    """`gluon-survey report RESULTS.jsonl`: render a finished (or interrupted) run again. Exit
-    status 0, or 1 when the file has no rows or the report cannot be written, 2 for a usage error
-    (a bad path, a file that is not a results file)."""
+    """`gluon-survey report RESULTS.jsonl [MORE.jsonl ...]`: render a finished (or interrupted) run
+    again; several files of one GPU and one commit (a sweep split over calls) as one. Exit status
+    0, or 1 when the files have no rows or the report cannot be written, 2 for a usage error (a bad
+    path, a file that is not a results file, runs that cannot be merged)."""
     parser = argparse.ArgumentParser(prog=f"{PROG} report", description=report_run.__doc__)
     parser.add_argument(
         "results",
         type=Path,
         help="results file (.jsonl) written by a timing run, or the .json of `gluon-survey memcpy --results`",
     )
+    parser.add_argument(
+        "more",
+        type=Path,
+        nargs="*",
+        help="more results files of the same GPU and commit, reported with the first as one run",
+    )
     _add_output_options(parser)
     args = parser.parse_args(argv)
     bad_path = _output_path_error(args)
     if bad_path:
         return _usage_error(bad_path)
-    from gluon_survey.driver.results import OneDocument
+    from gluon_survey.driver.results import OneDocument, merge
 
     try:
         loaded = _load(args.results)
+        if args.more:
+            paths = [args.results, *args.more]
+            loaded = merge([loaded, *(_load(p) for p in args.more)], [str(p) for p in paths])
     except OneDocument as exc:
-        if exc.command == "memcpy":
+        if exc.command == "memcpy" and not args.more:
             return _report_memcpy(exc.doc, args)
         return _usage_error(str(exc))
     except (OSError, ValueError) as exc:

@@ -495,12 +495,15 @@ def embed_reports(text: str, root: Path) -> str:
     """`text` (a markdown document) with every block between `<!-- report PATH -->` and
     `<!-- end report -->` replaced by `format_markdown` of the results file PATH (relative to
     `root`): how the README's result tables are made, so that a rerun never edits them by hand.
-    `<!-- report PATH summary -->` gets `format_summary` instead: one table of geomeans."""
-    from gluon_survey.driver.results import load
+    `<!-- report PATH summary -->` gets `format_summary` instead: one table of geomeans. PATH may
+    be several files of one GPU and commit, joined by commas (`results.merge`)."""
+    from gluon_survey.driver.results import load, merge
 
     def render(match: re.Match[str]) -> str:
         fmt = format_summary if match["form"] else format_markdown
-        body = fmt(load(root / match["path"]))
+        paths = match["path"].split(",")
+        runs = [load(root / path) for path in paths]
+        body = fmt(runs[0] if len(runs) == 1 else merge(runs, paths))
         return f"{match['open']}{body}{match['close']}"
 
     return REPORT_BLOCK.sub(render, text)

@@ -334,6 +334,33 @@ def load(path: str | Path) -> Results:
     return Results(header, rows, warnings)
 
 
+def merge(runs: list[Results], names: list[str]) -> Results:
+    """Several runs of one commit on one GPU as one (`gluon-survey report A B ...`): a sweep split
+    over device calls. Every row is against the cuBLAS timed beside it in its own run, so rows of
+    runs on different GPUs or commits are not merged (ValueError naming the two), nor two rows of
+    one (mode, shape, dtype, layouts). The header is the first run's; `warnings` gathers the runs'."""
+    first = runs[0]
+
+    def origin(run: Results) -> tuple[object, object]:
+        return run.env.get("name"), (run.env.get("git") or {}).get("commit")
+
+    rows: list[Row] = []
+    seen: dict[tuple, str] = {}
+    for run, name in zip(runs, names, strict=True):
+        if origin(run) != origin(first):
+            gpu, commit = origin(run)
+            raise ValueError(
+                f"{name} ran on {gpu} at commit {commit}, {names[0]} on {origin(first)[0]} at commit "
+                f"{origin(first)[1]}: report merges runs of one GPU and one commit only"
+            )
+        for row in run.rows:
+            if row.key in seen:
+                raise ValueError(f"{name} and {seen[row.key]} both measured {row.key}: which one to report?")
+            seen[row.key] = name
+            rows.append(row)
+    return Results(first.header, rows, [w for run in runs for w in run.warnings])
+
+
 @dataclass(frozen=True)
 class Delta:
     """How one (mode, shape, dtype, layout) changed between two runs."""
