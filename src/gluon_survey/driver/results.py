@@ -338,7 +338,9 @@ def merge(runs: list[Results], names: list[str]) -> Results:
     """Several runs of one commit on one GPU as one (`gluon-survey report A B ...`): a sweep split
     over device calls. Every row is against the cuBLAS timed beside it in its own run, so rows of
     runs on different GPUs or commits are not merged (ValueError naming the two), nor two rows of
-    one (mode, shape, dtype, layouts). The header is the first run's; `warnings` gathers the runs'."""
+    one (mode, shape, dtype, layouts). The header is the first run's, its command every run's in
+    turn (joined by " ; "), so the report says how each part was measured; `warnings` gathers the
+    runs'."""
     first = runs[0]
 
     def origin(run: Results) -> tuple[object, object]:
@@ -358,7 +360,9 @@ def merge(runs: list[Results], names: list[str]) -> Results:
                 raise ValueError(f"{name} and {seen[row.key]} both measured {row.key}: which one to report?")
             seen[row.key] = name
             rows.append(row)
-    return Results(first.header, rows, [w for run in runs for w in run.warnings])
+    commands = " ; ".join(dict.fromkeys(str(run.env.get("command", "")) for run in runs))
+    header = first.header | {"env": first.env | {"command": commands}}
+    return Results(header, rows, [w for run in runs for w in run.warnings])
 
 
 @dataclass(frozen=True)
