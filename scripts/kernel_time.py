@@ -16,6 +16,11 @@ e.g. `swapab@SPLIT_K=4:STAGES=6` or `warpspec@STAGES=4:EPILOGUE_BUFFERS=2`; the 
 the rung's module for this GPU. Such a config is checked once against cuBLAS's output (NaN-poisoned,
 max error within 2 % of the output's largest value) before it is timed.
 
+Where the weight lies in memory is the caching allocator's choice, made from what the process
+allocated before. `--b-offset 0,512,65536` times each shape with the weight copied to each of those
+byte offsets in an allocation of its own (0: where the inputs put it), and every row records the
+offset and the weight's address modulo 2 MiB (`b_offset`, `b_addr_mod_2mib`).
+
     PYTHONPATH=src python3 scripts/kernel_time.py --shapes results/h100-decode-gputime/shapes.csv \
         --modes torch,swapab,splitk --dtype bf16 --output out/kernel-time.csv
 """
@@ -68,6 +73,21 @@ def operands(shape, dtype: str, scaling: str):
     name = "fp8-row" if dtype == "fp8" and scaling == "row" else dtype
     inputs = make_inputs(shape, name, "t", 0, "cuda")
     return inputs.a, inputs.b, inputs.scales
+
+
+def placed(b: torch.Tensor, offset: int) -> torch.Tensor:
+    """B, the transpose view of an [N, K] weight, copied to `offset` bytes past the start of an
+    allocation of its own: where the weight lies in memory, which the caching allocator otherwise
+    decides from what the process allocated before (0: B as it is)."""
+    if offset == 0:
+        return b
+    if offset % 16:
+        raise ValueError(f"--b-offset {offset}: a TMA base must be 16-byte aligned; give a multiple of 16")
+    w = b.t()  # [N, K], contiguous
+    buf = torch.empty(w.numel() + offset // w.element_size(), dtype=w.dtype, device=w.device)
+    moved = buf[offset // w.element_size() :].view(w.shape)
+    moved.copy_(w)
+    return moved.t()
 
 
 def call_of(mode: str, a, b, scales, nbytes: int):
@@ -192,11 +212,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="torch,swapab,splitk")
     p.add_argument("--dtype", default="bf16", choices=DTYPES)
     p.add_argument("--scaling", default="tensor", choices=("tensor", "row"), help="fp8 scales")
+    p.add_argument(
+        "--b-offset",
+        default="0",
+        help="comma-separated byte offsets (multiples of 16) at which each shape's weight is placed in an "
+        "allocation of its own, timed in turn (0: where make_inputs put it)",
+    )
     args = p.parse_args(argv)
+    try:
+        offsets = [int(v) for v in args.b_offset.split(",")]
+    except ValueError:
+        p.error(f"--b-offset {args.b_offset!r}: give comma-separated integers, e.g. 0,512,65536")
+    if bad := [o for o in offsets if o < 0 or o % 16]:
+        p.error(f"--b-offset: {bad} are not non-negative multiples of 16 (TMA bases are 16-byte aligned)")
     flush, sink = flush_buffers()
     rows = []
-    for shape in read_csv(args.shapes):
+    for shape, offset in ((s, o) for s in read_csv(args.shapes) for o in offsets):
         a, b, scales = operands(shape, args.dtype, args.scaling)
+        b = placed(b, offset)
         moved = a.numel() * a.element_size() + b.numel() * b.element_size() + shape.M * shape.N * 2
         for mode in ["copy", "read", *args.modes.split(",")]:
             try:
@@ -210,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {
                 "M": shape.M, "N": shape.N, "K": shape.K, "dtype": args.dtype, "scaling": args.scaling,
                 "mode": mode, **times, "bytes": nbytes, "gbps": round(nbytes / med / 1e3, 1),
+                "b_offset": offset, "b_addr_mod_2mib": b.data_ptr() % (2 << 20),
             }  # fmt: skip
             record(rows, row)
     write_csv(args.output, rows)
