@@ -21,6 +21,9 @@ allocated before. `--b-offset 0,512,65536` times each shape with the weight copi
 byte offsets in an allocation of its own (0: where the inputs put it), and every row records the
 offset and the weight's address modulo 2 MiB (`b_offset`, `b_addr_mod_2mib`).
 
+The mode `grouped` times the same product through `grouped_matmul` as a single expert's, on the
+grouped kernels' persistent ring (`as_one_expert`).
+
     PYTHONPATH=src python3 scripts/kernel_time.py --shapes results/h100-decode-gputime/shapes.csv \
         --modes torch,swapab,splitk --dtype bf16 --output out/kernel-time.csv
 """
@@ -39,7 +42,7 @@ import triton
 import triton.language as tl
 from torch.autograd import DeviceType
 
-from gluon_survey import matmul, registry
+from gluon_survey import grouped_matmul, matmul, registry
 from gluon_survey.api import _flat_scales, result_dtype, target_of
 from gluon_survey.driver.check import make_inputs
 from gluon_survey.driver.shapes import read_csv
@@ -101,6 +104,8 @@ def call_of(mode: str, a, b, scales, nbytes: int):
         grid = triton.cdiv(src.numel(), READ_BLOCK)
         dst = torch.empty(grid, device="cuda")
         return lambda: stream_read[(grid,)](src, dst, src.numel(), BLOCK=READ_BLOCK), 2 * src.numel()
+    if mode == "grouped":
+        return as_one_expert(a, b, scales), None
     name, _, overrides = mode.partition("@")
     if not overrides:
         return lambda: matmul(a, b, kernel=mode, **scales), None
@@ -118,6 +123,27 @@ def call_of(mode: str, a, b, scales, nbytes: int):
     fn()
     check_close(mode, out, matmul(a, b, kernel="torch", **scales).float(), 0.02)
     return fn, None
+
+
+def as_one_expert(a, b, scales):
+    """The mode `grouped`: the same product through `grouped_matmul` as one expert's (w [1, K, N],
+    offs [M]; fp8 scales spread to its per-token and per-column vectors), so that a dense product
+    can be timed on the grouped kernels' persistent ring (at M <= 512, `grouped-swapab`: one
+    program an SM walking the 64-row weight tiles). Checked once as an override config is."""
+    M, N = a.shape[0], b.shape[1]
+    w = b.t().unsqueeze(0).transpose(1, 2)  # [1, K, N]: the transpose view of a [1, N, K] weight
+    offs = torch.tensor([M], dtype=torch.int32, device=a.device)
+    kw = {}
+    if scales:
+        kw = {
+            "scale_x": scales["scale_a"].reshape(-1).expand(M).contiguous(),
+            "scale_w": scales["scale_b"].reshape(1, -1).expand(1, N).contiguous(),
+        }
+    out = torch.empty(M, N, device=a.device, dtype=result_dtype(a))
+    out.fill_(float("nan"))
+    grouped_matmul(a, w, offs, out=out, **kw)
+    check_close("grouped", out, matmul(a, b, kernel="torch", **scales).float(), 0.02)
+    return lambda: grouped_matmul(a, w, offs, out=out, **kw)
 
 
 def kernel_times(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> list[float]:
