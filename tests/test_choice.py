@@ -399,19 +399,44 @@ def test_fp8_entries_in_a_table_answer_fp8_calls_and_the_rule_the_rest(tmp_path,
 def test_tune_narrows_candidates_by_m():
     tiles = {
         M: [
-            (c.BLOCK_M, c.BLOCK_N, c.SPLIT_K, c.BLOCK_K)
+            (c.BLOCK_M, c.BLOCK_N, c.SPLIT_K, c.BLOCK_K, c.PERSISTENT)
             for c in tune.candidates_for("swapab", M, (9, 0)).values()
         ]
         for M in (1, 16, 17, 64)
     }
     # the split tile (SPLIT_K chosen per shape: 0) and the whole-K ones (SPLIT_K 1) of each width:
-    # on one program's ring per SM, on rings of half the K step that two programs share, and at 64
-    # tokens the 128-row tile
+    # on one program's ring per SM, on rings of half the K step that two programs share, at 64
+    # tokens the 128-row tile; then the first two again, walked by persistent programs
     assert tiles == {
-        1: [(128, 16, 0, 64), (64, 16, 1, 256), (64, 16, 1, 128)],
-        16: [(128, 16, 0, 64), (64, 16, 1, 256), (64, 16, 1, 128)],
-        17: [(128, 32, 0, 64), (64, 32, 1, 256), (64, 32, 1, 128)],
-        64: [(128, 64, 0, 64), (64, 64, 1, 128), (64, 64, 1, 64), (128, 64, 1, 128)],
+        1: [
+            (128, 16, 0, 64, 0),
+            (64, 16, 1, 256, 0),
+            (64, 16, 1, 128, 0),
+            (64, 16, 1, 256, 1),
+            (64, 16, 1, 128, 1),
+        ],
+        16: [
+            (128, 16, 0, 64, 0),
+            (64, 16, 1, 256, 0),
+            (64, 16, 1, 128, 0),
+            (64, 16, 1, 256, 1),
+            (64, 16, 1, 128, 1),
+        ],
+        17: [
+            (128, 32, 0, 64, 0),
+            (64, 32, 1, 256, 0),
+            (64, 32, 1, 128, 0),
+            (64, 32, 1, 256, 1),
+            (64, 32, 1, 128, 1),
+        ],
+        64: [
+            (128, 64, 0, 64, 0),
+            (64, 64, 1, 128, 0),
+            (64, 64, 1, 64, 0),
+            (128, 64, 1, 128, 0),
+            (64, 64, 1, 128, 1),
+            (64, 64, 1, 64, 1),
+        ],
     }
     assert swapab.whole_k((9, 0), 64, ring="tall").blocks_per_sm() == 1
     for cfg in (swapab.whole_k((9, 0), M, ring="shared") for M in (1, 17, 64)):
@@ -608,6 +633,34 @@ def test_swapab_reports_its_tile_in_cs_terms():
     cfg = dataclasses.replace(swapab.CONFIGS[9], BLOCK_N=32)
     assert (cfg.table()["BLOCK_M"], cfg.table()["BLOCK_N"]) == (32, 128)
     assert cfg.label.startswith("W128xT32x64")
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["16-bit", "fp8"])
+def test_swapab_persistent_tiles_are_the_whole_k_ones_walked_by_fewer_programs(fp8):
+    """Each persistent candidate is a whole-K tile of the one-program or the shared ring with
+    PERSISTENT 1 and GROUP_M 8, labelled and tabled as such, its C tile's staging counted beside
+    the ring (so the shared ring still fits two an SM); `whole_k`, the rule's pick, is never one;
+    a persistent config that splits K, or a PERSISTENT other than 0 and 1, is refused."""
+    found = [c for c in swapab.candidates((9, 0), fp8).values() if c.PERSISTENT]
+    plain = {
+        dataclasses.replace(swapab.whole_k((9, 0), t, fp8, ring), PERSISTENT=1, GROUP_M=8)
+        for ring in swapab.PERSISTENT_RINGS
+        for t in sorted(swapab.RINGS[ring][1])
+    }
+    assert set(found) == plain and len(found) == len(plain) == 6
+    for cfg in found:
+        flat = dataclasses.replace(cfg, PERSISTENT=0)
+        assert cfg.label == f"{flat.label} persistent" and cfg.table()["persistent"] is True
+        assert cfg.smem_bytes() == flat.smem_bytes() + cfg.BLOCK_M * cfg.BLOCK_N * 2
+        assert cfg.blocks_per_sm() == flat.blocks_per_sm()
+    assert "persistent" not in swapab.whole_k((9, 0), 16, fp8).table()
+    assert not any(
+        swapab.whole_k((9, 0), M, fp8, ring).PERSISTENT for M in (1, 16, 64) for ring in swapab.RINGS
+    )
+    with pytest.raises(ValueError, match="SPLIT_K=1"):
+        dataclasses.replace(found[0], SPLIT_K=4)
+    with pytest.raises(ValueError, match="PERSISTENT is 0 or 1"):
+        dataclasses.replace(found[0], PERSISTENT=2)
 
 
 def test_auto_is_the_default_on_gluon_gpus(monkeypatch):

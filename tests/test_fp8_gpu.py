@@ -198,6 +198,29 @@ def test_fp8_whole_k_swapab_tiles_scale_the_tile(ring, tokens, scaling):
         assert_close(out, a, b, sa, sb)
 
 
+PERSISTENT_TILES = [c for c in swapab.candidates((9, 0), fp8=True).values() if c.PERSISTENT]
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+@pytest.mark.parametrize("cfg", PERSISTENT_TILES, ids=[c.label for c in PERSISTENT_TILES])
+def test_fp8_persistent_whole_k_tiles_scale_every_tile(cfg, scaling):
+    """swapab's persistent whole-K fp8 candidates on a weight of 301 64-row tiles (each program
+    walks several): M = 1 and one token past the tile, a ragged N, a K tail; each tile's scales
+    applied once, to the tile they belong to."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the candidates are sm_90's")
+    N = 64 * 300 + 40
+    for M in (1, cfg.BLOCK_N + 1):
+        a, b, sa, sb = fp8_inputs(M, N, 512 * 4 + 48, scaling, seed=M)
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        target = api.target_of(a.device)
+        launch = swapab.prepare(a, b, out, target, cfg, scales=Scales(sa.view(-1), sb.view(-1), scaling))
+        assert launch.config["grid"] < -(-N // cfg.BLOCK_M) * -(-M // cfg.BLOCK_N)
+        launch.fn()
+        torch.cuda.synchronize()
+        assert_close(out, a, b, sa, sb)
+
+
 # Every fp8 config `tune` may pick (each fp8 mode's `candidates(..., fp8=True)`) but those the
 # tests above run on every token tile already: slab's slab heights and swapab's whole-K tiles.
 FP8_CANDIDATES = [

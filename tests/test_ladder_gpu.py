@@ -222,6 +222,30 @@ def test_whole_k_swapab_tiles_match_reference(ring, tokens, b_layout):
         _assert_relaunches_match_reference(launch, out, a, b)
 
 
+PERSISTENT_TILES = [c for c in swapab.candidates((9, 0)).values() if c.PERSISTENT]
+
+
+@pytest.mark.parametrize("b_layout", ["row", "t"])
+@pytest.mark.parametrize("cfg", PERSISTENT_TILES, ids=[c.label for c in PERSISTENT_TILES])
+def test_persistent_whole_k_tiles_match_reference(cfg, b_layout):
+    """swapab's persistent whole-K candidates on a weight of 301 64-row tiles, more than the
+    programs, so that each program walks several and its ring runs on across tiles: M = 1 and one
+    token past the tile (two token tiles a weight block), a ragged N, a K tail, fp16 and bf16 in
+    turn; the grid is a program per ring slot; relaunched on fresh tokens."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the candidates are sm_90's")
+    N = 64 * 300 + 40
+    for i, M in enumerate((1, cfg.BLOCK_N + 1)):
+        a, b = _inputs(M, N, 2056, DTYPES[i], b_layout, seed=M)
+        out = torch.full((M, N), float("nan"), dtype=DTYPES[i], device="cuda")
+        target = api.target_of(a.device)
+        launch = swapab.prepare(a, b, out, target, cfg)
+        tiles = -(-N // cfg.BLOCK_M) * -(-M // cfg.BLOCK_N)
+        assert launch.config["persistent"] and launch.config["split_k"] == 1
+        assert launch.config["grid"] == min(tiles, target.sm_count * cfg.blocks_per_sm()) < tiles
+        _assert_relaunches_match_reference(launch, out, a, b)
+
+
 @pytest.mark.parametrize("b_layout", ["row", "t"])
 @pytest.mark.parametrize("label", sorted(gemv.candidates((9, 0))))
 def test_every_gemv_candidate_matches_reference_with_and_without_its_loop(label, b_layout):

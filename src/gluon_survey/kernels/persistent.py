@@ -105,23 +105,26 @@ __all__ = [
     "MID_M",
     "compile_specs",
     "config_for",
+    "next_load",
     "persistent_kernel",
     "prepare",
     "reads_transposed_a",
+    "tile_offsets",
     "unsupported_reason",
 ]
 
 
 @gluon.jit
-def _tile_offsets(
+def tile_offsets(
     tile, num_pid_m, num_pid_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr
 ):
+    """Tile id -> the row and column offsets of its C tile, in grouped order (`grouped_tile`)."""
     pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
     return pid_m * BLOCK_M, pid_n * BLOCK_N
 
 
 @gluon.jit
-def _next_load(
+def next_load(
     a_desc,
     b_desc,
     p,
@@ -161,7 +164,7 @@ def _next_load(
     if k == k_steps:
         k = 0
         tile += gl.num_programs(0)
-        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m, off_n = tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
     return tile, k, ring.next(), off_m, off_n
 
 
@@ -199,10 +202,10 @@ def persistent_kernel(
     init_barriers(ready, STAGES)
 
     # Producer state: the next load is K step p[1] of tile p[0], into ring position p[2].
-    off_m, off_n = _tile_offsets(gl.program_id(0), num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m, off_n = tile_offsets(gl.program_id(0), num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
     p = (gl.program_id(0), 0, Ring.start(STAGES), off_m, off_n)
     for _ in gl.static_range(STAGES - 1):
-        p = _next_load(
+        p = next_load(
             a_desc,
             b_desc,
             p,
@@ -230,7 +233,7 @@ def persistent_kernel(
             store_staged_slice(c_desc, c_bufs, prev_m, prev_n, k, spacing, tile != gl.program_id(0))
             mma = mma.wait(1)
             # The freed slot gets the producer's next load, which may already be the next tile's.
-            p = _next_load(
+            p = next_load(
                 a_desc,
                 b_desc,
                 p,
@@ -246,7 +249,7 @@ def persistent_kernel(
             )
             ring = ring.next()
         acc, mma = mma.take_result()
-        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m, off_n = tile_offsets(tile, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, GROUP_M)
         pending = tile != gl.program_id(0)
         stage_tile(
             c_desc,

@@ -376,12 +376,14 @@ def launch(
     constexprs,
     scales=None,
     bias=None,
+    programs: int | None = None,
 ) -> Launch:
     """The split-K launch of `kernel` (this rung's or swapab's) over `tiles` output tiles: SPLIT_K,
     grid, workspace, as a `Plan` (so `matmul` reuses it) whose kernel takes the fp8 `scales` (None
     for fp16/bf16) and the `bias` (None without) after the descriptors; `constexprs(split)` gives
-    the kernel's, SCALING and HAS_BIAS aside."""
-    split = plan_split(cfg, tiles, a.shape[1], target.sm_count)
+    the kernel's, SCALING and HAS_BIAS aside. `programs`: a persistent kernel's grid, which walks
+    the tiles whole (SPLIT_K 1) instead of one program a tile slice."""
+    split = 1 if programs else plan_split(cfg, tiles, a.shape[1], target.sm_count)
     tile_floats = cfg.BLOCK_M * cfg.BLOCK_N
     wave = target.sm_count * cfg.blocks_per_sm() * tile_floats  # the most a split launch asks for
     if split > 1:
@@ -389,7 +391,7 @@ def launch(
     else:  # SPLIT_K 1 reads neither: stand-ins of their dtypes, which need no zeroing
         partials = memory.one_element(torch.float32, a.device)
         counters = memory.one_element(torch.int32, a.device)
-    grid = (tiles * split,)
+    grid = (programs or tiles * split,)
     kw = constexprs(split) | {"SCALING": scaling_code(scales), "HAS_BIAS": bias is not None}
     plan = Plan(
         Launcher(kernel, grid, kw, cfg.num_warps),

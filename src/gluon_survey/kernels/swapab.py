@@ -15,6 +15,13 @@ K-major (its B, transposed), and the scales multiply C's summed tile once, after
 so scale_a runs along the tokens (C's rows) and scale_b along the weight's rows (C's columns).
 The bias is added after the transpose too: it runs along the weight's rows, the accumulator's
 rows (the MMA's M), which are C's columns (`store_sum`).
+
+The whole-K tiles (SPLIT_K 1, `WHOLE_K`) may also run persistent (`PERSISTENT`,
+`swapab_persistent_kernel`): as many programs as the GPU has ring slots walk the 64-row tiles,
+on one ring whose loads run on into a program's next tile (the persistent rung's `next_load`),
+so that a weight with more tiles than slots pays a program's start-up once instead of once a
+wave. `tune` may pick them; the rule does not yet: docs/perf-notes.md, entry 89, has the
+prediction, and none of it is measured.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from triton.experimental.gluon import language as gl
 
 from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
-from .common import b_operand, grouped_tile
+from .common import OUT_BYTES, Ring, b_operand, grouped_tile, init_barriers, invalidate_barriers, mbarrier
+from .persistent import next_load, tile_offsets
 from .pipelined import ring_mma
 from .plan import FP8, make_descriptors
 from .splitk import SplitKConfig, check_operands, fp8_of, launch, split_reduce, splitk_specs, store_sum
@@ -45,6 +53,7 @@ __all__ = [
     "config_for",
     "prepare",
     "swapab_kernel",
+    "swapab_persistent_kernel",
     "unsupported_reason",
     "whole_k",
 ]
@@ -52,19 +61,40 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SwapABConfig(SplitKConfig):
-    """BLOCK_M is BLOCK_W (rows of the weight, the MMA's tall side), BLOCK_N is BLOCK_T (tokens)."""
+    """BLOCK_M is BLOCK_W (rows of the weight, the MMA's tall side), BLOCK_N is BLOCK_T (tokens).
+    PERSISTENT 1: the whole-K tile (SPLIT_K 1) walked by persistent programs
+    (`swapab_persistent_kernel`)."""
+
+    PERSISTENT: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.PERSISTENT not in (0, 1) or (self.PERSISTENT and self.SPLIT_K != 1):
+            raise ValueError(
+                f"PERSISTENT is 0 or 1, and a persistent tile takes all of K (SPLIT_K=1); got "
+                f"PERSISTENT={self.PERSISTENT}, SPLIT_K={self.SPLIT_K}"
+            )
 
     @property
     def label(self) -> str:
         split = self.SPLIT_K or "auto"
         fp8 = " fp8" if self.ELEM_BYTES == 1 else ""
+        persistent = " persistent" if self.PERSISTENT else ""
         return (
             f"W{self.BLOCK_M}xT{self.BLOCK_N}x{self.BLOCK_K}{fp8} s{self.STAGES} w{self.num_warps} k{split}"
+            f"{persistent}"
         )
+
+    def smem_bytes(self) -> int:
+        """The ring's; a persistent program also keeps C's [BLOCK_T, BLOCK_W] tile beside it, since
+        the ring holds the next tile's loads while a tile is stored."""
+        ring = super().smem_bytes()
+        return ring + self.BLOCK_M * self.BLOCK_N * OUT_BYTES if self.PERSISTENT else ring
 
     def table(self) -> dict[str, object]:
         # In C's terms, as the tables show every mode: a tile is BLOCK_T tokens by BLOCK_W columns.
-        return super().table() | {"BLOCK_M": self.BLOCK_N, "BLOCK_N": self.BLOCK_M, "swap_ab": True}
+        swapped = {"BLOCK_M": self.BLOCK_N, "BLOCK_N": self.BLOCK_M, "swap_ab": True}
+        return super().table() | swapped | ({"persistent": True} if self.PERSISTENT else {})
 
 
 # 128 weight rows by 16 tokens (M <= 16, the common decode batch), 8 stages of 18 KB: one program
@@ -149,6 +179,72 @@ def swapab_kernel(
         )
 
 
+@gluon.jit(do_not_specialize_on_alignment=["bias"])
+def swapab_persistent_kernel(
+    x_desc,
+    w_desc,
+    c_desc,
+    scale_a,
+    scale_b,
+    bias,
+    partials,
+    counters,
+    MMA: gl.constexpr,
+    W_KMAJOR: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT_K: gl.constexpr,
+    SCALING: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+):
+    """The whole-K tile walked by a persistent program (`PERSISTENT`): tiles pid, pid + P, ... (P
+    programs, `tile_offsets`' grouped order with the token tiles of one weight block side by
+    side), all of K each, through one ring whose loads run STAGES - 1 steps ahead across tile
+    boundaries (the persistent rung's `next_load`), so that a program's next tile is in flight
+    while it stores this one. SPLIT_K is 1 (`partials` and `counters`, the split launch's
+    arguments, are not read)."""
+    gl.static_assert(SPLIT_K == 1, "a persistent tile takes all of K")
+    BLOCK_T: gl.constexpr = c_desc.block_type.shape[0]  # tokens: rows of C, the MMA's N
+    BLOCK_W: gl.constexpr = c_desc.block_type.shape[1]  # weight rows: columns of C, the MMA's M
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    dtype: gl.constexpr = x_desc.dtype
+    num_pid_t = gl.cdiv(c_desc.shape[0], BLOCK_T)
+    num_pid_w = gl.cdiv(c_desc.shape[1], BLOCK_W)
+    k_steps = gl.cdiv(x_desc.shape[1], BLOCK_K)
+
+    x_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    init_barriers(ready, STAGES)
+
+    # Producer state (tile, K step, ring position, token offset, weight offset), as the persistent
+    # rung's: X is its A, W its K-major B.
+    off_t, off_w = tile_offsets(gl.program_id(0), num_pid_t, num_pid_w, BLOCK_T, BLOCK_W, GROUP_M)
+    p = (gl.program_id(0), 0, Ring.start(STAGES), off_t, off_w)
+    for _ in gl.static_range(STAGES - 1):
+        p = next_load(
+            x_desc, w_desc, p, num_pid_t, num_pid_w, k_steps, x_bufs, w_bufs, ready, W_KMAJOR, GROUP_M
+        )
+
+    mma = MMA.initialize(dtype, BLOCK_W, BLOCK_T, gl.num_warps())
+    ring = Ring.start(STAGES)  # the consumer's position, over all of this program's K steps
+    for tile in range(gl.program_id(0), num_pid_t * num_pid_w, gl.num_programs(0)):
+        for _step in range(k_steps):
+            ring.wait_filled(ready)
+            slot = ring.slot()
+            lhs, rhs = swapped_operands(x_bufs.index(slot), w_bufs.index(slot), W_KMAJOR)
+            mma = mma.issue(lhs, rhs)
+            mma = mma.wait(1)  # retires the previous MMA, whose stage the next load refills
+            p = next_load(
+                x_desc, w_desc, p, num_pid_t, num_pid_w, k_steps, x_bufs, w_bufs, ready, W_KMAJOR, GROUP_M
+            )
+            ring = ring.next()
+        acc, mma = mma.take_result()
+        off_t, off_w = tile_offsets(tile, num_pid_t, num_pid_w, BLOCK_T, BLOCK_W, GROUP_M)
+        store_sum(c_desc, acc.permute((1, 0)), off_t, off_w, scale_a, scale_b, SCALING, bias, HAS_BIAS)
+    invalidate_barriers(ready, STAGES)
+
+
 def _blocks(cfg: SwapABConfig, layout: str) -> tuple[list[int], list[int], list[int]]:
     """TMA block shapes of X (the tokens, [BT, BK]), W ([BW, BK] of the [N, K] weight for layout
     "t", [BK, BW] of a row-major [K, N] B) and C ([BT, BW])."""
@@ -189,6 +285,13 @@ WHOLE_K_SHARED = {t: (k // 2, stages) for t, (k, stages) in WHOLE_K.items()}
 WHOLE_K_TALL = {64: (128, 4)}
 # name -> (weight rows a tile, {token width: (BLOCK_K in 16-bit elements, STAGES)})
 RINGS = {"one": (64, WHOLE_K), "shared": (64, WHOLE_K_SHARED), "tall": (128, WHOLE_K_TALL)}
+# The rings whose whole-K tiles `tune` may also run persistent (PERSISTENT 1): a program per ring
+# slot of the GPU (one an SM on "one", two on "shared") walks the 64-row tiles, so that a weight
+# with more of them than slots pays a program's start once, not once a wave (docs/perf-notes.md,
+# entry 89: the prediction). GROUP_M 8 puts the token tiles of one weight block side by side in
+# time, as GROUP_M 1 does in the one-tile-a-program kernel's transposed order.
+PERSISTENT_RINGS = ("one", "shared")
+PERSISTENT_GROUP_M = 8
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, SwapABConfig]:
@@ -201,10 +304,16 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Swap
         for t in TOKENS
     ]
     scale = 2 if fp8 else 1  # fp8: K steps twice as wide, the same bytes a stage (`fp8_of`)
+    whole = {
+        name: [
+            replace(base, BLOCK_M=rows, BLOCK_N=t, BLOCK_K=k * scale, STAGES=stages, SPLIT_K=1)
+            for t, (k, stages) in ring.items()
+        ]
+        for name, (rows, ring) in RINGS.items()
+    }
+    tiles += [c for ring in whole.values() for c in ring]
     tiles += [
-        replace(base, BLOCK_M=rows, BLOCK_N=t, BLOCK_K=k * scale, STAGES=stages, SPLIT_K=1)
-        for rows, ring in RINGS.values()
-        for t, (k, stages) in ring.items()
+        replace(c, PERSISTENT=1, GROUP_M=PERSISTENT_GROUP_M) for name in PERSISTENT_RINGS for c in whole[name]
     ]
     return {c.label: c for c in tiles}
 
@@ -218,7 +327,7 @@ def whole_k(capability: tuple[int, int], M: int, fp8: bool = False, ring: str = 
     return next(
         c
         for c in candidates(capability, fp8).values()
-        if c.SPLIT_K == 1 and (rows, width, k) == (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K)
+        if c.SPLIT_K == 1 and not c.PERSISTENT and (rows, width, k) == (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K)
     )
 
 
@@ -234,8 +343,14 @@ def prepare(
     check_operands("swapab", cfg, layout, scales)
     descs = make_descriptors(a, b, out, cfg, layout, _blocks(cfg, layout))
     tiles = triton.cdiv(out.shape[1], cfg.BLOCK_M) * triton.cdiv(out.shape[0], cfg.BLOCK_N)
+    kernel, programs = swapab_kernel, None
+    if cfg.PERSISTENT:  # a program per ring slot of the GPU, at most one a tile
+        kernel, programs = (
+            swapab_persistent_kernel,
+            min(tiles, target.sm_count * cfg.blocks_per_sm()) or tiles,
+        )
     return launch(
-        swapab_kernel,
+        kernel,
         tiles,
         a,
         b,
@@ -246,23 +361,25 @@ def prepare(
         lambda split: _constexprs(cfg, target.capability, layout, split),
         scales,
         bias,
+        programs,
     )
 
 
 def compile_specs(capability: tuple[int, int], dtype: str = "float16") -> list[CompileSpec]:
     """Every config `tune` may pick (`candidates`), both B layouts (fp8: "t"), with the reduction
-    compiled in."""
+    compiled in (SPLIT_K 4), the persistent ones whole (SPLIT_K 1)."""
     if unsupported_reason(capability):
         return []
     specs = []
     for cfg in candidates(capability, dtype == FP8).values():
+        kernel, split = (swapab_persistent_kernel, 1) if cfg.PERSISTENT else (swapab_kernel, 4)
         specs += splitk_specs(
             "swapab",
-            swapab_kernel,
+            kernel,
             cfg,
             dtype,
             ("x_desc", "w_desc", "c_desc"),
             lambda layout, cfg=cfg: _blocks(cfg, layout),
-            lambda layout, cfg=cfg: _constexprs(cfg, capability, layout, 4),
+            lambda layout, cfg=cfg, split=split: _constexprs(cfg, capability, layout, split),
         )
     return specs
