@@ -407,36 +407,16 @@ def test_tune_narrows_candidates_by_m():
     # the split tile (SPLIT_K chosen per shape: 0) and the whole-K ones (SPLIT_K 1) of each width:
     # on one program's ring per SM, on rings of half the K step that two programs share, at 64
     # tokens the 128-row tile; then the first two again, walked by persistent programs
+
+    def narrow(t):
+        return [(128, t, 0, 64, 0)] + [(64, t, 1, k, persistent) for persistent in (0, 1) for k in (256, 128)]
+
+    wide = [(128, 64, 0, 64, 0), (64, 64, 1, 128, 0), (64, 64, 1, 64, 0), (128, 64, 1, 128, 0)]
     assert tiles == {
-        1: [
-            (128, 16, 0, 64, 0),
-            (64, 16, 1, 256, 0),
-            (64, 16, 1, 128, 0),
-            (64, 16, 1, 256, 1),
-            (64, 16, 1, 128, 1),
-        ],
-        16: [
-            (128, 16, 0, 64, 0),
-            (64, 16, 1, 256, 0),
-            (64, 16, 1, 128, 0),
-            (64, 16, 1, 256, 1),
-            (64, 16, 1, 128, 1),
-        ],
-        17: [
-            (128, 32, 0, 64, 0),
-            (64, 32, 1, 256, 0),
-            (64, 32, 1, 128, 0),
-            (64, 32, 1, 256, 1),
-            (64, 32, 1, 128, 1),
-        ],
-        64: [
-            (128, 64, 0, 64, 0),
-            (64, 64, 1, 128, 0),
-            (64, 64, 1, 64, 0),
-            (128, 64, 1, 128, 0),
-            (64, 64, 1, 128, 1),
-            (64, 64, 1, 64, 1),
-        ],
+        1: narrow(16),
+        16: narrow(16),
+        17: narrow(32),
+        64: wide + [(64, 64, 1, 128, 1), (64, 64, 1, 64, 1)],
     }
     assert swapab.whole_k((9, 0), 64, ring="tall").blocks_per_sm() == 1
     for cfg in (swapab.whole_k((9, 0), M, ring="shared") for M in (1, 17, 64)):
