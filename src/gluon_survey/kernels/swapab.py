@@ -295,8 +295,8 @@ PERSISTENT_GROUP_M = 8
 
 
 def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, SwapABConfig]:
-    """The configs `gluon-survey tune` may pick, by label: the tile at each width of TOKENS, and the
-    whole-K tiles (RINGS) at 16, 32 and 64 tokens."""
+    """The configs `gluon-survey tune` may pick, by label: the tile at each width of TOKENS, the
+    whole-K tiles (RINGS) at 16, 32 and 64 tokens, and those of PERSISTENT_RINGS again, persistent."""
     base = config_for(capability, 0, fp8)
     # 128 tokens: a 128x128 fp32 accumulator on 4 warps would spill (inspect), so 8 warps and 3 stages.
     tiles = [
