@@ -111,6 +111,14 @@ FP8_WHOLE_K_M = {"fp8-row": 64, "fp8": 16}  # at most
 # tile of 128 weight rows (swapab.WHOLE_K_TALL, one program an SM) runs there instead: 1-4 %
 # faster than the shared ring with row-wise scales at M = 64 (entry 37).
 FP8_SHARED_WAVES = 4
+# ... walked by persistent programs, one a slot of that ring (swapab.PERSISTENT_RINGS), where its
+# tiles overflow the slots (more than a wave: 896 tiles at 57344 x 8192 on the one ring, 448 at
+# 28672 x 4096 on the shared one), so that each program starts once and its ring runs on across
+# tiles. Kernel-only on the H200 at 1-16 tokens (results/experiments/h200-fp8-persistent;
+# docs/perf-notes.md, entry 90): 0.5-3.0 µs faster there in both scalings; at or under a wave
+# (160 and 128 tiles) the persistent walk bought nothing, so the rule keeps it to overflowing
+# weights, and to the 16-token tile it was measured with.
+FP8_PERSISTENT_M = 16  # at most
 # fp8 at M = 1, kernel-only (docs/perf-notes.md, entry 36; results/experiments/h100-gemv/fp8):
 # gemv in one chunk ran 0.89-0.97x the whole-K tile's time on the seven weights with K <= 16384
 # in both scalings, 1.01-1.02x at 8192 x 28672 (a row of 28672 on 32 warps).
@@ -215,7 +223,7 @@ def rule(
             )
         most = FP8_WHOLE_K_M.get(dtype, 0)
         if most >= M:
-            from .kernels.swapab import WHOLE_K_TALL, whole_k
+            from .kernels.swapab import PERSISTENT_RINGS, WHOLE_K_TALL, whole_k
 
             tile = whole_k(capability, M, fp8=True)
             tiles = -(-N // tile.BLOCK_M)  # the whole-K tile's programs
@@ -225,9 +233,13 @@ def rule(
                     ring, why = "tall", f", 128 weight rows a tile ({tiles} 64-row tiles on {sm_count} SMs)"
                 else:
                     ring, why = "shared", f", two programs an SM ({tiles} tiles on {sm_count} SMs)"
+            slots = sm_count * whole_k(capability, M, fp8=True, ring=ring).blocks_per_sm()
+            persistent = ring in PERSISTENT_RINGS and M <= FP8_PERSISTENT_M and 0 < slots < tiles
+            if persistent:
+                why += f", walked by {slots} persistent programs ({tiles} tiles: more than a wave)"
             return Choice(
                 "swapab",
-                whole_k(capability, M, fp8=True, ring=ring).label,
+                whole_k(capability, M, fp8=True, ring=ring, persistent=persistent).label,
                 f"rule: {dtype}, M <= {most}: swap-AB's whole-K tile streams the weight faster than "
                 f"cuBLAS fp8{why}",
             )

@@ -652,3 +652,25 @@ def init_barriers(bars, COUNT: gl.constexpr, ARRIVALS: gl.constexpr = 1):
 def invalidate_barriers(bars, COUNT: gl.constexpr):
     for i in gl.static_range(COUNT):
         mbarrier.invalidate(bars.index(i))
+
+
+# Programmatic dependent launch (Hopper and later). A kernel launched with it (`Launcher`'s `pdl`)
+# may start while the kernel before it on the stream is still finishing: its programs get their
+# SMs, shared memory and barriers ready, then wait at `wait_for_previous_grid` until that kernel
+# has finished and its writes are visible. Every global read and write of a rung comes after the
+# wait (the weight too: the kernel before may be an optimizer step that wrote it). Both
+# instructions do nothing in a kernel launched without it.
+
+
+@gluon.jit
+def wait_for_previous_grid():
+    """Wait until the kernel before this one on the stream has finished and its memory is visible."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def release_next_grid():
+    """Let the next kernel on the stream, if launched as a dependent, start its prologue now."""
+    gl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+    )

@@ -26,10 +26,12 @@ from .common import (
     invalidate_barriers,
     load_step,
     mbarrier,
+    release_next_grid,
     scale_tile,
     store_biased_tile,
     store_tile,
     tma,
+    wait_for_previous_grid,
 )
 from .plan import Rung, provider_functions, reads_transposed_a
 
@@ -97,6 +99,8 @@ def ring_mma(
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
+    release_next_grid()
+    wait_for_previous_grid()
 
     # Prologue: loads for steps 0 .. STAGES-2 (predicated off past the last K step).
     for s in gl.static_range(STAGES - 1):

@@ -20,6 +20,7 @@ host side of their own use the parts: splitk (and swapab through it) builds its 
 calls a `Launcher`.
 """
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -144,6 +145,9 @@ def desc_signature(block_shape, dtype: str) -> str:
 
 DESC_ARGS = ("a_desc", "b_desc", "c_desc")
 
+# Experiment switch: launch the rungs as programmatic dependents of the kernel before them.
+PDL = os.environ.get("GLUON_SURVEY_PDL", "0") == "1"
+
 
 # --------------------------------------------------------------------------------------------------
 # The launch: the compiled kernel called directly (`Launcher`), and a launch with everything
@@ -163,8 +167,11 @@ class Launcher:
     a launch: by `Plan` where it reads an address, by `gluon_survey.api` for the others), and
     while no launch hook is set (a profiler's hooks get the full path)."""
 
-    def __init__(self, kernel, grid: tuple[int, ...], constexprs: dict[str, object], num_warps: int):
+    def __init__(
+        self, kernel, grid: tuple[int, ...], constexprs: dict[str, object], num_warps: int, pdl: bool = False
+    ):
         self.kernel, self.grid, self.constexprs, self.num_warps = kernel, grid, constexprs, num_warps
+        self.options = {"num_warps": num_warps} | ({"launch_pdl": True} if pdl else {})
         self.grid3 = (*grid, 1, 1)[:3]
         self.values = tuple(constexprs.values())  # positionally, after the arguments
         self.compiled = None
@@ -174,7 +181,7 @@ class Launcher:
     def __call__(self, *args) -> None:
         compiled = self.compiled
         if compiled is None or _hooked():
-            self.compiled = self.kernel[self.grid](*args, **self.constexprs, num_warps=self.num_warps)
+            self.compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
             if self.compiled is not None and self.raw is None:
                 # looked up once here rather than through the driver's lazy proxy on every call
                 self.stream = (driver.active.get_current_stream, _current_device_fn())

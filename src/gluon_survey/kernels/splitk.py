@@ -54,6 +54,7 @@ from .pipelined import operands, ring_mma
 from .plan import (
     FP8,
     FP8_OUT,
+    PDL,
     Launcher,
     Plan,
     bias_table,
@@ -394,7 +395,7 @@ def launch(
     grid = (programs or tiles * split,)
     kw = constexprs(split) | {"SCALING": scaling_code(scales), "HAS_BIAS": bias is not None}
     plan = Plan(
-        Launcher(kernel, grid, kw, cfg.num_warps),
+        Launcher(kernel, grid, kw, cfg.num_warps, pdl=PDL),
         templates_of(descs),
         cfg,
         (partials, counters),

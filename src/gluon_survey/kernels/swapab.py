@@ -34,7 +34,17 @@ from triton.experimental.gluon import language as gl
 
 from ..launch import CompileSpec, Launch, Scales, Target, b_layout, is_kmajor
 from .arch import select_mma, unsupported_reason
-from .common import OUT_BYTES, Ring, b_operand, grouped_tile, init_barriers, invalidate_barriers, mbarrier
+from .common import (
+    OUT_BYTES,
+    Ring,
+    b_operand,
+    grouped_tile,
+    init_barriers,
+    invalidate_barriers,
+    mbarrier,
+    release_next_grid,
+    wait_for_previous_grid,
+)
 from .persistent import next_load, tile_offsets
 from .pipelined import ring_mma
 from .plan import FP8, make_descriptors
@@ -216,6 +226,8 @@ def swapab_persistent_kernel(
     w_bufs = gl.allocate_shared_memory(dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
+    release_next_grid()
+    wait_for_previous_grid()
 
     # Producer state (tile, K step, ring position, token offset, weight offset), as the persistent
     # rung's: X is its A, W its K-major B.
@@ -318,16 +330,25 @@ def candidates(capability: tuple[int, int], fp8: bool = False) -> dict[str, Swap
     return {c.label: c for c in tiles}
 
 
-def whole_k(capability: tuple[int, int], M: int, fp8: bool = False, ring: str = "one") -> SwapABConfig:
+def whole_k(
+    capability: tuple[int, int], M: int, fp8: bool = False, ring: str = "one", persistent: bool = False
+) -> SwapABConfig:
     """The whole-K candidate on `ring` (a key of RINGS) whose token tile is the narrowest of that
-    ring's that holds M (the widest beyond)."""
+    ring's that holds M (the widest beyond); `persistent`: the same tile walked by persistent
+    programs (a ring of PERSISTENT_RINGS only)."""
+    if persistent and ring not in PERSISTENT_RINGS:
+        raise ValueError(
+            f"no persistent whole-K tile on the {ring!r} ring; rings: {', '.join(PERSISTENT_RINGS)}"
+        )
     rows, widths = RINGS[ring]
     width = next((t for t in sorted(widths) if t >= M), max(widths))
     k = widths[width][0] * (2 if fp8 else 1)
     return next(
         c
         for c in candidates(capability, fp8).values()
-        if c.SPLIT_K == 1 and not c.PERSISTENT and (rows, width, k) == (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K)
+        if c.SPLIT_K == 1
+        and bool(c.PERSISTENT) == persistent
+        and (rows, width, k) == (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K)
     )
 
 
