@@ -299,7 +299,11 @@ def test_the_fp8_rule(M, N, K, dtype, mode, tokens):
         ring = "one"
         if 64 * 132 < N <= 4 * 64 * 132:
             ring = "tall" if tokens == 64 else "shared"
-        assert cfg == swapab.whole_k((9, 0), M, fp8=True, ring=ring)
+        # walked by persistent programs where the 16-token tile's 64-row tiles overflow the slots
+        slots = 132 * (2 if ring == "shared" else 1)
+        persistent = tokens == 16 and ring != "tall" and slots < -(-N // 64)
+        assert cfg == swapab.whole_k((9, 0), M, fp8=True, ring=ring, persistent=persistent)
+        assert ("persistent" in c.why) == persistent
         assert (128 if ring == "tall" else 64) == cfg.BLOCK_M
         assert 2 * swapab.RINGS[ring][1][tokens][0] == cfg.BLOCK_K
         # With the SM count unknown: the one-program-per-SM ring.
@@ -316,10 +320,37 @@ def test_the_fp8_rule(M, N, K, dtype, mode, tokens):
 )  # fmt: skip
 def test_the_fp8_rule_shares_sms_between_one_and_four_waves_of_tiles(N, sm_count, shared):
     cfg = swapab.candidates((9, 0), fp8=True)[choice.rule(1, (9, 0), "fp8-row", N, sm_count).config]
-    assert cfg == swapab.whole_k((9, 0), 1, fp8=True, ring="shared" if shared else "one")
+    assert dataclasses.replace(cfg, PERSISTENT=0, GROUP_M=1) == swapab.whole_k(
+        (9, 0), 1, fp8=True, ring="shared" if shared else "one"
+    )
     # at 64 tokens the same weights take the 128-row tile instead of the shared ring
     cfg = swapab.candidates((9, 0), fp8=True)[choice.rule(64, (9, 0), "fp8-row", N, sm_count).config]
     assert cfg == swapab.whole_k((9, 0), 64, fp8=True, ring="tall" if shared else "one")
+
+
+@pytest.mark.parametrize(
+    ("M", "N", "sm_count", "dtype", "persistent"),
+    [(2, 8448, 132, "fp8-row", False),  # 132 tiles on the one ring's 132 slots: a wave
+     (2, 8512, 132, "fp8", False),  # 133 tiles: the shared ring's 264 slots
+     (2, 16896, 132, "fp8", False), (2, 16960, 132, "fp8", True),  # 264 and 265 tiles on 264 slots
+     (16, 28672, 132, "fp8-row", True), (16, 33856, 132, "fp8", True),  # 529 tiles: the one ring
+     (17, 28672, 132, "fp8-row", False), (17, 57344, 132, "fp8-row", False),  # not at 32 tokens
+     (2, 57344, 0, "fp8", False),  # SM count unknown
+     (2, 57344, 528, "fp8", False)],  # 896 tiles on a GPU of 528 SMs: the shared ring, a wave
+)  # fmt: skip
+def test_the_fp8_rule_walks_tiles_persistently_only_past_a_wave(M, N, sm_count, dtype, persistent):
+    """The 16-token whole-K tile runs on persistent programs, one a slot of its ring, exactly where
+    its 64-row tiles number more than the ring's slots (SMs x programs an SM); never at wider token
+    tiles, never with the SM count unknown, and the 128-row ring has no persistent form."""
+    c = choice.rule(M, (9, 0), dtype, N, sm_count, 4096)
+    cfg = swapab.candidates((9, 0), fp8=True)[c.config]
+    assert c.mode == "swapab" and bool(cfg.PERSISTENT) == persistent
+    assert ("persistent programs" in c.why) == persistent
+    if persistent:
+        slots = sm_count * cfg.blocks_per_sm()
+        assert slots < -(-N // cfg.BLOCK_M) and f"walked by {slots} persistent programs" in c.why
+    with pytest.raises(ValueError, match="no persistent whole-K tile on the 'tall' ring"):
+        swapab.whole_k((9, 0), 64, fp8=True, ring="tall", persistent=True)
 
 
 @pytest.mark.parametrize(
@@ -619,7 +650,7 @@ def test_swapab_reports_its_tile_in_cs_terms():
 def test_swapab_persistent_tiles_are_the_whole_k_ones_walked_by_fewer_programs(fp8):
     """Each persistent candidate is a whole-K tile of the one-program or the shared ring with
     PERSISTENT 1 and GROUP_M 8, labelled and tabled as such, its C tile's staging counted beside
-    the ring (so the shared ring still fits two an SM); `whole_k`, the rule's pick, is never one;
+    the ring (so the shared ring still fits two an SM); `whole_k` gives one only when asked;
     a persistent config that splits K, or a PERSISTENT other than 0 and 1, is refused."""
     found = [c for c in swapab.candidates((9, 0), fp8).values() if c.PERSISTENT]
     plain = {

@@ -167,3 +167,14 @@ def test_a_kernel_without_descriptors_passes_its_arguments_as_they_are():
     launcher.compiled, launcher.raw, launcher.stream = object(), raw, (lambda device: 7, lambda: 0)
     launcher(1, 2)
     assert len(log) == 1 and raw.launches == [(3, 1, 1, 7, *raw.head, 1, 2, *CONSTEXPRS.values())]
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_a_dependent_launch_is_a_compile_option_of_the_first_call(pdl):
+    """`pdl` asks Triton for a programmatic dependent launch (`launch_pdl`, which the compiled
+    kernel's launcher then sets on every launch); without it the option is not passed at all."""
+    log: list[Launched] = []
+    Launcher(Recorder("swapab_kernel", log), (3,), CONSTEXPRS, 4, pdl=pdl)(1, 2)
+    (launched,) = log
+    expected = {"num_warps": 4} | ({"launch_pdl": True} if pdl else {})
+    assert launched.kwargs == CONSTEXPRS | expected

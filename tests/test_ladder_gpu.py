@@ -383,3 +383,45 @@ def test_auto_says_what_it_chose():
     a, b = _inputs(16, 4096, 14336, torch.bfloat16, "t")
     launch = api.prepare("auto", a, b, torch.empty(16, 4096, dtype=torch.bfloat16, device="cuda"))
     assert launch.config["mode"] in registry.names() and launch.config["why"]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [swapab.whole_k((9, 0), 16), swapab.whole_k((9, 0), 16, ring="shared", persistent=True), None],
+    ids=["swapab whole-K", "swapab persistent", "splitk"],
+)
+def test_dependent_launches_wait_for_the_kernel_before(cfg, monkeypatch):
+    """With programmatic dependent launch on (`GLUON_SURVEY_PDL`), a chain of launches in which
+    each reads what the kernel just before it wrote: tokens written by a torch kernel, then three
+    products back to back, each one's output the next one's tokens, its weight fresh. A launch that
+    read before its wait would see the previous kernel's output half written, or the NaN poison;
+    each link must match its reference (computed afterwards from the inputs it saw)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the configs are sm_90's")
+    monkeypatch.setattr(splitk, "PDL", True)
+    module = swapab if cfg is not None else splitk
+    cfg = cfg or splitk.config_for((9, 0), 0)
+    target = api.target_of(torch.device("cuda"))
+    M, sizes = 5, (2056, 4136, 1544, 2056)  # K of link i is sizes[i], N is sizes[i + 1]
+    x, _ = _inputs(M, 8, sizes[0], torch.bfloat16, "t", seed=1)
+    weights = [
+        _inputs(1, n, k, torch.bfloat16, "t", seed=2 + i)[1]
+        for i, (k, n) in enumerate(itertools.pairwise(sizes))
+    ]
+    outs = [torch.full((M, n), float("nan"), dtype=torch.bfloat16, device="cuda") for n in sizes[1:]]
+    source = torch.randn_like(x)
+    launches = [
+        module.prepare(a, w, out, target, cfg)
+        for a, w, out in zip([x, *outs[:-1]], weights, outs, strict=True)
+    ]
+    assert all(launch.config["split_k"] >= 1 for launch in launches)
+    for _ in range(2):  # the second round after every launch has been compiled: no host gaps
+        for out in outs:
+            out.fill_(float("nan"))
+        x.copy_(source)  # the torch kernel right before the first launch writes its tokens
+        for launch in launches:
+            launch.fn()
+        torch.cuda.synchronize()
+        for a, w, out in zip([x, *outs[:-1]], weights, outs, strict=True):
+            assert_close_to_reference(out, a, w)
+        source = torch.randn_like(x)

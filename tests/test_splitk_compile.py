@@ -2,7 +2,8 @@
 layouts (fp8: B=t, row-wise scales), and their SASS is what they claim: the tensor-core MMA of
 the architecture and operand type (for swapab on Hopper, a wgmma as narrow as its token tile),
 one atomic per program (the tile counter; none in swapab's persistent tiles, which never split K),
-TMA loads and stores, no spills, the shared memory the config computes."""
+TMA loads and stores, the wait and the release of a programmatic dependent launch, no spills, the
+shared memory the config computes."""
 
 from __future__ import annotations
 
@@ -46,5 +47,8 @@ def test_split_k_rung_machine_code(mode, arch, dtype, index):
     else:
         assert r.count("ATOMG") == 1, "one arrival on the tile counter per program"
     assert r.count("UTMALDG") > 0 and r.count("UTMASTG") > 0
+    # programmatic dependent launch: one wait for the kernel before (griddepcontrol.wait, ACQBULK)
+    # and one release of the kernel after (griddepcontrol.launch_dependents, PREEXIT)
+    assert r.count("ACQBULK") == 1 and r.count("PREEXIT") == 1
     assert r.spill_bytes == 0 and r.count("LDL") == 0 and r.count("STL") == 0
     assert 0 <= r.shared_bytes - spec.config.smem_bytes() < 512

@@ -145,7 +145,14 @@ def desc_signature(block_shape, dtype: str) -> str:
 
 DESC_ARGS = ("a_desc", "b_desc", "c_desc")
 
-# Experiment switch: launch the rungs as programmatic dependents of the kernel before them.
+# Programmatic dependent launch of the split-K family (splitk, swapab: the kernels that wait for
+# the kernel before them, `common.wait_for_previous_grid`), read once at import from the
+# environment: GLUON_SURVEY_PDL=1. Off by default. On the H200, calls of ours back to back with
+# nothing between them ran 1.5-2.4 µs (7-18 %) faster a call at 2-16 tokens, and one shape, a
+# single wave of two programs an SM (8 x 10240 x 8192), 6 µs slower: the next kernel's programs take
+# the SM slots the previous one leaves free, two to an SM. The survey's timer records an event
+# between calls, which a dependent launch cannot overlap, so no sweep measures it
+# (docs/perf-notes.md, entry 90; scripts/pdl_probe.py times calls with nothing between them).
 PDL = os.environ.get("GLUON_SURVEY_PDL", "0") == "1"
 
 
@@ -165,7 +172,9 @@ class Launcher:
     encoded (`direct`). Only for arguments that specialize alike (the plans that own a Launcher
     are keyed on shapes, strides and dtypes, and the bases' 16-byte alignment is checked before
     a launch: by `Plan` where it reads an address, by `gluon_survey.api` for the others), and
-    while no launch hook is set (a profiler's hooks get the full path)."""
+    while no launch hook is set (a profiler's hooks get the full path). `pdl`: compiled for a
+    programmatic dependent launch (Triton's `launch_pdl`), for kernels that wait for the kernel
+    before them before they touch memory."""
 
     def __init__(
         self, kernel, grid: tuple[int, ...], constexprs: dict[str, object], num_warps: int, pdl: bool = False
