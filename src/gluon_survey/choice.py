@@ -53,7 +53,8 @@ weight streamed in one chunk a row, CUDA-core FMAs); swapab's whole-K tile (one 
 program over all of K) with row-wise scales at M <= 64 and with per-tensor scales at M <= 16, on its
 shared ring (two programs an SM) where the weight has more 64-row tiles than the GPU has SMs, but at
 most four times as many (at 33-64 tokens there a tile of 128 weight rows, one program an SM,
-instead); cuBLAS fp8 otherwise (warpspec lost to it at M = 1024 on the H100, and the whole-K tile at
+instead), and at M <= 16 walked by persistent programs, one a ring slot, where its tiles overflow
+the slots; cuBLAS fp8 otherwise (warpspec lost to it at M = 1024 on the H100, and the whole-K tile at
 M = 64 with per-tensor scales).
 
 Other GPUs: cuBLAS (`torch`).

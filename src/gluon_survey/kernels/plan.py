@@ -148,7 +148,7 @@ DESC_ARGS = ("a_desc", "b_desc", "c_desc")
 # Programmatic dependent launch of the split-K family (splitk, swapab: the kernels that wait for
 # the kernel before them, `common.wait_for_previous_grid`), read once at import from the
 # environment: GLUON_SURVEY_PDL=1. Off by default. On the H200, calls of ours back to back with
-# nothing between them ran 1.5-2.4 µs (7-18 %) faster a call at 2-16 tokens, and one shape, a
+# nothing between them ran 1.4-2.4 µs (2-18 %) faster a call at 2-16 tokens, and one shape, a
 # single wave of two programs an SM (8 x 10240 x 8192), 6 µs slower: the next kernel's programs take
 # the SM slots the previous one leaves free, two to an SM. The survey's timer records an event
 # between calls, which a dependent launch cannot overlap, so no sweep measures it
