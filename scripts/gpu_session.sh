@@ -26,6 +26,9 @@
 #     bias      a product with a bias, fused against matmul + a separate add, ours and cuBLAS,
 #               kernel-only (scripts/bias_probe.py BIAS_ARGS, default fp16, bf16, fp8, fp8-row)
 #                                                               -> bias-probe.csv/.log
+#     pdl       calls back to back on the GPU's timeline, without and with GLUON_SURVEY_PDL=1 (dependent
+#               launches), scripts/pdl_probe.py PDL_ARGS (default: --shapes
+#               results/experiments/h200-fp8-persistent/shapes-pdl.csv --dtype fp8) -> pdl-<0|1>.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t);
 #               with --update or --confirm it starts from src/gluon_survey/tables/$TUNE_TABLE.json
 #               (default h100)                                  -> tune-table.json, tune.log
@@ -109,6 +112,12 @@ fi
 if step bias; then
   python3 scripts/bias_probe.py ${BIAS_ARGS:---dtype fp16,bf16,fp8,fp8-row} --output "$OUT/bias-probe.csv" 2>&1 \
     | tee "$OUT/bias-probe.log" | tail -5
+fi
+if step pdl; then
+  for p in 0 1; do
+    GLUON_SURVEY_PDL=$p python3 scripts/pdl_probe.py ${PDL_ARGS:---shapes results/experiments/h200-fp8-persistent/shapes-pdl.csv --dtype fp8} \
+      --output "$OUT/pdl-$p.csv" 2>&1 | tee "$OUT/pdl-$p.log" | tail -16
+  done
 fi
 if step tune; then
   # --update and --confirm work on a table at --output: start from the committed one (TUNE_TABLE)
