@@ -116,7 +116,7 @@ FP8_SHARED_WAVES = 4
 # tiles overflow the slots (more than a wave: 896 tiles at 57344 x 8192 on the one ring, 448 at
 # 28672 x 4096 on the shared one), so that each program starts once and its ring runs on across
 # tiles. Kernel-only on the H200 at 1-16 tokens (results/experiments/h200-fp8-persistent;
-# docs/perf-notes.md, entry 90): 0.5-3.0 µs faster there in both scalings; at or under a wave
+# docs/perf-notes.md, entry 90): 0.6-3.8 µs faster there in both scalings; at or under a wave
 # (160 and 128 tiles) the persistent walk bought nothing, so the rule keeps it to overflowing
 # weights, and to the 16-token tile it was measured with.
 FP8_PERSISTENT_M = 16  # at most

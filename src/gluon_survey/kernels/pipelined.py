@@ -99,6 +99,8 @@ def ring_mma(
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     init_barriers(ready, STAGES)
+    # Launched as a programmatic dependent (splitk's and swapab's launch, `plan.PDL`), a program
+    # gets this far while the kernel before it finishes, then waits; launched plainly, both no-ops.
     release_next_grid()
     wait_for_previous_grid()
 
