@@ -32,16 +32,17 @@ from torch.autograd import DeviceType
 from gluon_survey import matmul
 from gluon_survey.driver.check import make_inputs
 from gluon_survey.driver.shapes import read_csv
+from gluon_survey.driver.timing import copies_for_cold_l2
 
 WAYS = ("torch", "auto")
 
 
 def weights(b: torch.Tensor) -> list[torch.Tensor]:
-    """Copies of B (the transpose view of an [N, K] weight) that together span 3x the L2, at
-    least two, so that each call of a back-to-back run reads its weight from HBM."""
+    """Copies of B (the transpose view of an [N, K] weight) that together span as much of the L2
+    as the survey's timer rotates over (`copies_for_cold_l2`), at least two, so that each call of
+    a back-to-back run reads its weight from HBM."""
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    nbytes = b.numel() * b.element_size()
-    count = max(2, -(-3 * l2 // nbytes))
+    count = max(2, copies_for_cold_l2(b.numel() * b.element_size(), l2))
     return [b] + [b.t().clone().t() for _ in range(count - 1)]
 
 
