@@ -91,7 +91,9 @@ GPU_TIME_FLOOR = 1.0
 # above it, with per-tensor scales only: against torch's row-wise fp8 kernel (5-10 % faster than
 # its per-tensor one at large M) warpspec with row-wise scales only tied above M = 2048, geomean
 # 0.999-1.015x in three H100 runs and 0.993x on the H200 over 48 cells each, down to 0.953-0.954x
-# (results/h100-dense-sweep, results/h200-dense-sweep; docs/perf-notes.md, entry 75).
+# (results/h100-dense-sweep, results/h200-dense-sweep; docs/perf-notes.md, entry 75). On the H200
+# per-tensor warpspec led at 1280-1792 tokens on nine of eleven weights but lost 5-8 % on 22016 x
+# 4096 (results/experiments/h200-fp8-mid; entry 91), so the line stays here.
 FP8_GLUON_FROM_M = 2048
 # ... where warpspec's fp8 tile (`warpspec.fp8_config`) fills at least this share of the SM slots
 # of its waves. Off the dense grid (results/h100-fp8-offgrid) the two per-tensor cells whose tile
