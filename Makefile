@@ -70,7 +70,7 @@ test-triton-new: $(VENV_NEW)/.ready
 bench: $(VENV)/.ready
 	$(VENV)/bin/gluon-survey $(MODES) --dtype fp16,bf16 $(BENCH_ARGS)
 
-# The README's result tables, from the committed results files (tests/test_readme.py checks them).
+# The result tables of README.md and docs/results.md, from the committed results files (tests/test_readme.py checks them).
 readme: $(VENV)/.ready
 	$(VENV)/bin/python scripts/update_readme.py
 

@@ -969,7 +969,7 @@ MODEL_BLOCK = re.compile(
 
 def embed_summaries(text: str, root: Path) -> str:
     """`text` with every model block replaced by `format_summary` of its results files (paths
-    relative to `root`, comma-separated): how the README's model table is made (make readme)."""
+    relative to `root`, comma-separated): how the model tables of docs/results.md are made (make readme)."""
 
     def render_block(match: re.Match[str]) -> str:
         runs = [read_results(root / path) for path in match["paths"].split(",")]
