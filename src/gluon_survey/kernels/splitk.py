@@ -24,6 +24,11 @@ scales multiply the summed tile once, right before C is stored (`store_sum`).
 
 A bias (HAS_BIAS) is added to the summed tile too, after the scales (`store_sum`): never to a
 partial, so it is added once whatever SPLIT_K is.
+
+With `GLUON_SURVEY_PDL=1` (`plan.PDL`) this launch (and swapab's, which is this one) starts its
+kernel as a programmatic dependent: Pipelined's ring waits for the kernel before it at its top
+(`ring_mma`), so a call of ours can start while the one before it drains. Off by default: the
+survey's timer cannot see it, and it lost at one shape (docs/perf-notes.md, entry 90).
 """
 
 from __future__ import annotations

@@ -20,8 +20,13 @@ The whole-K tiles (SPLIT_K 1, `WHOLE_K`) may also run persistent (`PERSISTENT`,
 `swapab_persistent_kernel`): as many programs as the GPU has ring slots walk the 64-row tiles,
 on one ring whose loads run on into a program's next tile (the persistent rung's `next_load`),
 so that a weight with more tiles than slots pays a program's start-up once instead of once a
-wave. `tune` may pick them; the rule does not yet: docs/perf-notes.md, entry 89, has the
-prediction, and none of it is measured.
+wave. Measured kernel-only in fp8 on an H200 (docs/perf-notes.md, entry 90): 0.6-3.8 µs faster at
+2-16 tokens where the tiles overflow the slots, nothing at or under one wave; the fp8 rule runs it
+there (`choice.FP8_PERSISTENT_M`).
+
+Both kernels wait for the kernel before them before their first global access, and release the
+next one, so that splitk's launch can start them as programmatic dependents (`plan.PDL`, off by
+default).
 """
 
 from __future__ import annotations
