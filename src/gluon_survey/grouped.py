@@ -56,7 +56,7 @@ results/experiments/h100-moe-model-host.)
 times: the same checks, then the launch of any grouped mode of the registry (`grouped-auto`, what
 grouped_matmul runs; the two kernels alone, `grouped` and `grouped-swapab`; `grouped_mm`,
 torch._grouped_mm; `scaled_grouped_mm`, torch._scaled_grouped_mm, fp8 only; `cublas-loop`, cuBLAS
-per expert) on those tensors, not yet called.
+per expert) on those tensors, built but not yet called.
 """
 
 from __future__ import annotations
