@@ -378,6 +378,28 @@ def test_the_fp8_rule_leaves_warpspec_where_its_tile_leaves_sm_slots_idle(M, N, 
     assert choice.rule(3000, (9, 0), "fp8", 3584, 112, 4096).mode == "warpspec"
 
 
+@pytest.mark.parametrize(
+    ("M", "N", "K", "mode"),
+    [(5000, 8192, 28672, "torch"), (5000, 5120, 5120, "torch"), (4097, 2048, 8192, "torch"),
+     (6143, 3584, 18944, "torch"),  # inside the band, K > 4096: cuBLAS fp8
+     (4096, 8192, 28672, "warpspec"), (6144, 8192, 28672, "warpspec"),  # its measured edges
+     (5000, 4096, 4096, "warpspec"), (5000, 37888, 3584, "warpspec"),  # K <= 4096
+     (5000, 8192, 0, "warpspec")],  # K unknown
+)  # fmt: skip
+def test_the_fp8_rule_runs_cublas_between_4096_and_6144_tokens_on_k_heavy_weights(M, N, K, mode):
+    """Per-tensor fp8 strictly between M = 4096 and 6144 on a weight with K > 4096 runs cuBLAS fp8,
+    where warpspec lost between two M at which it held; at the band's edges, on K <= 4096 and with
+    K unknown the rule is as before. The line names the band; fp8-row runs cuBLAS there anyway."""
+    lo, hi = choice.FP8_BAND_M
+    for capability, sm_count in (((9, 0), 132), ((9, 0), 0), ((10, 0), 148)):
+        c = choice.rule(M, capability, "fp8", N, sm_count, K)
+        assert c.mode == mode and (f"{lo} < M < {hi}" in c.why) == (mode == "torch")
+    assert choice.choose(M, N, K or 4096, "fp8", "t", (9, 0), "NVIDIA H200", 132).mode == (
+        "torch" if lo < M < hi and (K or 4096) > choice.FP8_BAND_K else "warpspec"
+    )
+    assert choice.rule(M, (9, 0), "fp8-row", N, 132, K).mode == "torch"
+
+
 def test_the_committed_tables_name_real_candidates():
     """Every entry of every committed table names a mode and a config its provider still has."""
     from gluon_survey import registry

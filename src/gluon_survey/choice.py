@@ -47,7 +47,8 @@ fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; a table's fp8 entries, which 
 fp8,fp8-row` measures, answer for their weights as 16-bit ones do; the H100 table has none yet):
 with per-tensor scales `warpspec` from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves
 each leaves on the GPU, `warpspec.fp8_config`), on sm_90 where that tile fills at least
-FP8_MIN_SLOTS of its waves' SM slots (cuBLAS fp8 where the last wave leaves more of them idle);
+FP8_MIN_SLOTS of its waves' SM slots (cuBLAS fp8 where the last wave leaves more of them idle), and
+not between M = 4096 and 6144 on a weight with K > 4096 (FP8_BAND_M: cuBLAS fp8 won between them);
 with row-wise scales cuBLAS's row-wise fp8 there; at M = 1 with K <= 16384, `gemv` (the
 weight streamed in one chunk a row, CUDA-core FMAs); swapab's whole-K tile (one 64-row tile per
 program over all of K) with row-wise scales at M <= 64 and with per-tensor scales at M <= 16, on its
@@ -101,6 +102,16 @@ FP8_GLUON_FROM_M = 2048
 # full, with either tile) ran 0.913x and 0.846x cuBLAS fp8; every other warpspec cell there and in
 # both dense sweeps (results/h100-dense-sweep, results/h200-dense-sweep) filled 0.91 or more.
 FP8_MIN_SLOTS = 0.9
+# ... and outside this band of M on a weight with K above FP8_BAND_K. Warpspec held at M = 4096 and
+# 6144 on every such weight measured there, but at M = 5000, between them, it ran 0.931-1.003x
+# cuBLAS fp8 on 11 of the 12 such weights of the llm and holdout presets on the H200 (7168 x 5120:
+# 1.059x) and 0.917-1.008x on the H100's five (results/h200-dense-auto,
+# results/experiments/h200-fp8-holdout-above, results/h100-fp8-offgrid; docs/perf-notes.md, entries
+# 84 and 92), where cuBLAS fp8 ran at its best rate of the range. The weights with K <= 4096 held
+# 1.003-1.166x there. So neither neighbour vouches for the M between them, and cuBLAS fp8 runs
+# there; this forgoes warpspec's 0.998-1.085x at M = 6000 on the H100's K > 4096 weights.
+FP8_BAND_M = (4096, 6144)  # exclusive
+FP8_BAND_K = 4096  # above
 # fp8 at M = 1, 16, 64 over the llm weights, kernel-only (results/h100-fp8-wholek): swapab's
 # whole-K tile ran 1.00-1.76x cuBLAS fp8's speed with row-wise scales at all 24 shapes (split
 # swapab, the rule before: 1.03-1.60x at M <= 16 only); with per-tensor scales 1.00-1.10x at M <= 16
@@ -206,6 +217,14 @@ def rule(
         if M > FP8_GLUON_FROM_M and dtype == "fp8":
             from .kernels.warpspec import fp8_slots_used
 
+            lo, hi = FP8_BAND_M
+            if lo < M < hi and K > FP8_BAND_K:
+                return Choice(
+                    "torch",
+                    None,
+                    f"rule: fp8 with {lo} < M < {hi} and K > {FP8_BAND_K}: warpspec held at M = {lo} "
+                    f"and {hi} but lost between them: cuBLAS fp8",
+                )
             hopper = capability[0] == 9 and N > 0 and sm_count > 0  # the sm_90 tile's waves
             used = fp8_slots_used(M, N, sm_count) if hopper else 1.0
             if used < FP8_MIN_SLOTS:
