@@ -212,7 +212,8 @@ def rule(
     """The documented choice without a measured entry (module docstring); N and the GPU's SM count
     pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring) and which 16-bit
     few-token kernel runs (0: unknown, the whole-K tile); K whether fp8 gemv takes a one-token
-    product (0: unknown, it does not); the B layout whether a 16-bit one does."""
+    product and whether per-tensor fp8 falls in FP8_BAND_M's band (0: unknown, neither); the B
+    layout whether a 16-bit one-token product takes gemv."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M and dtype == "fp8":
             from .kernels.warpspec import fp8_slots_used
