@@ -107,7 +107,7 @@ FP8_MIN_SLOTS = 0.9
 # cuBLAS fp8 on 11 of the 12 such weights of the llm and holdout presets on the H200 (7168 x 5120:
 # 1.059x) and 0.917-1.008x on the H100's five (results/h200-dense-auto,
 # results/experiments/h200-fp8-holdout-above, results/h100-fp8-offgrid; docs/perf-notes.md, entries
-# 84 and 92), where cuBLAS fp8 ran at its best rate of the range. The weights with K <= 4096 held
+# 84 and 92), where cuBLAS fp8 ran faster than at 4096 on them. The weights with K <= 4096 held
 # 1.003-1.166x there. So neither neighbour vouches for the M between them, and cuBLAS fp8 runs
 # there; this forgoes warpspec's 0.998-1.085x at M = 6000 on the H100's K > 4096 weights.
 FP8_BAND_M = (4096, 6144)  # exclusive
