@@ -394,9 +394,7 @@ def test_the_fp8_rule_runs_cublas_between_4096_and_6144_tokens_on_k_heavy_weight
     for capability, sm_count in (((9, 0), 132), ((9, 0), 0), ((10, 0), 148)):
         c = choice.rule(M, capability, "fp8", N, sm_count, K)
         assert c.mode == mode and (f"{lo} < M < {hi}" in c.why) == (mode == "torch")
-    assert choice.choose(M, N, K or 4096, "fp8", "t", (9, 0), "NVIDIA H200", 132).mode == (
-        "torch" if lo < M < hi and (K or 4096) > choice.FP8_BAND_K else "warpspec"
-    )
+    assert choice.choose(M, N, K or 4096, "fp8", "t", (9, 0), "NVIDIA H200", 132).mode == mode
     assert choice.rule(M, (9, 0), "fp8-row", N, 132, K).mode == "torch"
 
 
