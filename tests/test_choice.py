@@ -379,23 +379,30 @@ def test_the_fp8_rule_leaves_warpspec_where_its_tile_leaves_sm_slots_idle(M, N, 
 
 
 @pytest.mark.parametrize(
-    ("M", "N", "K", "mode"),
-    [(5000, 8192, 28672, "torch"), (5000, 5120, 5120, "torch"), (4097, 2048, 8192, "torch"),
-     (6143, 3584, 18944, "torch"),  # inside the band, K > 4096: cuBLAS fp8
-     (4096, 8192, 28672, "warpspec"), (6144, 8192, 28672, "warpspec"),  # its measured edges
-     (5000, 4096, 4096, "warpspec"), (5000, 37888, 3584, "warpspec"),  # K <= 4096
-     (5000, 8192, 0, "warpspec")],  # K unknown
+    ("gpu", "M", "N", "K", "mode"),
+    [("NVIDIA H200", 5000, 8192, 28672, "torch"), ("NVIDIA H200", 4609, 5120, 5120, "torch"),
+     ("NVIDIA H200", 5503, 3584, 18944, "torch"),  # inside the H200's band, K > 4096: cuBLAS fp8
+     ("NVIDIA H200", 4608, 8192, 28672, "warpspec"), ("NVIDIA H200", 5504, 8192, 28672, "warpspec"),
+     ("NVIDIA H200", 4097, 2048, 8192, "warpspec"), ("NVIDIA H200", 6000, 5120, 13824, "warpspec"),
+     ("NVIDIA H100 80GB HBM3", 4097, 2048, 8192, "torch"),
+     ("NVIDIA H100 80GB HBM3", 5999, 8192, 8192, "torch"),
+     ("NVIDIA H100 80GB HBM3", 6000, 8192, 28672, "warpspec"),  # the H100's own band and edge
+     ("NVIDIA GH200 480GB", 6143, 8192, 28672, "torch"), ("", 4097, 8192, 28672, "torch"),  # unmeasured
+     ("NVIDIA H200", 5000, 4096, 4096, "warpspec"),
+     ("NVIDIA H200", 5000, 37888, 3584, "warpspec"),  # K <= 4096
+     ("NVIDIA H200", 5000, 8192, 0, "warpspec")],  # K unknown
 )  # fmt: skip
-def test_the_fp8_rule_runs_cublas_between_4096_and_6144_tokens_on_k_heavy_weights(M, N, K, mode):
-    """Per-tensor fp8 strictly between M = 4096 and 6144 on a weight with K > 4096 runs cuBLAS fp8,
-    where warpspec lost between two M at which it held; at the band's edges, on K <= 4096 and with
-    K unknown the rule is as before. The line names the band; fp8-row runs cuBLAS there anyway."""
-    lo, hi = choice.FP8_BAND_M
+def test_the_fp8_rule_runs_cublas_in_its_gpus_band_around_5000_tokens_on_k_heavy_weights(gpu, M, N, K, mode):
+    """Per-tensor fp8 strictly inside the GPU's band (H200 4608-5504, H100 4096-6000, any other GPU
+    4096-6144) on a weight with K > 4096 runs cuBLAS fp8, where warpspec lost between two M at which
+    it held; at the band's edges, on K <= 4096 and with K unknown the rule is as before. The line
+    names the band; fp8-row runs cuBLAS there anyway."""
     for capability, sm_count in (((9, 0), 132), ((9, 0), 0), ((10, 0), 148)):
-        c = choice.rule(M, capability, "fp8", N, sm_count, K)
-        assert c.mode == mode and (f"{lo} < M < {hi}" in c.why) == (mode == "torch")
-    assert choice.choose(M, N, K or 4096, "fp8", "t", (9, 0), "NVIDIA H200", 132).mode == mode
-    assert choice.rule(M, (9, 0), "fp8-row", N, 132, K).mode == "torch"
+        c = choice.rule(M, capability, "fp8", N, sm_count, K, gpu_name=gpu)
+        assert c.mode == mode and (" < M < " in c.why) == (mode == "torch"), c.why
+    if gpu:
+        assert choice.choose(M, N, K or 4096, "fp8", "t", (9, 0), gpu, 132).mode == mode
+    assert choice.rule(M, (9, 0), "fp8-row", N, 132, K, gpu_name=gpu).mode == "torch"
 
 
 def test_the_committed_tables_name_real_candidates():

@@ -48,7 +48,8 @@ fp8,fp8-row` measures, answer for their weights as 16-bit ones do; the H100 tabl
 with per-tensor scales `warpspec` from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves
 each leaves on the GPU, `warpspec.fp8_config`), on sm_90 where that tile fills at least
 FP8_MIN_SLOTS of its waves' SM slots (cuBLAS fp8 where the last wave leaves more of them idle), and
-not between M = 4096 and 6144 on a weight with K > 4096 (FP8_BAND_M: cuBLAS fp8 won between them);
+not in a band of M around 5000 on a weight with K > 4096 (FP8_BAND_M, each GPU's own: cuBLAS fp8
+won at 5000 and warpspec at the nearest M measured on each side);
 with row-wise scales cuBLAS's row-wise fp8 there; at M = 1 with K <= 16384, `gemv` (the
 weight streamed in one chunk a row, CUDA-core FMAs); swapab's whole-K tile (one 64-row tile per
 program over all of K) with row-wise scales at M <= 64 and with per-tensor scales at M <= 16, on its
@@ -102,15 +103,19 @@ FP8_GLUON_FROM_M = 2048
 # full, with either tile) ran 0.913x and 0.846x cuBLAS fp8; every other warpspec cell there and in
 # both dense sweeps (results/h100-dense-sweep, results/h200-dense-sweep) filled 0.91 or more.
 FP8_MIN_SLOTS = 0.9
-# ... and outside this band of M on a weight with K above FP8_BAND_K. Warpspec held at M = 4096 and
-# 6144 on every such weight measured there, but at M = 5000, between them, it ran 0.931-1.003x
-# cuBLAS fp8 on 11 of the 12 such weights of the llm and holdout presets on the H200 (7168 x 5120:
-# 1.059x) and 0.917-1.008x on the H100's five (results/h200-dense-auto,
-# results/experiments/h200-fp8-holdout-above, results/h100-fp8-offgrid; docs/perf-notes.md, entries
-# 84 and 92), where cuBLAS fp8 ran faster than at 4096 on them. The weights with K <= 4096 held
-# 1.003-1.166x there. So neither neighbour vouches for the M between them, and cuBLAS fp8 runs
-# there; this forgoes warpspec's 0.998-1.085x at M = 6000 on the H100's K > 4096 weights.
-FP8_BAND_M = (4096, 6144)  # exclusive
+# ... and outside a band of M on a weight with K above FP8_BAND_K, the band each GPU's own
+# measurements leave open. At M = 5000 warpspec ran 0.931-1.003x cuBLAS fp8 on 11 of the 12 such
+# weights of the llm and holdout presets on the H200 (7168 x 5120: 1.059x) and 0.917-1.008x on the
+# H100's five (results/h200-dense-auto, results/experiments/h200-fp8-holdout-above,
+# results/h100-fp8-offgrid; docs/perf-notes.md, entries 84 and 92), where cuBLAS fp8 ran faster than
+# at 4096 on them. Its nearest measured neighbours on each side, where it held on every such weight
+# the slot guard lets through: on the H200 M = 4608 and 5504 (1.000-1.158x on the twelve,
+# results/experiments/h200-fp8-band; entry 93), on the H100 M = 4096 and 6000 (1.011-1.105x and
+# 0.998-1.085x). Between them neither neighbour vouches for warpspec, and cuBLAS fp8 runs; a GPU
+# with no measurements of its own takes the widest band, between the dense grid's M = 4096 and
+# 6144. The first key found in the GPU's name picks its band; the weights with K <= 4096 held
+# 1.003-1.166x at 5000.
+FP8_BAND_M = {"NVIDIA H200": (4608, 5504), "NVIDIA H100": (4096, 6000), "": (4096, 6144)}  # exclusive
 FP8_BAND_K = 4096  # above
 # fp8 at M = 1, 16, 64 over the llm weights, kernel-only (results/h100-fp8-wholek): swapab's
 # whole-K tile ran 1.00-1.76x cuBLAS fp8's speed with row-wise scales at all 24 shapes (split
@@ -208,23 +213,25 @@ def rule(
     sm_count: int = 0,
     K: int = 0,
     layout: str = "t",
+    gpu_name: str = "",
 ) -> Choice:
     """The documented choice without a measured entry (module docstring); N and the GPU's SM count
     pick the fp8 whole-K tile's ring (0: unknown, the one-program-per-SM ring) and which 16-bit
     few-token kernel runs (0: unknown, the whole-K tile); K whether fp8 gemv takes a one-token
-    product and whether per-tensor fp8 falls in FP8_BAND_M's band (0: unknown, neither); the B
-    layout whether a 16-bit one-token product takes gemv."""
+    product and whether per-tensor fp8 falls in the GPU's FP8_BAND_M band (0: unknown, neither); the
+    B layout whether a 16-bit one-token product takes gemv; the GPU's name which band."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M and dtype == "fp8":
             from .kernels.warpspec import fp8_slots_used
 
-            lo, hi = FP8_BAND_M
+            gpu = next(key for key in FP8_BAND_M if key in gpu_name)
+            lo, hi = FP8_BAND_M[gpu]
             if lo < M < hi and K > FP8_BAND_K:
                 return Choice(
                     "torch",
                     None,
                     f"rule: fp8 with {lo} < M < {hi} and K > {FP8_BAND_K}: warpspec held at M = {lo} "
-                    f"and {hi} but lost between them: cuBLAS fp8",
+                    f"and {hi} on the {gpu or 'H100 and H200'} but lost between them: cuBLAS fp8",
                 )
             hopper = capability[0] == 9 and N > 0 and sm_count > 0  # the sm_90 tile's waves
             used = fp8_slots_used(M, N, sm_count) if hopper else 1.0
@@ -437,7 +444,7 @@ def choose(
             return Choice("torch", None, f"{name}: {why}")
         key, why = _between(entries[lo], entries[hi])
         return Choice(*_mode_config(key), f"{name}: {why}")
-    choice = rule(M, capability, dtype, N, sm_count, K, layout)
+    choice = rule(M, capability, dtype, N, sm_count, K, layout, gpu_name)
     if table is None:
         return Choice(choice.mode, choice.config, f"{choice.why} (no table for {gpu_name})")
     why = f"{choice.why} (table {table['name']} has no entry for this weight{pair})"
