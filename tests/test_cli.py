@@ -759,3 +759,63 @@ def test_an_a_layout_run_end_to_end_on_cpu(tmp_path, fake_modes, capsys):
     legacy = capsys.readouterr().out
     assert "Mode: _ok_cpu (bf16, B row, M=32, N=48)" in legacy  # unchanged for A row
     assert "Mode: _ok_cpu (bf16, A t, B row, M=32, N=48)" in legacy
+
+
+# ------------------------------------------------------------------------------------------------
+# --continue-from: a sweep stopped short, finished by another run
+
+
+@pytest.mark.timeout(120)
+def test_continue_from_times_only_the_cells_the_earlier_runs_lack_and_report_merges_them(
+    tmp_path, fake_modes, capsys
+):
+    """A sweep stopped after two of its four cells is finished by a run that times only the other
+    two; `report` merges the two files into the whole sweep, and a third run finds nothing left."""
+    from gluon_survey.driver.results import merge
+
+    first, second, third = (tmp_path / f"{name}.jsonl" for name in "abc")
+    common = shlex.split("_ok_cpu --m 32 --n 40 --dtype bf16 --b-layout t --warmup-ms 2 --min-ms 5")
+    common += ["--format", "csv"]
+    assert main([*common, "--k", "64,128", "--results", str(first)]) == 0
+    assert main([*common, "--k", "64:256:64", "--results", str(second), "--continue-from", str(first)]) == 0
+    assert [(r.K, r.status) for r in load(second).rows] == [(192, "OK"), (256, "OK")]
+    whole = merge([load(first), load(second)], ["a", "b"])
+    assert sorted(r.K for r in whole.rows) == [64, 128, 192, 256]
+    capsys.readouterr()
+    both = ["--continue-from", str(first), "--continue-from", str(second)]
+    assert main([*common, "--k", "64:256:64", "--results", str(third), *both]) == 0
+    assert not third.exists()
+    assert "nothing to measure" in capsys.readouterr().err
+
+
+def test_continue_from_another_commit_is_a_usage_error_before_the_gpu(no_cuda, tmp_path, capsys):
+    path = results_file(tmp_path, [row(mode="torch", M=8, N=8, K=8, ms=0.01)])  # commit 0123456789abcdef
+    assert main(["torch", "--m", "8", "--n", "8", "--k", "8", "--continue-from", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--continue-from {path} ran at commit 0123456789abcdef, this checkout is at" in err
+    assert "merges the runs of one commit only" in err
+
+
+def test_continue_from_a_file_that_is_not_a_results_file_names_it(no_cuda, tmp_path, capsys):
+    path = tmp_path / "notes.jsonl"
+    path.write_text("not json\nat all\n")
+    assert main(["torch", "--continue-from", str(path)]) == 2
+    assert f"--continue-from {path}: " in capsys.readouterr().err
+
+
+def test_continue_from_another_gpu_is_an_error_before_any_cell_runs(sweeps, tmp_path, monkeypatch, capsys):
+    from factories import ENV, SETTINGS
+    from gluon_survey.driver import hardware
+    from gluon_survey.driver.results import make_header
+
+    earlier = tmp_path / "h100.jsonl"
+    with ResultsWriter(earlier, make_header("run", {**ENV, "git": hardware.git_commit()}, SETTINGS)):
+        pass
+    monkeypatch.setattr(hardware, "gpu_info", lambda command: {"name": "NVIDIA H200", "command": command})
+    out = tmp_path / "r.jsonl"
+    argv = shlex.split("torch --m 8 --n 8 --k 8") + ["--continue-from", str(earlier), "--results", str(out)]
+    assert main(argv) == 2
+    assert f"--continue-from {earlier} ran on NVIDIA H100 80GB HBM3, this GPU is NVIDIA H200" in (
+        capsys.readouterr().err
+    )
+    assert sweeps == [] and not out.exists()

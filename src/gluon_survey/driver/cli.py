@@ -215,6 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.jsonl",
         help="results file (default: out/results-<run id>.jsonl)",
     )
+    out.add_argument(
+        "--continue-from",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE.jsonl",
+        help="an earlier run of this sweep that stopped short (a device call's time limit, say), at "
+        "this commit and on this GPU; repeatable: time only the mode-cells none of them has a row "
+        "for, into this run's own results file, which `report` merges with theirs",
+    )
     return parser
 
 
@@ -417,6 +427,10 @@ def run(argv: Sequence[str]) -> int:
     problem = problem or _output_path_error(args, args.results) or _interleave_error(args)
     if problem:
         return _usage_error(problem)
+    try:
+        earlier = _earlier_runs(args.continue_from)
+    except ValueError as exc:
+        return _usage_error(str(exc))
     if not _cuda_available():
         from gluon_survey.api import describe_torch_cuda
 
@@ -431,7 +445,30 @@ def run(argv: Sequence[str]) -> int:
     tasks = [
         task for d in dtypes for task in runner.make_tasks(sweep, [d], layouts_of[d], a_layouts or ["row"])
     ]
-    return _sweep(args, modes, tasks, command)
+    return _sweep(args, modes, tasks, command, earlier)
+
+
+def _earlier_runs(paths: Sequence[Path]) -> list[tuple[Path, Results]]:
+    """The runs --continue-from names, each checked to come from this checkout's commit (`report`
+    merges one commit's runs only); ValueError naming the file and the fix otherwise."""
+    from gluon_survey.driver import hardware, results
+
+    runs = []
+    ours = (hardware.git_commit() or {}).get("commit")
+    for path in paths:
+        try:
+            run = results.load(path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--continue-from {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        theirs = (run.env.get("git") or {}).get("commit")
+        if theirs != ours:
+            raise ValueError(
+                f"--continue-from {path} ran at commit {theirs}, this checkout is at {ours}: `report` "
+                f"merges the runs of one commit only; continue it from a checkout of {theirs}, or run "
+                "the whole sweep again here"
+            )
+        runs.append((path, run))
+    return runs
 
 
 def _interleave_error(args: argparse.Namespace) -> str | None:
@@ -472,7 +509,13 @@ def layouts_per_dtype(dtypes: Sequence[str], layouts: Sequence[str] | None) -> d
     return out
 
 
-def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], command: str) -> int:
+def _sweep(
+    args: argparse.Namespace,
+    modes: list[str],
+    tasks: list[Task],
+    command: str,
+    earlier: Sequence[tuple[Path, Results]] = (),
+) -> int:
     from gluon_survey.driver import hardware, results, runner
 
     settings = Settings(
@@ -488,6 +531,19 @@ def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], comman
         bias=args.bias,
     )
     env = hardware.gpu_info(command)
+    for path, run in earlier:
+        if run.env.get("name") != env.get("name"):
+            return _usage_error(
+                f"--continue-from {path} ran on {run.env.get('name')}, this GPU is {env.get('name')}: "
+                "`report` merges the runs of one GPU only; continue it on that GPU, or run the whole "
+                "sweep again here"
+            )
+    done = {row.key for _, run in earlier for row in run.rows}
+    cells = sum(task.key(mode) not in done for mode in modes for task in tasks)
+    if earlier and not cells:
+        names = ", ".join(str(path) for path, _ in earlier)
+        print(f"{PROG}: nothing to measure: {names} hold a row for every cell of this sweep", file=sys.stderr)
+        return 0
     dtypes = list(dict.fromkeys(t.dtype for t in tasks))
     peaks = {
         d: (args.peak_tflops, "--peak-tflops")
@@ -506,9 +562,9 @@ def _sweep(args: argparse.Namespace, modes: list[str], tasks: list[Task], comman
     try:  # from here on, whatever happens, the last line names the results file
         with writer:
             try:
-                with runner.RichProgress(len(modes) * len(tasks)) as progress:
+                with runner.RichProgress(cells) as progress:
                     dtype_peaks = {d: p for d, (p, _) in peaks.items()}
-                    runner.run_sweep(modes, tasks, settings, writer, dtype_peaks, progress)
+                    runner.run_sweep(modes, tasks, settings, writer, dtype_peaks, progress, skip=done)
             except KeyboardInterrupt:
                 interrupted = True
         measured = _load(path)

@@ -24,11 +24,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from gluon_survey.driver.results import ResultsWriter, Row, layouts_label
+from gluon_survey.driver.results import Key, ResultsWriter, Row, layouts_label
 from gluon_survey.driver.settings import Settings
 from gluon_survey.driver.shapes import GroupedShape, Shape
 
@@ -53,6 +53,10 @@ class Task:
         (A's only where it is "t": a task without one is A row, as tasks were before A layouts)."""
         a = {"a_layout": self.a_layout} if self.a_layout != "row" else {}
         return {**self.shape.to_json(), "dtype": self.dtype, "b_layout": self.b_layout, **a}
+
+    def key(self, mode: str) -> Key:
+        """The key (`Row.key`) of the row `mode` records for this task."""
+        return Row(run_id="", mode=mode, status="", **self.to_json()).key
 
 
 def make_tasks(
@@ -198,8 +202,10 @@ def run_sweep(
     peaks: dict[str, float | None],
     progress: Progress | None = None,
     worker_command: Sequence[str] | None = None,
+    skip: Collection[Key] = frozenset(),
 ) -> list[Row]:
-    """Measure every task of every mode; each row is appended to `writer` as it arrives.
+    """Measure every task of every mode, but those whose row's key is in `skip` (measured by an
+    earlier run this one continues); each row is appended to `writer` as it arrives.
 
     `peaks` maps dtype -> dense peak TFLOP/s (None: unknown), for % of peak and the ABOVE_PEAK
     flag. `worker_command` starts a worker (default `WORKER_COMMAND`); it must speak the protocol
@@ -218,7 +224,7 @@ def run_sweep(
         progress.advance()
 
     for mode in modes:
-        pending = list(tasks)
+        pending = [task for task in tasks if task.key(mode) not in skip]
         while pending:
             done = _run_worker(command, mode, pending, settings, record, progress)
             pending = pending[done:]
