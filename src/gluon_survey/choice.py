@@ -113,10 +113,9 @@ FP8_MIN_SLOTS = 0.9
 # results/experiments/h200-fp8-band; entry 93), on the H100 M = 4096 (1.023-1.127x on the five of
 # the llm preset and seven others, results/h100-dense-sweep/fp8-94122fb, results/h100-fp8-offgrid)
 # and 6000 (0.998-1.085x on the seven; 1.020-1.086x at 6144 on the five). Between them neither
-# neighbour vouches for warpspec, and cuBLAS fp8 runs; a GPU
-# with no measurements of its own takes the widest band, between the dense grid's M = 4096 and
-# 6144. The first key found in the GPU's name picks its band; the weights with K <= 4096 held
-# 1.003-1.166x at 5000.
+# neighbour vouches for warpspec, and cuBLAS fp8 runs; a GPU with no measurements of its own takes
+# the widest band, between the dense grid's M = 4096 and 6144. The first key found in the GPU's
+# name picks its band; the weights with K <= 4096 held 1.003-1.166x at 5000.
 FP8_BAND_M = {"NVIDIA H200": (4608, 5504), "NVIDIA H100": (4096, 6000), "": (4096, 6144)}  # exclusive
 FP8_BAND_K = 4096  # above
 # fp8 at M = 1, 16, 64 over the llm weights, kernel-only (results/h100-fp8-wholek): swapab's
