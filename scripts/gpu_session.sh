@@ -40,6 +40,11 @@
 #     linearhost  host and GPU µs a call, Linear against nn.Linear (scripts/linear_host_probe.py)
 #                                                               -> linear-host.csv/.log
 #     profile   where a model step's time goes (scripts/model_profile.py PROFILE_ARGS) -> profile/
+#     sweep     a sweep longer than one call, over several: each call times only what the parts
+#               before it lack (--continue-from) into SWEEP_DIR/partN (default /tmp/sweep, which
+#               outlives a call on a held machine) and stops itself after SWEEP_S seconds (default
+#               540, with SIGINT: the rows so far stay); MODES, DTYPES, SWEEP_ARGS (default
+#               --shapes llm-dense --b-layout t, short windows) -> sweep/partN/ (every part so far)
 #   DTYPES=fp16,bf16   RUNS=2 (independent survey runs)   PACK=1 (one .tgz of everything: the device
 #   tool returns at most 8 files; packing is automatic when there are more)
 # Several calls in one device command: give each its own OUT outside the device tool's folder and
@@ -152,6 +157,21 @@ if step profile; then
   python3 scripts/model_profile.py ${PROFILE_ARGS:---config llama3-8b --layers 4 --steps prefill,decode,train \
     --prefill-tokens 512 --decode-batch 64 --decode-tokens 8 --host} --output "$OUT/profile" 2>&1 \
     | tee "$OUT/profile.log" | grep "==\|host "
+fi
+if step sweep; then
+  dir=${SWEEP_DIR:-/tmp/sweep}
+  n=$(find "$dir" -maxdepth 1 -name 'part*' -type d 2>/dev/null | wc -l)
+  part="$dir/part$((n + 1))"
+  mkdir -p "$part"
+  earlier=()
+  for f in "$dir"/part*/results.jsonl; do [[ -f $f ]] && earlier+=(--continue-from "$f"); done
+  timeout --signal=INT "${SWEEP_S:-540}" python3 -m gluon_survey ${MODES:-} --dtype "$DTYPES" \
+    ${SWEEP_ARGS:---shapes llm-dense --b-layout t --warmup-ms 50 --min-ms 20 --rounds 1} \
+    "${earlier[@]}" --results "$part/results.jsonl" 2>"$part/bench.err" >"$part/table.txt"
+  echo "sweep: part$((n + 1)) exited $?"
+  tail -3 "$part/bench.err"
+  [[ -f $part/results.jsonl ]] || rm -rf "$part"  # nothing was left to measure
+  mkdir -p "$OUT/sweep" && cp -r "$dir"/. "$OUT/sweep/"
 fi
 bench() {  # one complete survey run into folder $1
   mkdir -p "$1"
