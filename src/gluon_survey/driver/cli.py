@@ -451,13 +451,13 @@ def run(argv: Sequence[str]) -> int:
 def _earlier_runs(paths: Sequence[Path]) -> list[tuple[Path, Results]]:
     """The runs --continue-from names, each checked to come from this checkout's commit (`report`
     merges one commit's runs only); ValueError naming the file and the fix otherwise."""
-    from gluon_survey.driver import hardware, results
+    from gluon_survey.driver import hardware
 
     runs = []
     ours = (hardware.git_commit() or {}).get("commit")
     for path in paths:
         try:
-            run = results.load(path)
+            run = _load(path)  # a run stopped mid-line: its last line skipped, and said
         except (OSError, ValueError) as exc:
             raise ValueError(f"--continue-from {path}: {getattr(exc, 'strerror', None) or exc}") from None
         theirs = (run.env.get("git") or {}).get("commit")
