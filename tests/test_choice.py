@@ -355,18 +355,20 @@ def test_the_fp8_rule_walks_tiles_persistently_only_past_a_wave(M, N, sm_count, 
 
 @pytest.mark.parametrize(
     ("M", "N", "used", "mode"),
-    [(3000, 3584, 448 / 528, "torch"),  # 16 x 28 192-row tiles: the fourth of four waves 39 % full
-     (2500, 6144, 960 / 1056, "warpspec"),  # 128-row tiles, 0.91 of the slots
-     (4096, 4096, 1024 / 1056, "warpspec"), (16384, 28672, 19264 / 19272, "warpspec")],
+    [(3000, 3584, 3000 * 3584 / (4 * 132 * 192 * 128), "torch"),  # 4 waves, the last 39 % full
+     (3080, 5120, 3080 * 5120 / (8 * 132 * 128 * 128), "torch"),  # 1000 tiles fill 0.95 of 8 waves, but a
+     (2056, 3584, 2056 * 3584 / (4 * 132 * 128 * 128), "torch"),  # last tile row of 8 rows costs a whole one
+     (4096, 4096, 4096 * 4096 / (8 * 132 * 128 * 128), "warpspec"),
+     (16384, 28672, 16384 * 28672 / (146 * 132 * 192 * 128), "warpspec")],
 )  # fmt: skip
-def test_the_fp8_rule_leaves_warpspec_where_its_tile_leaves_sm_slots_idle(M, N, used, mode):
-    """Above M = 2048 warpspec runs where its fp8 tile (`fp8_config`) fills at least FP8_MIN_SLOTS
-    of its waves' SM slots on the GPU, cuBLAS fp8 where the last wave leaves more of them idle;
-    `explain`'s line says which. Unknown N or SM count, or a GPU other than sm_90: warpspec. fp8-row
-    runs cuBLAS's row-wise kernel there whatever the slots."""
-    assert warpspec.fp8_slots_used(M, N, 132) == pytest.approx(used)
+def test_the_fp8_rule_leaves_warpspec_where_its_tiles_waves_waste_work(M, N, used, mode):
+    """Above M = 2048 warpspec runs where at least FP8_MIN_FILL of the MMA work of its fp8 tile's
+    (`fp8_config`) waves lands in C, cuBLAS fp8 where the last wave's idle slots or the rows of the
+    last tile row past M waste more; `explain`'s line says which. Unknown N or SM count, or a GPU
+    other than sm_90: warpspec. fp8-row runs cuBLAS's row-wise kernel there whatever the fill."""
+    assert warpspec.fp8_useful_fill(M, N, 132) == pytest.approx(used)
     c = choice.rule(M, (9, 0), "fp8", N, 132, 4096)
-    assert c.mode == mode and (f"fills {used:.0%}" in c.why) == (mode == "torch")
+    assert c.mode == mode and (f"only {used:.1%} of the work" in c.why) == (mode == "torch")
     assert choice.choose(M, N, 4096, "fp8", "t", (9, 0), "NVIDIA H200", 132).mode == mode
     assert choice.rule(M, (9, 0), "fp8", N, 0, 4096).mode == "warpspec"
     assert choice.rule(M, (10, 0), "fp8", N, 148, 4096).mode == "warpspec"
@@ -374,7 +376,7 @@ def test_the_fp8_rule_leaves_warpspec_where_its_tile_leaves_sm_slots_idle(M, N, 
         row = choice.rule(M, capability, "fp8-row", N, sm_count, 4096)
         assert row.mode == "torch" and "row-wise" in row.why
     # more SMs fill the same tiles' waves differently: 448 tiles on 112 SMs are exactly 4 waves
-    assert warpspec.fp8_slots_used(3000, 3584, 112) == 1.0
+    assert warpspec.fp8_useful_fill(3000, 3584, 112) == pytest.approx(3000 / 3072)
     assert choice.rule(3000, (9, 0), "fp8", 3584, 112, 4096).mode == "warpspec"
 
 

@@ -46,8 +46,9 @@ the H200's dense sweeps: no Gluon kernel beat cuBLAS by MARGIN across weights at
 fp8 (dtype "fp8", per-tensor scales, or "fp8-row"; a table's fp8 entries, which `tune --dtype
 fp8,fp8-row` measures, answer for their weights as 16-bit ones do; the H100 table has none yet):
 with per-tensor scales `warpspec` from M = 2049 (its ping-pong tile of 192 or 128 rows by the waves
-each leaves on the GPU, `warpspec.fp8_config`), on sm_90 where that tile fills at least
-FP8_MIN_SLOTS of its waves' SM slots (cuBLAS fp8 where the last wave leaves more of them idle), and
+each leaves on the GPU, `warpspec.fp8_config`), on sm_90 where at least FP8_MIN_FILL of the
+work of that tile's waves lands in C (cuBLAS fp8 where the last wave, or the rows of the last tile
+row past M, leave more of it idle), and
 not in a band of M around 5000 on a weight with K > 4096 (FP8_BAND_M, each GPU's own: cuBLAS fp8
 won at 5000 and warpspec at the nearest M measured on each side);
 with row-wise scales cuBLAS's row-wise fp8 there; at M = 1 with K <= 16384, `gemv` (the
@@ -97,12 +98,20 @@ GPU_TIME_FLOOR = 1.0
 # per-tensor warpspec led at 1280-1792 tokens on nine of eleven weights but lost 5-8 % on 22016 x
 # 4096 (results/experiments/h200-fp8-mid; entry 91), so the line stays here.
 FP8_GLUON_FROM_M = 2048
-# ... where warpspec's fp8 tile (`warpspec.fp8_config`) fills at least this share of the SM slots
-# of its waves. Off the dense grid (results/h100-fp8-offgrid) the two per-tensor cells whose tile
-# filled 0.85 of them (3000 x 3584 x 3584 and x 18944: 448 tiles, the fourth of four waves 39 %
-# full, with either tile) ran 0.913x and 0.846x cuBLAS fp8; every other warpspec cell there and in
-# both dense sweeps (results/h100-dense-sweep, results/h200-dense-sweep) filled 0.91 or more.
-FP8_MIN_SLOTS = 0.9
+# ... where at least this share of the MMA work of warpspec's fp8 tile (`warpspec.fp8_config`) over
+# its waves lands in C (`warpspec.fp8_useful_fill`). The share counts the SM slots the last wave
+# leaves idle and the rows of the last tile row past M. Off the dense grid (results/h100-fp8-offgrid)
+# the two per-tensor cells that left the fourth of four waves 39 % full (3000 x 3584 x 3584 and x
+# 18944) ran 0.913x and 0.846x cuBLAS fp8. A first guard counted tiles only (a share of 0.9 of the
+# slots), and M = 8 past a multiple of 1024 got through it: at 2056 and 3080 tokens a last tile
+# row of 8 rows cost warpspec 6-8 % of its rate while cuBLAS fp8 held its own, and 8 of the 27
+# cells there that it let through ran 0.867-0.951x on the H200 (results/experiments/
+# h200-fp8-m-alignment). Over the H200's 305 per-tensor warpspec cells above M = 2048 outside its
+# band: 17 of the 18 at a share below 0.90 read below 0.97x (0.756-0.974x), the 15 at 0.90-0.92
+# were split (0.914-1.510x), and 2 of the 272 from 0.92 up did (0.966x and 0.969x, inside the
+# pair's error). On the H100 (160 cells) this line gives up 3000 x 4608 x 3584 at 1.08x and 2500 x
+# 6144 x 4096 at 1.009x (docs/perf-notes.md, entry 94).
+FP8_MIN_FILL = 0.92
 # ... and outside a band of M on a weight with K above FP8_BAND_K, the band each GPU's own
 # measurements leave open. At M = 5000 warpspec ran 0.931-1.003x cuBLAS fp8 on 11 of the 12 such
 # weights of the llm and holdout presets on the H200 (7168 x 5120: 1.059x) and 0.917-1.008x on the
@@ -223,7 +232,7 @@ def rule(
     B layout whether a 16-bit one-token product takes gemv; the GPU's name which band."""
     if dtype.startswith("fp8") and capability[0] in (9, 10):
         if M > FP8_GLUON_FROM_M and dtype == "fp8":
-            from .kernels.warpspec import fp8_slots_used
+            from .kernels.warpspec import fp8_useful_fill
 
             gpu = next(key for key in FP8_BAND_M if key in gpu_name)
             lo, hi = FP8_BAND_M[gpu]
@@ -235,13 +244,13 @@ def rule(
                     f"and {hi} on the {gpu or 'H100 and H200'} but lost between them: cuBLAS fp8",
                 )
             hopper = capability[0] == 9 and N > 0 and sm_count > 0  # the sm_90 tile's waves
-            used = fp8_slots_used(M, N, sm_count) if hopper else 1.0
-            if used < FP8_MIN_SLOTS:
+            used = fp8_useful_fill(M, N, sm_count) if hopper else 1.0
+            if used < FP8_MIN_FILL:
                 return Choice(
                     "torch",
                     None,
-                    f"rule: fp8 with M > {FP8_GLUON_FROM_M}, but warpspec's tile fills {used:.0%} of its "
-                    f"waves' SM slots (< {FP8_MIN_SLOTS:.0%}): cuBLAS fp8",
+                    f"rule: fp8 with M > {FP8_GLUON_FROM_M}, but only {used:.1%} of the work of warpspec's "
+                    f"tile waves lands in C (< {FP8_MIN_FILL:.0%}): cuBLAS fp8",
                 )
             return Choice(
                 "warpspec", None, f"rule: fp8 with M > {FP8_GLUON_FROM_M}: the warp-specialized rung"

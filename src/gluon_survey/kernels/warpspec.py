@@ -185,11 +185,14 @@ def fp8_config(M: int, N: int, sm_count: int) -> WarpSpecConfig:
     return PINGPONG_FP8_MID if mid < waves_of_rows(PINGPONG_FP8, 1.0) else PINGPONG_FP8
 
 
-def fp8_slots_used(M: int, N: int, sm_count: int) -> float:
-    """The share of its waves' SM slots that `fp8_config`'s tile fills on an M x N output: its tiles
-    over (waves x SMs); 1.0 when every wave is full."""
-    tiles = _tiles(fp8_config(M, N, sm_count), M, N)
-    return tiles / (-(-tiles // sm_count) * sm_count)
+def fp8_useful_fill(M: int, N: int, sm_count: int) -> float:
+    """The share of the MMA work of `fp8_config`'s waves on an M x N output that lands in C: the
+    output's elements over (waves x SMs x the tile's elements). It counts both what the last wave
+    leaves idle and the rows of the last tile row that lie past M (a tile row of 8 rows costs as
+    much as a full one); 1.0 when every wave is full and the tiles divide M and N."""
+    cfg = fp8_config(M, N, sm_count)
+    waves = -(-_tiles(cfg, M, N) // max(1, sm_count))
+    return M * N / (waves * max(1, sm_count) * cfg.BLOCK_M * cfg.BOXES * cfg.BLOCK_N)
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
