@@ -118,7 +118,7 @@ FP8_MIN_FILL = 0.92
 # H100's five (results/h200-dense-auto, results/experiments/h200-fp8-holdout-above,
 # results/h100-fp8-offgrid; docs/perf-notes.md, entries 84 and 92), where cuBLAS fp8 ran faster than
 # at 4096 on them. Its nearest measured neighbours on each side, where it held on every such weight
-# the slot guard lets through: on the H200 M = 4608 and 5504 (1.000-1.158x on the twelve,
+# the guard above lets through: on the H200 M = 4608 and 5504 (1.000-1.158x on the twelve,
 # results/experiments/h200-fp8-band; entry 93), on the H100 M = 4096 (1.023-1.127x on the five of
 # the llm preset and seven others, results/h100-dense-sweep/fp8-94122fb, results/h100-fp8-offgrid)
 # and 6000 (0.998-1.085x on the seven; 1.020-1.086x at 6144 on the five). Between them neither
