@@ -149,7 +149,10 @@ def as_one_expert(a, b, scales):
     return checked("grouped", lambda: grouped_matmul(a, w, offs, out=out, **kw), out, a, b, scales)
 
 
-def kernel_times(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> list[float]:
+def kernel_times(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> tuple[list[float], list[str]]:
+    """The GPU time (µs) of each of `reps` calls of `fn`, each after an L2 flush: the summed
+    durations of the kernels it launched; and the names of the first call's kernels, in launch order
+    (which kernel cuBLAS's heuristic picked for the shape)."""
     fn()  # compile, plan, cuBLAS heuristics
     grid = (sink.numel(),)
     l2_flush[grid](flush, sink, flush.numel(), BLOCK=READ_BLOCK)
@@ -163,16 +166,19 @@ def kernel_times(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> list
         (e for e in prof.events() if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start
     )
     groups: list[float] = []
+    names: list[str] = []
     for e in kernels:
         if FLUSH in e.name:
             groups.append(0.0)
         elif groups:
             groups[-1] += e.time_range.elapsed_us()
+            if len(groups) == 1:
+                names.append(e.name)
     if len(groups) != reps or not all(groups):
         raise RuntimeError(
             f"expected {reps} calls between flushes, got {len(groups)}: {[e.name for e in kernels[:6]]}"
         )
-    return groups
+    return groups, names
 
 
 def flush_buffers() -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,11 +193,13 @@ def spread(times: list[float]) -> tuple[float, float, float]:
     return statistics.median(times), q[0], q[-1]
 
 
-def timed(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> tuple[float, dict[str, float]]:
+def timed(fn, reps: int, flush: torch.Tensor, sink: torch.Tensor) -> tuple[float, dict[str, float | str]]:
     """`kernel_times`' calls of `fn`: the median (µs) and a result row's timing columns, us_median,
-    us_p20 and us_p80, to two decimals."""
-    med, p20, p80 = spread(kernel_times(fn, reps, flush, sink))
-    return med, {"us_median": round(med, 2), "us_p20": round(p20, 2), "us_p80": round(p80, 2)}
+    us_p20 and us_p80 to two decimals, and `kernels`, the names of a call's kernels joined by " + "."""
+    times, names = kernel_times(fn, reps, flush, sink)
+    med, p20, p80 = spread(times)
+    row = {"us_median": round(med, 2), "us_p20": round(p20, 2), "us_p80": round(p80, 2)}
+    return med, row | {"kernels": " + ".join(names)}
 
 
 @functools.cache
