@@ -354,7 +354,10 @@ def test_torch_compile_caches_one_function_per_key(monkeypatch: pytest.MonkeyPat
     assert torch_compile.compiled_matmul(a.half(), b.half()) is not f  # other dtype
     assert len(torch_compile._COMPILED) == 3
     # each compiled function gets a code object of its own, hence its own Dynamo cache
-    first, second = torch_compile._fresh_matmul(0), torch_compile._fresh_matmul(1)
+    first, second = (
+        torch_compile._fresh(torch_compile._matmul, 0),
+        torch_compile._fresh(torch_compile._matmul, 1),
+    )
     assert first.__code__ is not second.__code__ and second.__name__ == "_matmul_1"
     torch.testing.assert_close(first(a, b), a @ b)
 
@@ -372,6 +375,56 @@ def test_torch_compile_returns_the_result(monkeypatch: pytest.MonkeyPatch) -> No
     torch.testing.assert_close(result, a @ w.T)
     assert out.isnan().all()
     assert launch.config["result"] == "returned"
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row"])
+def test_torch_compile_fp8_returns_scaled_mm_of_the_scales(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """fp8: the compiled `torch._scaled_mm` returns (a @ b) * scales in `out`'s dtype as a new
+    tensor, the same as the torch mode's call writes; compiled on the CPU in Inductor's default
+    mode, PyTorch's CPU kernel standing in for cuBLAS."""
+    monkeypatch.setattr(torch_compile, "COMPILE_MODE", "default")
+    monkeypatch.setattr(torch_compile, "_COMPILED", {})
+    M, N, K = 24, 32, 48
+    a = torch.randn(M, K).to(torch.float8_e4m3fn)
+    w = torch.randn(N, K).to(torch.float8_e4m3fn)
+    n_a, n_b = (1, 1) if kind == "tensor" else (M, N)
+    scales = Scales(torch.rand(n_a) + 0.5, torch.rand(n_b) + 0.5, kind)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    launch = torch_compile.prepare(a, w.T, out, scales=scales)
+    assert launch.config["impl"].endswith("of torch._scaled_mm, fast accumulation")
+    result = launch.fn()
+    assert result.dtype == torch.bfloat16 and result.data_ptr() != out.data_ptr() and out.isnan().all()
+    expected = torch.empty_like(out)
+    torch_ops.prepare(a, w.T, expected, scales=scales).fn()
+    torch.testing.assert_close(result, expected, rtol=0, atol=0)
+
+
+def test_torch_compile_fp8_keys_hold_the_scales_and_the_output_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch_compile, "_COMPILED", {})
+    a = torch.zeros(8, 32, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(16, 32, dtype=torch.float8_e4m3fn).T
+    one = torch.ones(())
+    f = torch_compile.compiled_scaled_mm(a, b, one, one, torch.bfloat16)
+    assert torch_compile.compiled_scaled_mm(a, b, one.clone(), one.clone(), torch.bfloat16) is f
+    assert (
+        torch_compile.compiled_scaled_mm(a, b, torch.ones(8, 1), torch.ones(1, 16), torch.bfloat16) is not f
+    )
+    assert torch_compile.compiled_scaled_mm(a, b, one, one, torch.float16) is not f
+    assert torch_compile.compiled_matmul(a, b) is not f  # the 16-bit function is another key
+    assert len(torch_compile._COMPILED) == 4
+
+
+def test_torch_compile_fp8_needs_multiples_of_16() -> None:
+    a = torch.zeros(4, 40, dtype=torch.float8_e4m3fn)  # K = 40
+    w = torch.zeros(24, 40, dtype=torch.float8_e4m3fn)
+    one = torch.ones(1)
+    out = torch.empty(4, 24, dtype=torch.bfloat16)
+    with pytest.raises(
+        ValueError, match=r"torch.compile of torch._scaled_mm needs K and N to be multiples of 16"
+    ):
+        torch_compile.prepare(a, w.T, out, scales=Scales(one, one, "tensor"))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ from gpu_checks import cublas_fp8
 pytestmark = pytest.mark.gpu
 
 FP8 = torch.float8_e4m3fn
-FP8_MODES = [m.name for m in registry.MODES if m.fp8 and m.kind != "choice" and not m.grouped] + ["auto"]
+# torch.compile autotunes each shape for tens of seconds: its own test below takes a few shapes.
+DENSE_FP8 = [m.name for m in registry.MODES if m.fp8 and m.kind != "choice" and not m.grouped]
+FP8_MODES = [m for m in DENSE_FP8 if m != "torch.compile"] + ["auto"]
 # Tile-aligned, ragged in M and N, one token, K tails (K a multiple of 16: fp8 rows of 16 bytes),
 # deep K (the cooperative design from K = 8192); decode shapes whose few tiles splitk and swapab
 # cut into K slices summed by the reduction (16 x 8192 x 8192: 64 or 128 tiles; 7 x 520: 5 ragged
@@ -95,6 +97,20 @@ def test_fp8_matches_reference(mode, shape, scaling):
     a, b, sa, sb = fp8_inputs(M, N, K, scaling, seed=hash((mode, shape)) % 1000)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     result = api.matmul(a, b, kernel=mode, out=out, scale_a=sa, scale_b=sb)
+    torch.cuda.synchronize()
+    assert result is out
+    assert_close(out, a, b, sa, sb)
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+@pytest.mark.parametrize("shape", [(300, 1008, 272), (1, 4096, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_fp8_torch_compile_matches_reference(shape, scaling):
+    """The torch.compile baseline's compiled `torch._scaled_mm`: ragged M, one token, both scalings;
+    its product comes back as a new tensor and `out` is filled from it."""
+    M, N, K = shape
+    a, b, sa, sb = fp8_inputs(M, N, K, scaling, seed=7)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    result = api.matmul(a, b, kernel="torch.compile", out=out, scale_a=sa, scale_b=sb)
     torch.cuda.synchronize()
     assert result is out
     assert_close(out, a, b, sa, sb)

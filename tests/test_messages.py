@@ -89,12 +89,12 @@ def _fp8(*shape):
             lambda: api.matmul(
                 _fp8(8, 16),
                 _fp8(8, 16).t(),
-                kernel="torch.compile",
+                kernel="Blocked",
                 scale_a=torch.ones(1),
                 scale_b=torch.ones(1),
             ),
             TypeError,
-            "mode 'torch.compile' has no fp8 kernel",
+            "mode 'Blocked' has no fp8 kernel",
         ),
         (
             lambda: api.matmul(_fp8(8, 16), _fp8(8, 16).t(), scale_a=torch.ones(3), scale_b=torch.ones(1)),
@@ -115,17 +115,17 @@ def test_arguments_are_checked_before_the_device(no_cuda, call, error, message):
 
 
 def test_a_named_mode_without_fp8_kernels_is_refused_before_the_gpu(no_cuda, capsys):
-    assert main(["torch.compile", "--dtype", "fp8"]) == 2
+    assert main(["Blocked", "--dtype", "fp8"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line == (
-        "gluon-survey: error: --dtype fp8: mode 'torch.compile' has no fp8 kernel; fp8 operands run in: "
+        "gluon-survey: error: --dtype fp8: mode 'Blocked' has no fp8 kernel; fp8 operands run in: "
         + ", ".join(registry.fp8_names())
     )
 
 
 def test_a_named_mode_without_fp8_still_runs_its_fp16_tasks(sweeps, tmp_path):
     """With fp16 asked as well the mode measures something: its fp8 rows are SKIPPED, as before."""
-    assert main(["torch.compile", "--dtype", "fp16,fp8", "--results", str(tmp_path / "r.jsonl")]) == 0
+    assert main(["Blocked", "--dtype", "fp16,fp8", "--results", str(tmp_path / "r.jsonl")]) == 0
     assert len(sweeps) == 1
 
 

@@ -255,10 +255,11 @@ MODES: tuple[Mode, ...] = (
     ),
     Mode(
         "torch.compile",
-        "torch.compile(torch.matmul, mode='max-autotune-no-cudagraphs')",
+        "torch.compile(torch.matmul, mode='max-autotune-no-cudagraphs'); fp8: of torch._scaled_mm",
         "baseline",
         ("any CUDA GPU",),
         "gluon_survey.baselines.torch_compile",
+        fp8=True,
     ),
     Mode(
         "grouped_mm",

@@ -1,5 +1,6 @@
 """The `torch.compile` mode: `torch.matmul` compiled by Inductor with
-`mode="max-autotune-no-cudagraphs", dynamic=False`.
+`mode="max-autotune-no-cudagraphs", dynamic=False`; for fp8 operands `torch._scaled_mm` compiled
+the same way.
 
 `max-autotune` lets Inductor benchmark its Triton GEMM templates against cuBLAS and keep the fastest;
 `-no-cudagraphs` keeps CUDA graphs out, so this mode is launched and timed like every other one.
@@ -26,6 +27,12 @@ graphs each call walks their guards. So each key gets its own code object (a cop
 unique name) and its own `torch.compile` wrapper, holding exactly one graph. The first call of
 `Launch.fn` compiles and autotunes (the driver records that as compile time); later `prepare` calls
 for the same key reuse the compiled function.
+
+**fp8**: with `scales`, the compiled function is `torch._scaled_mm(a, b, scale_a, scale_b,
+out_dtype=out.dtype, use_fast_accum=True)` on the scales in its shapes, the call the `torch` mode
+makes (baselines/torch_ops.py), so that Inductor's max-autotune weighs its Triton scaled-mm
+templates against that same cuBLAS call. The key adds the scales' shapes (per tensor or row-wise)
+and the output's dtype; K and N must be multiples of 16, as for `_scaled_mm` itself.
 """
 
 from __future__ import annotations
@@ -35,37 +42,57 @@ from collections.abc import Callable
 
 import torch
 
-from gluon_survey.launch import Launch, Target
+from gluon_survey.baselines.torch_ops import check_fp8_shape
+from gluon_survey.launch import Launch, Scales, Target
 
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 
 _CacheKey = tuple[object, ...]
-_COMPILED: dict[_CacheKey, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {}
+_COMPILED: dict[_CacheKey, Callable[..., torch.Tensor]] = {}
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
-def cache_key(a: torch.Tensor, b: torch.Tensor) -> _CacheKey:
-    """What a dynamic=False graph is specialized on: shapes, strides, dtype and device."""
-    return (tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype, str(a.device))
+def _scaled_mm(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
+    return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype, use_fast_accum=True)
 
 
-def _fresh_matmul(tag: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """`_matmul` with a code object of its own, so Dynamo gives it its own cache (module docstring)."""
-    code = _matmul.__code__.replace(co_name=f"_matmul_{tag}")
-    return types.FunctionType(code, _matmul.__globals__, code.co_name)
+def cache_key(a: torch.Tensor, b: torch.Tensor, *more: object) -> _CacheKey:
+    """What a dynamic=False graph is specialized on: shapes, strides, dtype and device (and for fp8
+    `more`: the scales' shapes and the output's dtype)."""
+    return (tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype, str(a.device), *more)
+
+
+def _fresh(fn: Callable[..., torch.Tensor], tag: int) -> Callable[..., torch.Tensor]:
+    """`fn` with a code object of its own, so Dynamo gives it its own cache (module docstring)."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name)
+
+
+def _compiled(fn: Callable[..., torch.Tensor], key: _CacheKey) -> Callable[..., torch.Tensor]:
+    """The compiled copy of `fn` for this key, created (lazily compiled on first call) if new."""
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = torch.compile(_fresh(fn, len(_COMPILED)), mode=COMPILE_MODE, dynamic=False)
+        _COMPILED[key] = compiled
+    return compiled
 
 
 def compiled_matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The compiled `a @ b` for this key, created (lazily compiled on first call) if new."""
-    key = cache_key(a, b)
-    fn = _COMPILED.get(key)
-    if fn is None:
-        fn = torch.compile(_fresh_matmul(len(_COMPILED)), mode=COMPILE_MODE, dynamic=False)
-        _COMPILED[key] = fn
-    return fn
+    """The compiled `a @ b` for this key."""
+    return _compiled(_matmul, cache_key(a, b))
+
+
+def compiled_scaled_mm(
+    a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype
+) -> Callable[..., torch.Tensor]:
+    """The compiled `torch._scaled_mm` for this key (the scales' shapes and `out_dtype` in it)."""
+    key = cache_key(a, b, tuple(scale_a.shape), tuple(scale_b.shape), out_dtype)
+    return _compiled(_scaled_mm, key)
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
@@ -73,7 +100,20 @@ def unsupported_reason(capability: tuple[int, int]) -> str | None:
     return None
 
 
-def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, target: Target | None = None) -> Launch:
-    """A launch whose `fn()` returns `a @ b` as a new tensor and leaves `out` untouched (see above)."""
-    fn = compiled_matmul(a, b)
-    return Launch(lambda: fn(a, b), {"impl": f"torch.compile({COMPILE_MODE})", "result": "returned"})
+def prepare(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    target: Target | None = None,
+    scales: Scales | None = None,
+) -> Launch:
+    """A launch whose `fn()` returns `a @ b` (fp8: `(a @ b) * scales` in `out`'s dtype) as a new
+    tensor and leaves `out` untouched (see above)."""
+    if scales is None:
+        fn = compiled_matmul(a, b)
+        return Launch(lambda: fn(a, b), {"impl": f"torch.compile({COMPILE_MODE})", "result": "returned"})
+    check_fp8_shape(b, "torch.compile of torch._scaled_mm")
+    scale_a, scale_b, dtype = scales.torch_a, scales.torch_b, out.dtype
+    scaled = compiled_scaled_mm(a, b, scale_a, scale_b, dtype)
+    impl = f"torch.compile({COMPILE_MODE}) of torch._scaled_mm, fast accumulation"
+    return Launch(lambda: scaled(a, b, scale_a, scale_b, dtype), {"impl": impl, "result": "returned"})

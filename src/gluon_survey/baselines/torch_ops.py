@@ -38,6 +38,14 @@ from gluon_survey.launch import Launch, Scales, Target
 FP8_ALIGN = 16  # torch._scaled_mm: K and N (mat1.size(1), mat2's sizes) must be multiples of 16
 
 
+def check_fp8_shape(b: torch.Tensor, what: str) -> None:
+    """`torch._scaled_mm` takes K and N (b's sizes) only as multiples of FP8_ALIGN: say so before
+    the call rather than deep inside PyTorch. `what` names the caller's call."""
+    k, n = b.shape
+    if k % FP8_ALIGN or n % FP8_ALIGN:
+        raise ValueError(f"{what} needs K and N to be multiples of {FP8_ALIGN}; got K={k}, N={n}")
+
+
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
     """cuBLAS runs on every CUDA GPU PyTorch supports (fp8 needs sm_89+; `_scaled_mm` says so)."""
     return None
@@ -110,12 +118,7 @@ def prepare(
         fn = lambda: torch.matmul(a, b, out=out)  # noqa: E731 (a function with an attribute)
         impl = "cuBLAS"
     else:
-        k, n = b.shape
-        if k % FP8_ALIGN or n % FP8_ALIGN:
-            raise ValueError(
-                f"torch._scaled_mm (cuBLAS fp8) needs K and N to be multiples of {FP8_ALIGN}; "
-                f"got K={k}, N={n}"
-            )
+        check_fp8_shape(b, "torch._scaled_mm (cuBLAS fp8)")
         scale_a, scale_b = scales.torch_a, scales.torch_b
         fn = lambda: _scaled_mm(a, b, out, scale_a, scale_b, bias)  # noqa: E731
         impl = "cuBLAS fp8 (torch._scaled_mm, fast accumulation)"
