@@ -171,7 +171,7 @@ def config_for(capability: tuple[int, int], K: int, fp8: bool = False) -> WarpSp
 
 def _tiles(cfg: WarpSpecConfig, M: int, N: int) -> int:
     """The output tiles of `cfg` (BOXES boxes of BLOCK_M rows by BLOCK_N) on an M x N output."""
-    return -(-M // (cfg.BLOCK_M * cfg.BOXES)) * -(-N // cfg.BLOCK_N)
+    return -(-M // cfg.a_rows) * -(-N // cfg.BLOCK_N)
 
 
 def fp8_config(M: int, N: int, sm_count: int) -> WarpSpecConfig:
@@ -179,7 +179,7 @@ def fp8_config(M: int, N: int, sm_count: int) -> WarpSpecConfig:
     one where its waves of tiles (each counted by its rows over its rate) finish sooner."""
 
     def waves_of_rows(cfg: WarpSpecConfig, rate: float) -> float:
-        return -(-_tiles(cfg, M, N) // max(1, sm_count)) * cfg.BLOCK_M * cfg.BOXES / rate
+        return -(-_tiles(cfg, M, N) // max(1, sm_count)) * cfg.a_rows / rate
 
     mid = waves_of_rows(PINGPONG_FP8_MID, MID_FP8_RATE)
     return PINGPONG_FP8_MID if mid < waves_of_rows(PINGPONG_FP8, 1.0) else PINGPONG_FP8
@@ -190,9 +190,9 @@ def fp8_useful_fill(M: int, N: int, sm_count: int) -> float:
     output's elements over (waves x SMs x the tile's elements). It counts both what the last wave
     leaves idle and the rows of the last tile row that lie past M (a tile row of 8 rows costs as
     much as a full one); 1.0 when every wave is full and the tiles divide M and N."""
-    cfg = fp8_config(M, N, sm_count)
-    waves = -(-_tiles(cfg, M, N) // max(1, sm_count))
-    return M * N / (waves * max(1, sm_count) * cfg.BLOCK_M * cfg.BOXES * cfg.BLOCK_N)
+    cfg, sms = fp8_config(M, N, sm_count), max(1, sm_count)
+    waves = -(-_tiles(cfg, M, N) // sms)
+    return M * N / (waves * sms * cfg.a_rows * cfg.BLOCK_N)
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
