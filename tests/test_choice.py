@@ -358,6 +358,10 @@ def test_the_fp8_rule_walks_tiles_persistently_only_past_a_wave(M, N, sm_count, 
     [(3000, 3584, 3000 * 3584 / (4 * 132 * 192 * 128), "torch"),  # 4 waves, the last 39 % full
      (3080, 5120, 3080 * 5120 / (8 * 132 * 128 * 128), "torch"),  # 1000 tiles fill 0.95 of 8 waves, but a
      (2056, 3584, 2056 * 3584 / (4 * 132 * 128 * 128), "torch"),  # last tile row of 8 rows costs a whole one
+     (3500, 5120, 3500 * 5120 / (6 * 132 * 192 * 128), "torch"),  # 0.921 and 0.934: the K-heavy weights
+     (7400, 4096, 7400 * 4096 / (10 * 132 * 192 * 128), "torch"),  # lost 3-7 % there
+     (3500, 12288, 3500 * 12288 / (14 * 132 * 192 * 128), "warpspec"),  # 0.947
+     (2600, 11008, 2600 * 11008 / (14 * 132 * 128 * 128), "warpspec"),  # 0.9453, just above the line
      (4096, 4096, 4096 * 4096 / (8 * 132 * 128 * 128), "warpspec"),
      (16384, 28672, 16384 * 28672 / (146 * 132 * 192 * 128), "warpspec")],
 )  # fmt: skip
