@@ -115,7 +115,7 @@ FP8_GLUON_FROM_M = 2048
 # 0.92-0.945 read 1.003x, 6 below 0.97x (lowest 0.933x) and 5 at 1.03x or more. A waste of 6-8 %
 # is more than warpspec's lead on the K-heavy weights (1.04-1.07x at full waves). cuBLAS fp8 does
 # not pay it: its tiles are multiples of 8 tokens high (256 x 152 at 4996 and 5000 tokens: 1056
-# tiles fill 8 waves exactly on 8192 x 28672), where Gluon's block shapes are powers of two. No
+# tiles fill 8 waves exactly on 8192 x 28672), where a Gluon tensor's shape is a power of two. No
 # cell of the dense grid or of the holdout weights falls between the two lines (docs/perf-notes.md,
 # entries 94 and 95).
 FP8_MIN_FILL = 0.945
