@@ -174,12 +174,18 @@ def _tiles(cfg: WarpSpecConfig, M: int, N: int) -> int:
     return -(-M // cfg.a_rows) * -(-N // cfg.BLOCK_N)
 
 
+def _waves(cfg: WarpSpecConfig, M: int, N: int, sm_count: int) -> int:
+    """The waves `cfg`'s tiles take on `sm_count` SMs (0: unknown, counted as one), the last one
+    counted whole however few tiles it holds."""
+    return -(-_tiles(cfg, M, N) // max(1, sm_count))
+
+
 def fp8_config(M: int, N: int, sm_count: int) -> WarpSpecConfig:
     """fp8's ping-pong tile for an M x N output on `sm_count` SMs: the 192-row tile, or the 128-row
     one where its waves of tiles (each counted by its rows over its rate) finish sooner."""
 
     def waves_of_rows(cfg: WarpSpecConfig, rate: float) -> float:
-        return -(-_tiles(cfg, M, N) // max(1, sm_count)) * cfg.a_rows / rate
+        return _waves(cfg, M, N, sm_count) * cfg.a_rows / rate
 
     mid = waves_of_rows(PINGPONG_FP8_MID, MID_FP8_RATE)
     return PINGPONG_FP8_MID if mid < waves_of_rows(PINGPONG_FP8, 1.0) else PINGPONG_FP8
@@ -190,9 +196,8 @@ def fp8_useful_fill(M: int, N: int, sm_count: int) -> float:
     output's elements over (waves x SMs x the tile's elements). It counts both what the last wave
     leaves idle and the rows of the last tile row that lie past M (a tile row of 8 rows costs as
     much as a full one); 1.0 when every wave is full and the tiles divide M and N."""
-    cfg, sms = fp8_config(M, N, sm_count), max(1, sm_count)
-    waves = -(-_tiles(cfg, M, N) // sms)
-    return M * N / (waves * sms * cfg.a_rows * cfg.BLOCK_N)
+    cfg = fp8_config(M, N, sm_count)
+    return M * N / (_waves(cfg, M, N, sm_count) * max(1, sm_count) * cfg.a_rows * cfg.BLOCK_N)
 
 
 def unsupported_reason(capability: tuple[int, int]) -> str | None:
