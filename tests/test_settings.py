@@ -27,6 +27,7 @@ def test_the_cli_defaults_are_the_settings_defaults():
     )
     assert (args.seed, args.paired, args.rounds) == (DEFAULTS.seed, DEFAULTS.paired, DEFAULTS.rounds)
     assert args.gpu_time == DEFAULTS.queued
+    assert args.settle_ms == DEFAULTS.settle_ms
     assert cli.build_parser().parse_args(["--gpu-time"]).gpu_time is True
 
 

@@ -130,9 +130,12 @@ def test_time_fn_iteration_bounds(min_ms, min_iters, max_iters, n):
     assert t.n == n
 
 
-def test_paired_windows_alternate_and_the_ratio_cancels_a_drifting_clock():
+@pytest.mark.parametrize("settle", [0, 5])
+def test_paired_windows_alternate_and_the_ratio_cancels_a_drifting_clock(settle):
     """Kernel runs take 1 ms and the baseline 1.1 ms, both stretched by a clock that slows by 1 %
-    per window. Order: first calls, the baseline's warm-up, the kernel's, then windows B K B K B."""
+    per window. Order: first calls, the baseline's warm-up, the kernel's, then windows B K B K B,
+    each after `settle` ms of its own side's untimed calls (5 of either here), with no
+    synchronisation between those and the window, and none of them among the samples."""
     clock, log = FakeClock(), []
     slow = [1.0]
 
@@ -164,11 +167,17 @@ def test_paired_windows_alternate_and_the_ratio_cancels_a_drifting_clock():
         min_ms=20,
         rounds=2,
         min_iters=2,
+        settle_ms=settle,
         clock=clock,
     )
     windows = "".join(log[2 * 2 :])  # after the first calls of both
     nb = pair.baseline.n // 3  # 20 ms of 1.1 ms calls (slowed by the warm-ups' drift) per window
-    assert nb in (18, 19) and re.fullmatch(f"B+K+(B{{{nb}}}K{{20}}){{2}}B{{{nb}}}", windows)
+    s = 5 if settle else 0
+    b, k = nb + s, 20 + s
+    assert nb in (18, 19) and re.fullmatch(f"B+K+(B{{{b}}}K{{{k}}}){{2}}B{{{b}}}", windows)
+    # one synchronisation a window, at its end: none between a window and its settling calls
+    ends = list(itertools.accumulate([b, k, b, k, b]))
+    assert syncs[-6:] == [len(log) - ends[-1]] + [len(log) - ends[-1] + e for e in ends]
     assert pair.timing.n == 40 and pair.baseline.n == 3 * nb
     # Each round's baseline is the mean of the windows either side, so a steady drift cancels.
     assert pair.rounds == pytest.approx((1.1, 1.1), rel=1e-4)
@@ -520,3 +529,34 @@ def test_a_full_launch_queue_blocks_the_host_without_starving_the_gpu_or_growing
     assert pair.timing.median_ms == pytest.approx(0.011) and pair.baseline.median_ms == pytest.approx(0.015)
     kernel_holds = _holds_before(gpu.events, "K")
     assert kernel_holds[1:] == [pytest.approx(1.5 * timing.BURST * (20 - 11) + 100)] * 20
+
+
+def test_settling_calls_end_on_the_last_set_and_are_bounded_by_max_iters():
+    """Each alternating window follows ceil(settle_ms / the side's call) untimed calls in rotation
+    over the sets, ending on the last one, so the window's first call reads set 0, the set read
+    longest ago; the settling calls never number more than max_iters."""
+
+    def sets_before_windows(settle_ms, max_iters):
+        clock, log = FakeClock(), []
+
+        def make(name):
+            def make_run(i):
+                def run():
+                    log.append((name, i))
+                    clock.now += 1.0
+
+                return run
+
+            return make_run
+
+        pair = time_paired(
+            make("K"), make("B"), 4, warmup_ms=0, rewarm_ms=0, min_ms=8, rounds=1, noisy_rounds=1,
+            min_iters=1, max_iters=max_iters, settle_ms=settle_ms, clock=clock, interleave=False,
+        )  # fmt: skip
+        kernel = [i for name, i in log[8 + 4 + 4 :] if name == "K"]  # after first calls, warm-ups
+        return kernel, pair.timing.n
+
+    kernel, n = sets_before_windows(6, 100)
+    assert n == 8 and kernel == [2, 3, 0, 1, 2, 3] + [0, 1, 2, 3] * 2
+    kernel, n = sets_before_windows(1000, 5)  # capped at max_iters
+    assert kernel[: len(kernel) - n] == [3, 0, 1, 2, 3]

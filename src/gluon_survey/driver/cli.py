@@ -166,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     how.add_argument(
+        "--settle-ms",
+        type=argtypes.non_negative,
+        default=DEFAULTS.settle_ms,
+        help="paired timing, alternating windows: untimed calls of a window's own side before it, so "
+        "that at the power limit each side runs at the clock its own power draw sets (0: none, the "
+        "timing before this option) (default: %(default)g)",
+    )
+    how.add_argument(
         "--noisy-rounds",
         type=argtypes.positive_int,
         default=DEFAULTS.noisy_rounds,
@@ -525,6 +533,7 @@ def _sweep(
         timeout_s=args.timeout,
         paired=args.paired,
         rounds=args.rounds,
+        settle_ms=args.settle_ms,
         noisy_rounds=max(args.rounds, args.noisy_rounds),
         queued=args.gpu_time,
         interleave=args.interleave,

@@ -22,6 +22,10 @@ class Settings:
     min_iters: int = 20  # bounds on the timed iterations of a cell (all of its windows together)
     max_iters: int = 20000
     rewarm_ms: float = 200.0  # paired: the cell's own warm-up, after cuBLAS's, the GPU already hot
+    # paired, alternating windows: untimed calls of a window's own side before it, so that at the
+    # power limit each side runs at the clock its own power draw sets, not one inherited from the
+    # other side's window (timing.py, "Settled windows"; results/experiments/h200-fp8-power)
+    settle_ms: float = 200.0
     timeout_s: float = 600.0  # per task, compilation and autotuning included (the runner's limit)
     paired: bool = True  # time cuBLAS alongside every task of the other modes (worker.measure)
     rounds: int = 3  # paired: the task's timed windows of min_ms, alternating with cuBLAS's

@@ -50,6 +50,16 @@ Method
   itself ranged 0.75-1.21 on an H200, and three of them put identical calls at 0.81x (nine:
   0.99-1.02x; results/experiments/h200-noisy-rounds). The choice to go on looks only at the
   spread, never at the ratio, so it cannot favour either side.
+* **Settled windows.** At the power limit (every large GEMM on an H100 or H200) the SM clock
+  follows the power draw, and the power-management loop carries its state from one window into the
+  next. Back to back, the second window starts at the clock the first one's calls left, so the
+  side that draws more power borrows the other's headroom: on an H200, `auto` (warpspec) against
+  cuBLAS fp8 over 48 cells of 3072-16384 tokens read 1.065x in bare alternating windows of 50 ms
+  and 1.015x where each window followed 200 ms of its own side's calls, with cuBLAS against itself
+  at 1.002x and 0.999x (results/experiments/h200-fp8-power). So each alternating window follows
+  `settle_ms` of its own side's calls, untimed, ending on the set before the window's first (so
+  the window's first call still finds its set out of L2). Queued windows are not settled: each
+  opens on a hold that idles the GPU. Whether less than 200 ms settles the clock is not measured.
 * **Interleaved pairing** (`interleave`, the CLI's `--interleave`): by default where both sides'
   calls are shorter than `interleave_below_ms` (their warm-ups' estimates; 60 µs), and not with
   `queued`. Where a call is host-bound, its time a call is the host's launch time, and a virtual
@@ -67,7 +77,7 @@ Method
   follows its own power draw, which interleaving averages with the baseline's (docs/perf-notes.md,
   entry 8: ping-pong read 1.03-1.06x interleaved where sustained windows read 0.95-1.01x).
 
-The defaults of `warmup_ms`, `rewarm_ms`, `min_ms`, `rounds`, `noisy_rounds`, `min_iters`,
+The defaults of `warmup_ms`, `rewarm_ms`, `settle_ms`, `min_ms`, `rounds`, `noisy_rounds`, `min_iters`,
 `max_iters`, `queued`, `interleave` and `interleave_below_ms` are those of
 `gluon_survey.driver.settings.Settings`, the one place they are written.
 """
@@ -333,6 +343,15 @@ def _interleaved_window(
     return tuple([clock.elapsed_ms(b, e) for b, e in m] for m in marks)  # type: ignore[return-value]
 
 
+def _settle(runs: list[Callable[[], object]], settle_ms: float, estimate_ms: float, max_iters: int) -> None:
+    """About `settle_ms` of untimed calls of `runs` (at most max_iters), in rotation, ending on the
+    last set so that the timed window after them starts on set 0, the one read longest ago; no
+    synchronisation, so the window's calls follow them on the GPU without a pause."""
+    n = min(math.ceil(settle_ms / max(estimate_ms, 1e-6)), max_iters) if settle_ms > 0 else 0
+    for i in range(-n, 0):
+        runs[i % len(runs)]()
+
+
 def _window(
     runs: list[Callable[[], object]], clock: Clock, n_iters: int, queue: _Queue | None
 ) -> tuple[list[float], int]:
@@ -398,6 +417,7 @@ def time_paired(
     rewarm_ms: float = DEFAULTS.rewarm_ms,
     min_ms: float = DEFAULTS.min_ms,
     rounds: int = DEFAULTS.rounds,
+    settle_ms: float = DEFAULTS.settle_ms,
     min_iters: int = DEFAULTS.min_iters,
     max_iters: int = DEFAULTS.max_iters,
     queued: bool = DEFAULTS.queued,
@@ -415,7 +435,9 @@ def time_paired(
     few per cent into a single ratio; alternating windows put both under the same clock history,
     and the per-round ratios show how much is left. Why not shorter windows: each starts off the
     steady clock (the pause at its synchronisation), and short windows scattered the rounds
-    (docs/perf-notes.md, entry 16, has the measurements). The warm-up is the baseline's
+    (docs/perf-notes.md, entry 16, has the measurements). Each window follows `settle_ms` of its
+    own side's untimed calls, so that its clock is its own (module docstring, "Settled windows").
+    The warm-up is the baseline's
     (`warmup_ms`), then a short one of the kernel's (`rewarm_ms`); min_iters and max_iters bound the
     samples of all of the kernel's windows together (of its first `rounds`: more rounds take windows
     of the same size). While the kernel's samples or the baseline's are NOISY, another round (a
@@ -447,10 +469,16 @@ def time_paired(
             run_windows.append((run_samples, 0))
             base_windows.append((base_samples, 0))
     else:
-        base_windows = [_window(base, clock, n_base, base_queue)]
+
+        def settled(calls: list[Callable[[], object]], estimate: float, n: int, queue: _Queue | None):
+            if queue is None:  # queued windows open on a hold, which idles the GPU anyway
+                _settle(calls, settle_ms, estimate, max_iters)
+            return _window(calls, clock, n, queue)
+
+        base_windows = [settled(base, base_estimate, n_base, base_queue)]
         while _another_round(run_windows, base_windows, rounds, noisy_rounds):
-            run_windows.append(_window(runs, clock, n_run, run_queue))
-            base_windows.append(_window(base, clock, n_base, base_queue))
+            run_windows.append(settled(runs, run_estimate, n_run, run_queue))
+            base_windows.append(settled(base, base_estimate, n_base, base_queue))
     return _paired_timing(run_windows, base_windows, interleave)
 
 

@@ -258,6 +258,7 @@ def confirm_entry(entry: dict, target, settings, top: int) -> dict:
                 len(sets),
                 warmup_ms=settings.warmup_ms,
                 rewarm_ms=settings.rewarm_ms,
+                settle_ms=settings.settle_ms,
                 min_ms=settings.min_ms,
                 rounds=settings.rounds,
                 queued=queued,

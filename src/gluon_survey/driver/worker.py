@@ -430,6 +430,7 @@ def measure(
                 n_copies,
                 warmup_ms=settings.warmup_ms,
                 rewarm_ms=settings.rewarm_ms,
+                settle_ms=settings.settle_ms,
                 rounds=settings.rounds,
                 noisy_rounds=settings.noisy_rounds,
                 queued=settings.queued,
