@@ -29,6 +29,10 @@
 #     pdl       calls back to back on the GPU's timeline, without and with GLUON_SURVEY_PDL=1 (dependent
 #               launches), scripts/pdl_probe.py PDL_ARGS (default: --shapes
 #               results/experiments/h200-fp8-persistent/shapes-pdl.csv --dtype fp8) -> pdl-<0|1>.csv/.log
+#     power     a mode against cuBLAS sustained (after 200 ms of its own calls), at half duty and in
+#               bursts after a rest, with SM clocks (scripts/power_probe.py POWER_ARGS, default:
+#               --shapes results/experiments/h200-fp8-power/shapes.csv --modes torch,warpspec
+#               --dtype fp8)                                      -> power-probe.csv/.log
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t);
 #               with --update or --confirm it starts from src/gluon_survey/tables/$TUNE_TABLE.json
 #               (default h100)                                  -> tune-table.json, tune.log
@@ -123,6 +127,11 @@ if step pdl; then
     GLUON_SURVEY_PDL=$p python3 scripts/pdl_probe.py ${PDL_ARGS:---shapes results/experiments/h200-fp8-persistent/shapes-pdl.csv --dtype fp8} \
       --output "$OUT/pdl-$p.csv" 2>&1 | tee "$OUT/pdl-$p.log" | tail -16
   done
+fi
+if step power; then
+  PYTHONPATH=src:scripts python3 scripts/power_probe.py \
+    ${POWER_ARGS:---shapes results/experiments/h200-fp8-power/shapes.csv --modes torch,warpspec --dtype fp8} \
+    --output "$OUT/power-probe.csv" 2>&1 | tee "$OUT/power-probe.log" | tail -6
 fi
 if step tune; then
   # --update and --confirm work on a table at --output: start from the committed one (TUNE_TABLE)
