@@ -200,6 +200,22 @@ def _calls(clock, pattern, log, name):
     return make_run
 
 
+def _sets_logged(clock, log):
+    """make(name): a launch per set whose 1 ms calls are logged as (name, set)."""
+
+    def make(name):
+        def make_run(i):
+            def run():
+                log.append((name, i))
+                clock.now += 1.0
+
+            return run
+
+        return make_run
+
+    return make
+
+
 @pytest.mark.parametrize(("noisy_side", "rounds"), [(None, 2), ("K", 5), ("B", 5)])
 def test_a_noisy_pair_takes_more_rounds_up_to_noisy_rounds(noisy_side, rounds):
     """Steady calls on both sides keep `rounds` windows each; calls that alternate 1 and 2 ms (a
@@ -268,17 +284,7 @@ def test_interleaved_sides_never_read_the_set_the_other_side_just_read():
     so a call never reads a set that one of the few calls before it read (which would find it in
     L2): every set a call reads was last read at least n_copies / 2 calls earlier."""
     clock, log = FakeClock(), []
-
-    def make(name):
-        def make_run(i):
-            def run():
-                log.append((name, i))
-                clock.now += 1.0
-
-            return run
-
-        return make_run
-
+    make = _sets_logged(clock, log)
     time_paired(
         make("K"), make("B"), 8, warmup_ms=0, rewarm_ms=0, min_ms=40, rounds=2, min_iters=2,
         clock=clock, interleave=True,
@@ -538,17 +544,7 @@ def test_settling_calls_end_on_the_last_set_and_are_bounded_by_max_iters():
 
     def sets_before_windows(settle_ms, max_iters):
         clock, log = FakeClock(), []
-
-        def make(name):
-            def make_run(i):
-                def run():
-                    log.append((name, i))
-                    clock.now += 1.0
-
-                return run
-
-            return make_run
-
+        make = _sets_logged(clock, log)
         pair = time_paired(
             make("K"), make("B"), 4, warmup_ms=0, rewarm_ms=0, min_ms=8, rounds=1, noisy_rounds=1,
             min_iters=1, max_iters=max_iters, settle_ms=settle_ms, clock=clock, interleave=False,
