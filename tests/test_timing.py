@@ -55,6 +55,7 @@ class FakeClock:
     """Time advances only when a fake run executes; records synchronisations."""
 
     name = "fake"
+    power_limited = True  # its windows are settled, as a GPU's are
 
     def __init__(self):
         self.now = 0.0
@@ -377,6 +378,7 @@ class QueueClock:
     With a `depth`, the host blocks while that many items wait in the queue."""
 
     name = "queue"
+    power_limited = True
 
     def __init__(self, depth=None):
         self.host = self.free = 0.0
@@ -542,8 +544,9 @@ def test_settling_calls_end_on_the_last_set_and_are_bounded_by_max_iters():
     over the sets, ending on the last one, so the window's first call reads set 0, the set read
     longest ago; the settling calls never number more than max_iters."""
 
-    def sets_before_windows(settle_ms, max_iters):
+    def sets_before_windows(settle_ms, max_iters, power_limited=True):
         clock, log = FakeClock(), []
+        clock.power_limited = power_limited
         make = _sets_logged(clock, log)
         pair = time_paired(
             make("K"), make("B"), 4, warmup_ms=0, rewarm_ms=0, min_ms=8, rounds=1, noisy_rounds=1,
@@ -556,3 +559,5 @@ def test_settling_calls_end_on_the_last_set_and_are_bounded_by_max_iters():
     assert n == 8 and kernel == [2, 3, 0, 1, 2, 3] + [0, 1, 2, 3] * 2
     kernel, n = sets_before_windows(1000, 5)  # capped at max_iters
     assert kernel[: len(kernel) - n] == [3, 0, 1, 2, 3]
+    kernel, n = sets_before_windows(6, 100, power_limited=False)  # CPU work: nothing to settle
+    assert n == 8 and kernel == [0, 1, 2, 3] * 2

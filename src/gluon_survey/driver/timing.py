@@ -58,8 +58,9 @@ Method
   and 1.015x where each window followed 200 ms of its own side's calls, with cuBLAS against itself
   at 1.002x and 0.999x (results/experiments/h200-fp8-power). So each alternating window follows
   `settle_ms` of its own side's calls, untimed, ending on the set before the window's first (so
-  the window's first call still finds its set out of L2). Queued windows are not settled: each
-  opens on a hold that idles the GPU. Whether less than 200 ms settles the clock is not measured.
+  the window's first call still finds its set out of L2). Queued windows are not settled (each
+  opens on a hold that idles the GPU), nor is work on a clock that is not power-limited
+  (`Clock.power_limited`: the CPU's wall clock). Whether less than 200 ms settles the clock is not measured.
 * **Interleaved pairing** (`interleave`, the CLI's `--interleave`): by default where both sides'
   calls are shorter than `interleave_below_ms` (their warm-ups' estimates; 60 µs), and not with
   `queued`. Where a call is host-bound, its time a call is the host's launch time, and a virtual
@@ -148,6 +149,9 @@ class Clock(Protocol):
     """Marks points on the timeline the work runs on, and measures between them."""
 
     name: str
+    # whether the work runs on a GPU whose clock follows its power draw: only then are alternating
+    # windows settled (module docstring, "Settled windows")
+    power_limited: bool
 
     def mark(self) -> object: ...
 
@@ -178,6 +182,7 @@ class CudaEventClock:
     """CUDA events on the current stream: GPU time, no host synchronisation per mark."""
 
     name = "cuda-events"
+    power_limited = True
 
     def __init__(self) -> None:
         import torch
@@ -207,6 +212,7 @@ class WallClock:
     """Host wall-clock time, for work that runs synchronously on the CPU (the test providers)."""
 
     name = "wall-clock"
+    power_limited = False  # CPU work: nothing to settle
 
     def mark(self) -> object:
         return perf_counter()
@@ -471,7 +477,7 @@ def time_paired(
     else:
 
         def settled(calls: list[Callable[[], object]], estimate: float, n: int, queue: _Queue | None):
-            if queue is None:  # queued windows open on a hold, which idles the GPU anyway
+            if queue is None and clock.power_limited:  # a queued window opens on an idling hold
                 _settle(calls, settle_ms, estimate, max_iters)
             return _window(calls, clock, n, queue)
 
