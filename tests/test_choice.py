@@ -388,11 +388,11 @@ def test_the_fp8_rule_leaves_warpspec_where_its_tiles_waves_waste_work(M, N, use
     ("gpu", "M", "N", "K", "mode"),
     [("NVIDIA H200", 5000, 8192, 28672, "torch"), ("NVIDIA H200", 4609, 5120, 5120, "torch"),
      ("NVIDIA H200", 5503, 3584, 18944, "torch"),  # inside the H200's band, K > 4096: cuBLAS fp8
-     ("NVIDIA H200", 4608, 8192, 28672, "warpspec"), ("NVIDIA H200", 5504, 8192, 28672, "warpspec"),
-     ("NVIDIA H200", 4097, 2048, 8192, "warpspec"), ("NVIDIA H200", 6000, 5120, 13824, "warpspec"),
-     ("NVIDIA H100 80GB HBM3", 4097, 2048, 8192, "torch"),
+     ("NVIDIA H200", 4608, 10240, 8192, "warpspec"), ("NVIDIA H200", 5504, 10240, 8192, "warpspec"),
+     ("NVIDIA H200", 4097, 5120, 8192, "warpspec"), ("NVIDIA H200", 6000, 7168, 8192, "warpspec"),
+     ("NVIDIA H100 80GB HBM3", 4097, 5120, 8192, "torch"),
      ("NVIDIA H100 80GB HBM3", 5999, 8192, 8192, "torch"),
-     ("NVIDIA H100 80GB HBM3", 6000, 8192, 28672, "warpspec"),  # the H100's own band and edge
+     ("NVIDIA H100 80GB HBM3", 6000, 10240, 8192, "warpspec"),  # the H100's own band and edge
      ("NVIDIA GH200 480GB", 6143, 8192, 28672, "torch"), ("", 4097, 8192, 28672, "torch"),  # unmeasured
      ("NVIDIA H200", 5000, 4096, 4096, "warpspec"),
      ("NVIDIA H200", 5000, 37888, 3584, "warpspec"),  # K <= 4096
@@ -409,6 +409,27 @@ def test_the_fp8_rule_runs_cublas_in_its_gpus_band_around_5000_tokens_on_k_heavy
     if gpu:
         assert choice.choose(M, N, K or 4096, "fp8", "t", (9, 0), gpu, 132).mode == mode
     assert choice.rule(M, (9, 0), "fp8-row", N, 132, K, gpu_name=gpu).mode == "torch"
+
+
+@pytest.mark.parametrize(
+    ("M", "N", "K", "mode"),
+    [(8192, 4096, 14336, "torch"), (12288, 8192, 28672, "torch"),  # K = 3.5 N: cuBLAS fp8
+     (7100, 4608, 36864, "torch"), (3456, 7168, 20480, "torch"),
+     (8192, 4096, 8192, "warpspec"), (8192, 8192, 16384, "warpspec"),  # K = 2 N: still warpspec
+     (8192, 4096, 8193, "torch"),  # just past 2 N
+     (8192, 28672, 4096, "warpspec"), (8192, 10240, 8192, "warpspec")],
+)  # fmt: skip
+def test_the_fp8_rule_runs_cublas_where_k_is_more_than_twice_n(M, N, K, mode):
+    """Per-tensor fp8 above M = 2048 on sm_90 runs cuBLAS fp8 where K > FP8_MAX_K_PER_N (2) x N,
+    outside the band and whatever the fill, and says so; with N unknown, and on sm_100 (whose
+    tcgen05 warpspec was never timed against it), the rule is as before."""
+    assert choice.FP8_MAX_K_PER_N == 2.0
+    assert warpspec.fp8_useful_fill(M, N, 132) >= choice.FP8_MIN_FILL  # the fill guard passes
+    c = choice.rule(M, (9, 0), "fp8", N, 132, K, gpu_name="NVIDIA H200")
+    assert c.mode == mode and ("K > 2 N" in c.why) == (mode == "torch"), c.why
+    assert choice.choose(M, N, K, "fp8", "t", (9, 0), "NVIDIA H200", 132).mode == mode
+    assert choice.rule(M, (9, 0), "fp8", 0, 132, K, gpu_name="NVIDIA H200").mode == "warpspec"
+    assert choice.rule(M, (10, 0), "fp8", N, 148, K, gpu_name="NVIDIA H200").mode == "warpspec"
 
 
 def test_the_committed_tables_name_real_candidates():

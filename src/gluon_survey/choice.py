@@ -50,7 +50,8 @@ each leaves on the GPU, `warpspec.fp8_config`), on sm_90 where at least FP8_MIN_
 work of that tile's waves lands in C (cuBLAS fp8 where the last wave, or the rows of the last tile
 row past M, leave more of it idle), and
 not in a band of M around 5000 on a weight with K > 4096 (FP8_BAND_M, each GPU's own: cuBLAS fp8
-won at 5000 and warpspec at the nearest M measured on each side);
+won at 5000 and warpspec at the nearest M measured on each side), and on sm_90 not where K is more
+than FP8_MAX_K_PER_N times N (cuBLAS fp8 was the faster at its own clock there);
 with row-wise scales cuBLAS's row-wise fp8 there; at M = 1 with K <= 16384, `gemv` (the
 weight streamed in one chunk a row, CUDA-core FMAs); swapab's whole-K tile (one 64-row tile per
 program over all of K) with row-wise scales at M <= 64 and with per-tensor scales at M <= 16, on its
@@ -134,6 +135,16 @@ FP8_MIN_FILL = 0.945
 # name picks its band; the weights with K <= 4096 held 1.003-1.166x at 5000.
 FP8_BAND_M = {"NVIDIA H200": (4608, 5504), "NVIDIA H100": (4096, 6000), "": (4096, 6144)}  # exclusive
 FP8_BAND_K = 4096  # above
+# ... and, on sm_90, only where K is at most this many times N. On weights whose K is several times
+# N both kernels are MMA-bound for most of each tile, and at its own clock warpspec is the slower.
+# Kernel-only, it read 0.936x cuBLAS fp8 on four such weights at 2345-13000 tokens (0.858-1.023x,
+# K = 2.9-8 N) and 0.957x on 8192 x 28672 and 4096 x 14336 (results/experiments/h200-fp8-deepk).
+# With each window settled by 200 ms of its own calls on the latter two, it read 0.953-1.024x at
+# 3072-16384 tokens. Weights with K <= N read 0.958-1.063x there (results/experiments/
+# h200-fp8-power). Its per-call leads on them (1.00-1.07x) came from bare alternating windows, which
+# favour the kernel that draws more power. The weights measured have K <= N or K >= 2.5 N, and the
+# line sits between those.
+FP8_MAX_K_PER_N = 2.0
 # fp8 at M = 1, 16, 64 over the llm weights, kernel-only (results/h100-fp8-wholek): swapab's
 # whole-K tile ran 1.00-1.76x cuBLAS fp8's speed with row-wise scales at all 24 shapes (split
 # swapab, the rule before: 1.03-1.60x at M <= 16 only); with per-tensor scales 1.00-1.10x at M <= 16
@@ -249,6 +260,13 @@ def rule(
                     None,
                     f"rule: fp8 with {lo} < M < {hi} and K > {FP8_BAND_K}: warpspec held at M = {lo} "
                     f"and {hi} on the {gpu or 'H100 and H200'} but lost between them: cuBLAS fp8",
+                )
+            if capability[0] == 9 and N > 0 and K > FP8_MAX_K_PER_N * N:
+                return Choice(
+                    "torch",
+                    None,
+                    f"rule: fp8 with M > {FP8_GLUON_FROM_M} and K > {FP8_MAX_K_PER_N:g} N: warpspec is "
+                    "the slower at its own clock where K is several times N: cuBLAS fp8",
                 )
             hopper = capability[0] == 9 and N > 0 and sm_count > 0  # the sm_90 tile's waves
             used = fp8_useful_fill(M, N, sm_count) if hopper else 1.0
