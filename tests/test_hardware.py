@@ -76,10 +76,18 @@ def test_telemetry_averages_nvml_samples(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with hardware.Telemetry("GPU-x", period_s=0.001) as t:
         deadline = time.monotonic() + 5
-        while len(t._clocks) < 3 and time.monotonic() < deadline:
+        while len(t.samples) < 3 and time.monotonic() < deadline:
             time.sleep(0.001)
     result = t.result()
     assert 1300 <= result["sm_clock_mhz"] <= 1500 and result["power_w"] == 650.0
+
+
+def test_telemetry_over_spans_takes_the_samples_inside_them():
+    t = hardware.Telemetry()
+    t.samples = [(1.0, 1400.0, 690.0), (2.0, 1500.0, 680.0), (3.0, 1980.0, 200.0), (4.0, 1600.0, 670.0)]
+    assert t.result([(0.5, 2.0), (3.5, 9.0)]) == {"sm_clock_mhz": 1500.0, "power_w": 680.0}
+    assert t.result([(2.5, 3.5)]) == {"sm_clock_mhz": 1980.0, "power_w": 200.0}
+    assert t.result([(5.0, 6.0)]) == {} and t.result()["sm_clock_mhz"] == 1620.0
 
 
 def test_telemetry_without_nvml_is_empty_not_an_error(monkeypatch):

@@ -176,6 +176,9 @@ def test_paired_windows_alternate_and_the_ratio_cancels_a_drifting_clock(settle)
     s = 5 if settle else 0
     b, k = nb + s, 20 + s
     assert nb in (18, 19) and re.fullmatch(f"B+K+(B{{{b}}}K{{{k}}}){{2}}B{{{b}}}", windows)
+    sides = [side for side, _, _ in pair.spans]
+    assert sides == ["baseline", "kernel"] * 2 + ["baseline"]
+    assert all(a <= b <= c for (_, a, b), (_, c, _) in itertools.pairwise(pair.spans))
     # one synchronisation a window, at its end: none between a window and its settling calls
     ends = list(itertools.accumulate([b, k, b, k, b]))
     assert syncs[-6:] == [len(log) - ends[-1]] + [len(log) - ends[-1] + e for e in ends]
@@ -278,6 +281,7 @@ def test_interleaved_windows_spread_both_sides_evenly_over_each_window():
             k, b = window[:end].count("K"), window[:end].count("B")
             assert abs(k / 20 - b / 10) <= 1 / 10
     assert pair.rounds == pytest.approx((2.0, 2.0)) and pair.drift == pytest.approx(0.0)
+    assert [side for side, _, _ in pair.spans] == ["both", "both"]  # telemetry counts for either side
 
 
 def test_interleaved_sides_never_read_the_set_the_other_side_just_read():

@@ -160,6 +160,28 @@ def test_telemetry_result_goes_into_the_row():
     assert row["sm_clock_mhz"] == 1500.0 and row["power_w"] == 650.0
 
 
+def test_a_paired_rows_telemetry_is_each_sides_over_its_own_windows():
+    """Paired in alternating windows, the row's clock and power are the telemetry over the kernel's
+    windows and cublas_sm_clock_mhz / cublas_power_w over cuBLAS's (the fake reads back how many
+    windows it was given: `rounds` of the kernel's, one more of cuBLAS's)."""
+
+    class Fake:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def result(self, spans=None):
+            assert spans is not None and all(a <= b for a, b in spans)
+            return {"sm_clock_mhz": float(len(spans)), "power_w": 600.0 + len(spans)}
+
+    settings = replace(PAIRED, interleave=False, rounds=3, noisy_rounds=3)
+    row = measure(cpu(matmul, baseline=matmul, telemetry=Fake), TASK, settings, lambda _: None)
+    assert (row["sm_clock_mhz"], row["power_w"]) == (3.0, 603.0)
+    assert (row["cublas_sm_clock_mhz"], row["cublas_power_w"]) == (4.0, 604.0)
+
+
 def test_paired_timing_gets_the_long_warm_up_once_and_the_rounds_asked_for(monkeypatch):
     from gluon_survey.driver import timing
 

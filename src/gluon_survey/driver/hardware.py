@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 # What torch sees, in the words of every "no CUDA GPU" message (the library's too): defined once, in api.
@@ -243,8 +245,7 @@ class Telemetry:
 
     def __init__(self, uuid: str | None = None, index: int = 0, period_s: float = 0.02) -> None:
         self._uuid, self._index, self._period = uuid, index, period_s
-        self._clocks: list[float] = []
-        self._powers: list[float] = []
+        self.samples: list[tuple[float, float, float]] = []  # (host perf_counter(), MHz, W)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -264,8 +265,9 @@ class Telemetry:
     def _sample(self, pynvml: object, handle: object) -> None:
         try:
             while not self._stop.is_set():
-                self._clocks.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))  # type: ignore[attr-defined]
-                self._powers.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000)  # type: ignore[attr-defined]
+                clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)  # type: ignore[attr-defined]
+                power = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000  # type: ignore[attr-defined]
+                self.samples.append((time.perf_counter(), clock, power))
                 self._stop.wait(self._period)
         except Exception:  # the device went away mid-run: keep what was sampled
             pass
@@ -278,13 +280,16 @@ class Telemetry:
         if self._thread is not None:
             self._thread.join()
 
-    def result(self) -> dict[str, float]:
-        """{'sm_clock_mhz': mean, 'power_w': mean} over the samples, or {} without any."""
-        if not self._clocks:
+    def result(self, spans: Sequence[tuple[float, float]] | None = None) -> dict[str, float]:
+        """{'sm_clock_mhz': mean, 'power_w': mean} over the samples, or {} without any; with
+        `spans` ((start, end) in the host's perf_counter()), over the samples taken inside them
+        (a paired timing's windows of one side: `timing.PairedTiming.spans`)."""
+        picked = [(c, p) for t, c, p in self.samples if spans is None or any(a <= t <= b for a, b in spans)]
+        if not picked:
             return {}
         return {
-            "sm_clock_mhz": sum(self._clocks) / len(self._clocks),
-            "power_w": sum(self._powers) / len(self._powers),
+            "sm_clock_mhz": sum(c for c, _ in picked) / len(picked),
+            "power_w": sum(p for _, p in picked) / len(picked),
         }
 
 

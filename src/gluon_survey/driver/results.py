@@ -89,8 +89,12 @@ class Row:
     interleaved: bool | None = None  # paired: calls taken in turn with cuBLAS's (False: alternating windows)
     starved: int | None = None  # queued timing: timed calls the host fell behind on (0: GPU time throughout)
     cublas_starved: int | None = None  # the same for the paired cuBLAS
-    sm_clock_mhz: float | None = None  # NVML, mean over the timed window
+    sm_clock_mhz: float | None = None  # NVML, mean over the timed windows (paired: this row's own)
     power_w: float | None = None
+    # paired: the same over cuBLAS's windows (each side's windows include the calls that settled
+    # them; interleaved windows count for both sides)
+    cublas_sm_clock_mhz: float | None = None
+    cublas_power_w: float | None = None
     rel_err: float | None = None
     tol: float | None = None
     cublas_err: float | None = None

@@ -402,6 +402,10 @@ class PairedTiming:
     rounds: tuple[float, ...]
     drift: float  # the baseline's last window / its first - 1: how much the GPU changed meanwhile
     interleaved: bool = False  # each round one window of both sides' calls in turn
+    # The host's perf_counter() at the start and end of each timed window, with the settling calls
+    # before it: ("kernel" | "baseline" | "both" (interleaved), start, end). What ran on the GPU
+    # then, to attribute telemetry to a side (`hardware.Telemetry.result`).
+    spans: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -468,28 +472,39 @@ def time_paired(
     if interleave is None:
         interleave = not queued and max(run_estimate, base_estimate) < interleave_below_ms
     run_windows: list[tuple[list[float], int]] = []
+    spans: list[tuple[str, float, float]] = []
     if interleave:
         base_windows: list[tuple[list[float], int]] = []
         while _another_round(run_windows, base_windows, rounds, noisy_rounds):
+            start = perf_counter()
             run_samples, base_samples = _interleaved_window(runs, base, clock, n_run, n_base)
+            spans.append(("both", start, perf_counter()))
             run_windows.append((run_samples, 0))
             base_windows.append((base_samples, 0))
     else:
 
-        def settled(calls: list[Callable[[], object]], estimate: float, n: int, queue: _Queue | None):
+        def settled(
+            side: str, calls: list[Callable[[], object]], estimate: float, n: int, queue: _Queue | None
+        ) -> tuple[list[float], int]:
+            start = perf_counter()
             if queue is None and clock.power_limited:  # a queued window opens on an idling hold
                 _settle(calls, settle_ms, estimate, max_iters)
-            return _window(calls, clock, n, queue)
+            window = _window(calls, clock, n, queue)
+            spans.append((side, start, perf_counter()))
+            return window
 
-        base_windows = [settled(base, base_estimate, n_base, base_queue)]
+        base_windows = [settled("baseline", base, base_estimate, n_base, base_queue)]
         while _another_round(run_windows, base_windows, rounds, noisy_rounds):
-            run_windows.append(settled(runs, run_estimate, n_run, run_queue))
-            base_windows.append(settled(base, base_estimate, n_base, base_queue))
-    return _paired_timing(run_windows, base_windows, interleave)
+            run_windows.append(settled("kernel", runs, run_estimate, n_run, run_queue))
+            base_windows.append(settled("baseline", base, base_estimate, n_base, base_queue))
+    return _paired_timing(run_windows, base_windows, interleave, tuple(spans))
 
 
 def _paired_timing(
-    run_windows: list[tuple[list[float], int]], base_windows: list[tuple[list[float], int]], interleaved: bool
+    run_windows: list[tuple[list[float], int]],
+    base_windows: list[tuple[list[float], int]],
+    interleaved: bool,
+    spans: tuple[tuple[str, float, float], ...] = (),
 ) -> PairedTiming:
     """The kernel's and the baseline's windows summed up. A round's ratio divides the baseline's
     window median by the kernel window's: alternating, the baseline has a window either side of
@@ -505,6 +520,7 @@ def _paired_timing(
         rounds=ratios,
         drift=float(np.median(base_windows[-1][0])) / float(np.median(base_windows[0][0])) - 1,
         interleaved=interleaved,
+        spans=spans,
     )
 
 

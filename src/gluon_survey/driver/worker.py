@@ -446,6 +446,13 @@ def measure(
         )  # fmt: skip
         if settings.queued:
             row["cublas_starved"] = pair.baseline.starved
+        if telemetry is not None:  # each side's clock over its own windows (and their settling)
+            ours, theirs = (
+                telemetry.result([(a, b) for side, a, b in pair.spans if side in (name, "both")])
+                for name in ("kernel", "baseline")
+            )
+            row.update(ours)
+            row.update({f"cublas_{k}": v for k, v in theirs.items()})
     else:
         with provider.telemetry() as telemetry:
             timing = time_fn(
@@ -456,10 +463,10 @@ def measure(
                 clock=provider.clock,
                 **bounds,
             )
+        if telemetry is not None:
+            row.update(telemetry.result())
     if settings.queued:
         row["starved"] = timing.starved
-    if telemetry is not None:
-        row.update(telemetry.result())
     again = check(first.output, ref, cublas_err, dtype)
     unwritten = sum(int((~torch.isfinite(t.output)).sum().item()) for t in targets[1:])
     if not again.ok or unwritten:
