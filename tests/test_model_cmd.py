@@ -211,6 +211,24 @@ def test_stock_and_ours_alternate_after_the_warmup():
     assert (stock, ours) == ([5.0, 8.0, 9.0], [6.0, 7.0, 10.0])  # each time with its own call
 
 
+def test_each_timed_call_follows_its_own_models_settling_calls():
+    """With settle_ms, every timed call but a model's first follows ceil(settle_ms / its model's
+    last timed ms) untimed calls of the same model; the settling calls are never timed."""
+    calls, timed = [], []
+
+    def timer(fn):
+        timed.append(len(calls))
+        fn()
+        return {"s": 4.0, "o": 3.0}[calls[-1]]
+
+    stock, ours = model.alternate(
+        lambda: calls.append("s"), lambda: calls.append("o"), repeats=2, warmup=1, timer=timer, settle_ms=10.0
+    )
+    assert calls == ["s", "o"] + ["s"] * 4 + ["o"] * 5 + ["o"] * 5 + ["s"] * 4
+    assert [calls[i] for i in timed] == ["s", "o", "s", "o", "o", "s"]
+    assert (stock, ours) == ([4.0, 4.0], [3.0, 3.0])
+
+
 def test_no_garbage_collection_runs_inside_a_timed_pair(monkeypatch):
     events = []
     monkeypatch.setattr(model.gc, "collect", lambda *a: events.append("collect"))

@@ -27,7 +27,9 @@ MLP layers) as for a dense model, --kernel picking their mode.
 the benchmark's own bias between two identical models (1.00 ideally; the spread is its noise).
 
 What is measured, each step as stock (the row's baseline) and ours in pairs that take turns at
-going first, after a warm-up of each, timed with CUDA events, medians over --repeats:
+going first, after a warm-up of each, timed with CUDA events, medians over --repeats; each timed
+call follows --settle-ms of its own model's untimed calls, so that a model runs at the clock its own
+power draw sets (driver/timing.py, "Settled windows"):
 
     prefill   forward of [1, T] tokens without a KV cache, at each --prefill-tokens T
     decode    greedy generate: --decode-tokens new tokens (min = max) after an 8-token prompt, at
@@ -65,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from gluon_survey.driver import args as argtypes
+from gluon_survey.driver.settings import DEFAULTS
 
 PROG = "gluon-survey model"
 NEEDS_TRANSFORMERS = (
@@ -299,6 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="untimed calls of each first (default: 2)",
     )
     parser.add_argument(
+        "--settle-ms",
+        type=argtypes.non_negative,
+        metavar="MS",
+        default=DEFAULTS.settle_ms,
+        help="before each timed call, untimed calls of the same model for about this long, so that at "
+        "the power limit each runs at the clock its own power draw sets, not the other model's "
+        "(0: none) (default: %(default)g)",
+    )
+    parser.add_argument(
         "--moe-baseline",
         metavar=",".join(MOE_BASELINES),
         type=_choices(MOE_BASELINES),
@@ -448,6 +460,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
         "control": args.control,
         "repeats": args.repeats,
         "warmup": args.warmup,
+        "settle_ms": args.settle_ms,
         "seed": args.seed,
         "timer": TIMER,
     }
@@ -514,9 +527,18 @@ def fill_agreement(row: Row, kind: str, stock_err: float, ours_err: float) -> Ro
 
 
 def alternate(
-    stock: Callable[[], object], ours: Callable[[], object], repeats: int, warmup: int, timer: Callable
+    stock: Callable[[], object],
+    ours: Callable[[], object],
+    repeats: int,
+    warmup: int,
+    timer: Callable,
+    settle_ms: float = 0.0,
 ) -> tuple[list[float], list[float]]:
     """`timer(fn)` (ms of one call) of stock and ours taking turns, after `warmup` untimed turns.
+    Each timed call after the first of its model follows about `settle_ms` of that model's own
+    untimed calls (counted from its last timed call), so that at the power limit a model's step
+    runs at the clock its own power draw sets, not one the other model's step left
+    (driver/timing.py, "Settled windows").
     Python's garbage collector is off throughout and runs, untimed, before each timed pair (as
     timeit keeps it out of its loops): a collection that one call's allocations trigger would
     otherwise land in whichever call comes next, tens of ms in a host-bound generate. The pairs
@@ -525,20 +547,29 @@ def alternate(
     would favour the second model (`--control` measures what is left of such a bias)."""
     enabled = gc.isenabled()
     gc.disable()
+    last: dict[int, float] = {}  # ms of each model's latest timed call, by id(fn)
+
+    def timed(fn: Callable[[], object]) -> float:
+        if settle_ms > 0 and id(fn) in last:
+            for _ in range(math.ceil(settle_ms / max(last[id(fn)], 1e-3))):
+                fn()
+        last[id(fn)] = timer(fn)
+        return last[id(fn)]
+
     try:
         for _ in range(warmup):
-            timer(stock)
-            timer(ours)
+            timed(stock)
+            timed(ours)
         times: tuple[list[float], list[float]] = ([], [])
         for i in range(repeats):
             gc.collect()
             if i % 2:
-                o = timer(ours)
-                times[0].append(timer(stock))
+                o = timed(ours)
+                times[0].append(timed(stock))
                 times[1].append(o)
             else:
-                times[0].append(timer(stock))
-                times[1].append(timer(ours))
+                times[0].append(timed(stock))
+                times[1].append(timed(ours))
         return times
     finally:
         if enabled:
@@ -820,7 +851,7 @@ def measure(
         progress(f"{row.what} {row.mode} batch {row.batch} x {row.tokens} against {row.baseline}")
         try:
             stock, ours = step_fns(models, row, args, device)
-            fill_times(row, *alternate(stock, ours, args.repeats, args.warmup, timer))
+            fill_times(row, *alternate(stock, ours, args.repeats, args.warmup, timer, args.settle_ms))
         except Exception as exc:  # a step that cannot run is a result, not a crash
             row.status, row.error = "ERROR", f"{type(exc).__name__}: {str(exc).strip()}"
         on_row(row)
