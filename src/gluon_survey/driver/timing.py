@@ -60,7 +60,8 @@ Method
   `settle_ms` of its own side's calls, untimed, ending on the set before the window's first (so
   the window's first call still finds its set out of L2). Queued windows are not settled (each
   opens on a hold that idles the GPU), nor is work on a clock that is not power-limited
-  (`Clock.power_limited`: the CPU's wall clock). Whether less than 200 ms settles the clock is not measured.
+  (`Clock.power_limited`: the CPU's wall clock). Whether less than 200 ms settles the clock is not
+  measured.
 * **Interleaved pairing** (`interleave`, the CLI's `--interleave`): by default where both sides'
   calls are shorter than `interleave_below_ms` (their warm-ups' estimates; 60 µs), and not with
   `queued`. Where a call is host-bound, its time a call is the host's launch time, and a virtual
@@ -78,8 +79,8 @@ Method
   follows its own power draw, which interleaving averages with the baseline's (docs/perf-notes.md,
   entry 8: ping-pong read 1.03-1.06x interleaved where sustained windows read 0.95-1.01x).
 
-The defaults of `warmup_ms`, `rewarm_ms`, `settle_ms`, `min_ms`, `rounds`, `noisy_rounds`, `min_iters`,
-`max_iters`, `queued`, `interleave` and `interleave_below_ms` are those of
+The defaults of `warmup_ms`, `rewarm_ms`, `settle_ms`, `min_ms`, `rounds`, `noisy_rounds`,
+`min_iters`, `max_iters`, `queued`, `interleave` and `interleave_below_ms` are those of
 `gluon_survey.driver.settings.Settings`, the one place they are written.
 """
 
@@ -447,10 +448,10 @@ def time_paired(
     steady clock (the pause at its synchronisation), and short windows scattered the rounds
     (docs/perf-notes.md, entry 16, has the measurements). Each window follows `settle_ms` of its
     own side's untimed calls, so that its clock is its own (module docstring, "Settled windows").
-    The warm-up is the baseline's
-    (`warmup_ms`), then a short one of the kernel's (`rewarm_ms`); min_iters and max_iters bound the
-    samples of all of the kernel's windows together (of its first `rounds`: more rounds take windows
-    of the same size). While the kernel's samples or the baseline's are NOISY, another round (a
+    The warm-up is the baseline's (`warmup_ms`), then a short one of the kernel's (`rewarm_ms`);
+    min_iters and max_iters bound the samples of all of the kernel's windows together (of its
+    first `rounds`: more rounds take windows of the same size). While the kernel's samples or the
+    baseline's are NOISY, another round (a
     window of each) follows, up to `noisy_rounds` rounds in all (module docstring). `queued`: both
     keep the host ahead (holds of their own), as in `time_fn`. `interleave`: each round is one
     window of both sides' calls taken in turn (`_interleaved_window`; not with `queued`), and
