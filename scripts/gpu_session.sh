@@ -33,6 +33,10 @@
 #               bursts after a rest, with SM clocks (scripts/power_probe.py POWER_ARGS, default:
 #               --shapes results/experiments/h200-fp8-power/shapes.csv --modes torch,warpspec
 #               --dtype fp8)                                      -> power-probe.csv/.log
+#     settle    the paired timing at each --settle-ms of SETTLE_LIST (default 0,50,100,200,500):
+#               SETTLE_MODES (default warpspec) against cuBLAS, SETTLE_ARGS (default: fp8 on
+#               results/experiments/h200-settle-calibration/shapes.csv, 50 ms windows)
+#                                                               -> settle-<ms>/results.jsonl, table.md
 #     tune      the choice table over TUNE_ARGS (default: --shapes llm, both dtypes, B layout t);
 #               with --update or --confirm it starts from src/gluon_survey/tables/$TUNE_TABLE.json
 #               (default h100)                                  -> tune-table.json, tune.log
@@ -132,6 +136,17 @@ if step power; then
   PYTHONPATH=src:scripts python3 scripts/power_probe.py \
     ${POWER_ARGS:---shapes results/experiments/h200-fp8-power/shapes.csv --modes torch,warpspec --dtype fp8} \
     --output "$OUT/power-probe.csv" 2>&1 | tee "$OUT/power-probe.log" | tail -6
+fi
+if step settle; then
+  settle_list=${SETTLE_LIST:-0,50,100,200,500}
+  for ms in ${settle_list//,/ }; do
+    mkdir -p "$OUT/settle-$ms"
+    python3 -m gluon_survey ${SETTLE_MODES:-warpspec} ${SETTLE_ARGS:---dtype fp8 --b-layout t \
+      --shapes results/experiments/h200-settle-calibration/shapes.csv --warmup-ms 200 --min-ms 50 --rounds 3} \
+      --settle-ms "$ms" --results "$OUT/settle-$ms/results.jsonl" 2>"$OUT/settle-$ms/bench.err" >/dev/null
+    python3 -m gluon_survey report "$OUT/settle-$ms/results.jsonl" --format markdown --output "$OUT/settle-$ms/table.md"
+    echo "settle $ms: $(tail -1 "$OUT/settle-$ms/bench.err")"
+  done
 fi
 if step tune; then
   # --update and --confirm work on a table at --output: start from the committed one (TUNE_TABLE)
