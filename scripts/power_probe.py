@@ -34,6 +34,7 @@ from kernel_time import DTYPES, call_of, operands, record, write_csv
 
 from gluon_survey.driver.hardware import telemetry_for_current_device
 from gluon_survey.driver.shapes import read_csv
+from gluon_survey.driver.timing import sleep_cycles_per_us
 
 REGIMES = ("sustained", "gap", "burst")
 
@@ -65,14 +66,12 @@ def window(fn, n: int, gap_cycles: int) -> list[float]:
 
 def one_window(regime: str, fn, call_ms: float, cycles_per_ms: float, args) -> tuple[list[float], dict]:
     """One window of `fn` in `regime`, with the telemetry sampled while it ran."""
+    gap = int(call_ms * cycles_per_ms) if regime == "gap" else 0
     if regime == "burst":
         torch.cuda.synchronize()
         time.sleep(args.rest_s)
-    elif regime == "sustained":
-        window(fn, calls_for(args.warmup_ms, call_ms), 0)
-    gap = int(call_ms * cycles_per_ms) if regime == "gap" else 0
-    if regime == "gap":
-        window(fn, calls_for(args.warmup_ms / 2, call_ms), gap)
+    else:  # a warm-up in the window's own regime: half the calls where each is followed by a gap
+        window(fn, calls_for(args.warmup_ms / (2 if gap else 1), call_ms), gap)
     n = args.burst if regime == "burst" else calls_for(args.window_ms / (2 if gap else 1), call_ms)
     with telemetry_for_current_device() as tele:
         times = window(fn, n, gap)
@@ -96,12 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     regimes = args.regimes.split(",")
     if bad := sorted(set(regimes) - set(REGIMES)):
         p.error(f"--regimes: unknown {bad}; choose from {','.join(REGIMES)}")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(50_000_000)
-    end.record()
-    end.synchronize()
-    cycles_per_ms = 50_000_000 / start.elapsed_time(end)
+    cycles_per_ms = 1e3 * sleep_cycles_per_us()
     rows = []
     for shape in read_csv(args.shapes):
         a, b, scales = operands(shape, args.dtype, args.scaling)

@@ -547,14 +547,14 @@ def alternate(
     would favour the second model (`--control` measures what is left of such a bias)."""
     enabled = gc.isenabled()
     gc.disable()
-    last: dict[int, float] = {}  # ms of each model's latest timed call, by id(fn)
+    last: dict[Callable[[], object], float] = {}  # ms of each model's latest timed call
 
     def timed(fn: Callable[[], object]) -> float:
-        if settle_ms > 0 and id(fn) in last:
-            for _ in range(math.ceil(settle_ms / max(last[id(fn)], 1e-3))):
+        if settle_ms > 0 and fn in last:
+            for _ in range(math.ceil(settle_ms / max(last[fn], 1e-3))):
                 fn()
-        last[id(fn)] = timer(fn)
-        return last[id(fn)]
+        last[fn] = timer(fn)
+        return last[fn]
 
     try:
         for _ in range(warmup):
